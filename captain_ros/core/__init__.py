@@ -1,0 +1,1 @@
+"""ROS-free core of the harness: importable and testable without rclpy."""

@@ -1,0 +1,50 @@
+"""captain_ros: an ament_python package that also installs with plain pip (see README)."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+PACKAGE = "captain_ros"
+HERE = Path(__file__).parent
+
+
+def share_tree(folder: str) -> list[tuple[str, list[str]]]:
+    """data_files entries that install `folder` under share/captain_ros, keeping sub-folders."""
+    entries: dict[str, list[str]] = {}
+    for path in sorted((HERE / folder).rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            rel = path.relative_to(HERE)
+            entries.setdefault(str(Path("share", PACKAGE, rel.parent)), []).append(str(rel))
+    return sorted(entries.items())
+
+
+# One console script per node, plus the command-line tool. Launch files may start only these.
+NODES = {
+    # "<executable>": "<module>:main"   (nodes arrive with the twin, harness and agent issues)
+}
+
+setup(
+    name=PACKAGE,
+    version="0.1.0",
+    packages=find_packages(include=["captain_ros*", "sim_bridge*", "training*"]),
+    data_files=[
+        ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),
+        (f"share/{PACKAGE}", ["package.xml"]),
+        *share_tree("launch"),
+        *share_tree("config"),
+        *share_tree("urdf"),
+    ],
+    install_requires=["setuptools"],
+    zip_safe=False,
+    maintainer="captain_ros maintainers",
+    maintainer_email="maintainers@captain-ros.dev",
+    description="Code-as-policy robot agent stack on ROS 2 with a MuJoCo twin and a trainer.",
+    license="Apache-2.0",
+    python_requires=">=3.11",
+    entry_points={
+        "console_scripts": [
+            "captain-ros = captain_ros.cli:main",
+            *(f"{name} = {target}" for name, target in NODES.items()),
+        ],
+    },
+)

@@ -1,0 +1,15 @@
+"""Test-session setup: every ROS process started by the tests gets an isolated DDS domain."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+# Set before anything imports rclpy. Child processes inherit these.
+# A domain id derived from the pid keeps concurrent test sessions on one machine apart;
+# 1..100 stays inside the range Fast DDS maps to valid ports.
+os.environ.setdefault("ROS_DOMAIN_ID", str(1 + os.getpid() % 100))
+os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+os.environ.setdefault("RMW_IMPLEMENTATION", "rmw_fastrtps_cpp")
+os.environ.setdefault("ROS_HOME", tempfile.mkdtemp(prefix="captain-ros-home-"))
+os.environ.setdefault("MUJOCO_GL", "egl")

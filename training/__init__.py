@@ -1,0 +1,1 @@
+"""Off-robot trainer: prompt gate, SFT, simulator critic and critic-credited RL."""
