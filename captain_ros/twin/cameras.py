@@ -1,0 +1,96 @@
+"""Offscreen RGB + metric depth for the twin's cameras, one render pass per camera.
+
+mujoco.Renderer renders a second time for depth; here each camera is rendered once and both
+the colour and the depth buffer are read back from that pass. Shadows, reflections, the
+skybox and collision-only geom groups are switched off (they dominate the cost on Mesa).
+Depth is z-depth in metres along the optical axis (as sensor_msgs/Image 32FC1 depth).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import mujoco
+import numpy as np
+
+from captain_ros.twin.scene import IMAGE_SIZE_PX, intrinsics
+
+
+@dataclass(frozen=True)
+class CameraFrame:
+    """One camera's image pair and calibration. Poses are of the optical frame in the base frame."""
+
+    name: str
+    rgb: np.ndarray  # (H, W, 3) uint8
+    depth_m: np.ndarray  # (H, W) float32, metres; 0 where nothing was hit within range
+    K: np.ndarray  # (3, 3)
+    position_m: np.ndarray  # (3,) optical frame origin in the base frame
+    rotation: np.ndarray  # (3, 3) optical frame axes (columns) in the base frame
+
+
+class CameraRig:
+    """Renders named cameras of a model. Not thread-safe: one rig per thread or process."""
+
+    def __init__(self, model: mujoco.MjModel, width_px: int = IMAGE_SIZE_PX, height_px: int = IMAGE_SIZE_PX):
+        if mujoco.GLContext.__module__.endswith("glfw") and not os.environ.get("DISPLAY"):
+            raise RuntimeError(
+                "offscreen rendering needs MUJOCO_GL=egl or osmesa set before mujoco is imported "
+                "(captain_ros.twin sets egl when it is imported first)"
+            )
+        self.model = model
+        self.width, self.height = width_px, height_px
+        self._gl = mujoco.GLContext(width_px, height_px)
+        self._gl.make_current()
+        self._context = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150)
+        mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self._context)
+        self._scene = mujoco.MjvScene(model, maxgeom=2000)
+        self._scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
+        self._scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+        self._scene.flags[mujoco.mjtRndFlag.mjRND_SKYBOX] = 0
+        self._option = mujoco.MjvOption()
+        self._perturb = mujoco.MjvPerturb()
+        self._camera = mujoco.MjvCamera()
+        self._camera.type = mujoco.mjtCamera.mjCAMERA_FIXED
+        self._viewport = mujoco.MjrRect(0, 0, width_px, height_px)
+        self._rgb = np.empty((height_px, width_px, 3), dtype=np.uint8)
+        self._depth = np.empty((height_px, width_px), dtype=np.float32)
+        extent = model.stat.extent
+        self._near = model.vis.map.znear * extent
+        self._far = model.vis.map.zfar * extent
+
+    def render(self, data: mujoco.MjData, camera: str) -> CameraFrame:
+        cam_id = self.model.cam(camera).id
+        self._gl.make_current()
+        self._camera.fixedcamid = cam_id
+        mujoco.mjv_updateScene(
+            self.model, data, self._option, self._perturb, self._camera, mujoco.mjtCatBit.mjCAT_ALL, self._scene
+        )
+        mujoco.mjr_render(self._viewport, self._scene, self._context)
+        mujoco.mjr_readPixels(self._rgb, self._depth, self._viewport, self._context)
+        rgb = np.flipud(self._rgb).copy()
+        buf = np.flipud(self._depth)
+        depth = self._near / (1.0 - buf * (1.0 - self._near / self._far))
+        depth = np.where(buf >= 1.0, 0.0, depth).astype(np.float32)
+        # MuJoCo's camera frame (x right, y up, z back) -> optical frame (x right, y down, z forward)
+        rotation = data.cam_xmat[cam_id].reshape(3, 3) @ np.diag([1.0, -1.0, -1.0])
+        return CameraFrame(
+            camera,
+            rgb,
+            depth,
+            intrinsics(self.model, camera, self.width, self.height),
+            data.cam_xpos[cam_id].copy(),
+            rotation,
+        )
+
+    def close(self) -> None:
+        if self._gl is not None:
+            self._context.free()
+            self._gl.free()
+            self._gl = None
+
+    def __enter__(self) -> CameraRig:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,270 @@
+"""The twin: one task's compiled scene, reset to start states by id, stepped under position
+control, observed through its cameras, and checked for simulation faults.
+
+A fault (NaN state, exploding contact forces, an object through the table) raises
+`SimulationFault`: an infrastructure failure, never a task outcome.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import mujoco
+import numpy as np
+
+from captain_ros.twin import robot
+from captain_ros.twin.cameras import CameraFrame, CameraRig
+from captain_ros.twin.privileged import EpisodeMemory, PrivilegedState, compute_features, object_poses
+from captain_ros.twin.scene import TABLE_CENTER_XY_M, TABLE_HALF_M, PhysicsConfig, compile_model
+from captain_ros.twin.start_states import Layout, StartId, check_split, make_layout, sample_start_id
+from captain_ros.twin.state import SceneReader
+from captain_ros.twin.tasks import LadderTracker, TaskError, TaskSpec, get_task
+
+SETTLE_S = 0.3
+MAX_CONTACT_FORCE_N = 1.0e4
+# Speeds no real tabletop scene reaches: beyond them the integration has blown up.
+MAX_LINEAR_SPEED_MPS = 10.0
+MAX_ANGULAR_SPEED_RADPS = 150.0
+MAX_JOINT_SPEED = 10.0  # arm rad/s, fingers and drawer m/s
+THROUGH_TABLE_M = 0.03
+CHECK_EVERY_STEPS = 5  # faults are detected within 10 ms of simulated time
+
+
+class SimulationFault(RuntimeError):
+    """The simulation became invalid (infrastructure failure, not a task outcome)."""
+
+
+@dataclass(frozen=True)
+class Wrench:
+    force_n: np.ndarray  # in the hand frame
+    torque_nm: np.ndarray
+
+
+def _yaw_quat(yaw: float) -> np.ndarray:
+    return np.array([math.cos(yaw / 2), 0.0, 0.0, math.sin(yaw / 2)])
+
+
+class Twin:
+    def __init__(self, task: str | TaskSpec, physics: PhysicsConfig = PhysicsConfig(), suite=None):
+        self.task = task if isinstance(task, TaskSpec) else get_task(task, suite)
+        self._suite = suite
+        self.physics = physics
+        self.model = compile_model(self.task.objects, physics)
+        self.data = mujoco.MjData(self.model)
+        self.reader = SceneReader(self.model, self.data, self.task.objects)
+        m = self.model
+        self._arm_qpos = np.array([m.joint(j).qposadr[0] for j in robot.ARM_JOINTS])
+        self._arm_dof = np.array([m.joint(j).dofadr[0] for j in robot.ARM_JOINTS])
+        self._finger_qpos = np.array([m.joint(j).qposadr[0] for j in robot.FINGER_JOINTS])
+        self._arm_act = np.array([m.actuator(f"{j}_servo").id for j in robot.ARM_JOINTS])
+        self._grip_act = m.actuator("gripper_servo").id
+        self._movable = [o for o in self.task.objects if o.movable]
+        self._movable_ids = np.array([m.body(o.name).id for o in self._movable], dtype=int)
+        self._head_cam = m.cam("head").id
+        self._key_light = m.light("key").id
+        self._fill_light = m.light("fill").id
+        self._table_geom = m.geom("table").id
+        self._nominal = {
+            k: getattr(m, k).copy() for k in ("light_dir", "light_diffuse", "cam_pos", "cam_quat", "geom_rgba")
+        }
+        self._object_geoms = {o.name: np.flatnonzero(m.geom_bodyid == m.body(o.name).id) for o in self.task.objects}
+        self._rig: CameraRig | None = None
+        self.start_id: StartId | None = None
+        self.memory: EpisodeMemory | None = None
+        self.ladder = LadderTracker(self.task)
+        self._warnings = 0
+        self._since_check = 0
+        self._speed_limit = np.full(m.nv, MAX_JOINT_SPEED)
+        for j in range(m.njnt):
+            if m.jnt_type[j] == mujoco.mjtJoint.mjJNT_FREE:
+                adr = m.jnt_dofadr[j]
+                self._speed_limit[adr : adr + 3] = MAX_LINEAR_SPEED_MPS
+                self._speed_limit[adr + 3 : adr + 6] = MAX_ANGULAR_SPEED_RADPS
+
+    # ------------------------------------------------------------------------------- reset
+    def reset(
+        self, start_id: str | StartId | None = None, *, split: str = "any", rng: np.random.Generator | None = None
+    ) -> StartId:
+        """Reset to a start state. With no id, draw a wide-layout id from `split`."""
+        if start_id is None:
+            start = sample_start_id(self.task.name, split, rng or np.random.default_rng())
+        else:
+            start = start_id if isinstance(start_id, StartId) else StartId.parse(start_id, self._suite)
+        if start.task != self.task.name:
+            raise TaskError(f"start id '{start}' is for task '{start.task}', but this twin runs '{self.task.name}'")
+        check_split(start, split)
+        self._apply(make_layout(self.task, start))
+        self.start_id = start
+        return start
+
+    def _apply(self, layout: Layout) -> None:
+        m, d = self.model, self.data
+        for key, value in self._nominal.items():
+            getattr(m, key)[:] = value
+        mujoco.mj_resetData(m, d)
+        d.qpos[self._arm_qpos] = robot.HOME_Q_RAD
+        d.ctrl[self._arm_act] = robot.HOME_Q_RAD
+        open_m = robot.max_jaw_opening_m() / 2
+        d.qpos[self._finger_qpos] = open_m
+        d.ctrl[self._grip_act] = open_m
+        for obj in self.task.objects:
+            x, y, yaw = layout.poses[obj.name]
+            if obj.movable:
+                adr = m.joint(f"{obj.name}_free").qposadr[0]
+                d.qpos[adr : adr + 3] = (x, y, 0.0005)
+                d.qpos[adr + 3 : adr + 7] = _yaw_quat(yaw)
+            else:
+                mocap = m.body_mocapid[m.body(obj.name).id]
+                d.mocap_pos[mocap] = (x, y, 0.0)
+                d.mocap_quat[mocap] = _yaw_quat(yaw)
+                d.qpos[m.joint(f"{obj.name}_drawer").qposadr[0]] = layout.drawer_m
+            m.geom_rgba[self._object_geoms[obj.name], :3] = layout.object_rgb[obj.name]
+        key_dir = np.asarray(layout.key_light_dir)
+        m.light_dir[self._key_light] = key_dir / np.linalg.norm(key_dir)
+        m.light_diffuse[self._key_light] = layout.key_light_diffuse
+        m.light_diffuse[self._fill_light] = layout.fill_light_diffuse
+        m.cam_pos[self._head_cam] += layout.head_camera_offset_m
+        jitter = np.zeros(4)
+        mujoco.mju_axisAngle2Quat(
+            jitter,
+            np.asarray(layout.head_camera_rotvec_rad) / max(np.linalg.norm(layout.head_camera_rotvec_rad), 1e-12),
+            float(np.linalg.norm(layout.head_camera_rotvec_rad)),
+        )
+        quat = np.zeros(4)
+        mujoco.mju_mulQuat(quat, self._nominal["cam_quat"][self._head_cam], jitter)
+        m.cam_quat[self._head_cam] = quat
+        m.geom_rgba[self._table_geom, :3] = layout.table_rgb
+        mujoco.mj_forward(m, d)
+        self._warnings = 0
+        self.step(round(SETTLE_S / m.opt.timestep))
+        d.time = 0.0
+        self.memory = EpisodeMemory(
+            {o.name: self.reader.position(o.name) for o in self.task.objects},
+            layout.drawer_m if self.task.cabinet else 0.0,
+        )
+        self.ladder = LadderTracker(self.task)
+
+    # ------------------------------------------------------------------------------- control
+    def set_arm_command(self, q_rad: np.ndarray) -> None:
+        q = np.asarray(q_rad, dtype=float)
+        if q.shape != (7,) or not np.all(np.isfinite(q)):
+            raise ValueError(f"arm command must be 7 finite joint positions, got shape {q.shape}")
+        self.data.ctrl[self._arm_act] = q
+
+    def set_gripper_command(self, opening_m: float) -> None:
+        if not math.isfinite(opening_m):
+            raise ValueError(f"gripper command must be finite, got {opening_m}")
+        self.data.ctrl[self._grip_act] = float(np.clip(opening_m / 2, 0.0, robot.max_jaw_opening_m() / 2))
+
+    def step(self, n: int = 1) -> None:
+        """Advance n physics steps; the state is checked for faults every CHECK_EVERY_STEPS steps."""
+        for _ in range(n):
+            mujoco.mj_step(self.model, self.data)
+            self._since_check += 1
+            if self._since_check >= CHECK_EVERY_STEPS:
+                self.check_stable()
+
+    # ------------------------------------------------------------------------------- state
+    @property
+    def time_s(self) -> float:
+        return float(self.data.time)
+
+    def arm_q(self) -> np.ndarray:
+        return self.data.qpos[self._arm_qpos].copy()
+
+    def arm_qd(self) -> np.ndarray:
+        return self.data.qvel[self._arm_dof].copy()
+
+    def arm_command(self) -> np.ndarray:
+        return self.data.ctrl[self._arm_act].copy()
+
+    def jaw_opening_m(self) -> float:
+        return self.reader.jaw_opening()
+
+    def wrist_wrench(self) -> Wrench:
+        return Wrench(self.data.sensor("wrist_force").data.copy(), self.data.sensor("wrist_torque").data.copy())
+
+    def tcp_pose(self) -> tuple[np.ndarray, np.ndarray]:
+        site = self.model.site("tcp").id
+        quat = np.zeros(4)
+        mujoco.mju_mat2Quat(quat, self.data.site_xmat[site])
+        return self.data.site_xpos[site].copy(), quat
+
+    def check_stable(self) -> None:
+        """Raise SimulationFault on NaN state, unstable accelerations, exploding speeds or contact
+        forces, or an object that went through the table. Cheap common path, details on failure."""
+        self._since_check = 0
+        d = self.data
+        if not math.isfinite(float(d.qpos.sum()) + float(d.qvel.sum())):
+            raise SimulationFault("simulation state became NaN or infinite")
+        warnings = int(d.warning[mujoco.mjtWarning.mjWARN_BADQACC].number)
+        if warnings > self._warnings:
+            raise SimulationFault("MuJoCo reported an unstable acceleration (mjWARN_BADQACC)")
+        too_fast = np.abs(d.qvel) > self._speed_limit
+        if too_fast.any():
+            dof = int(np.flatnonzero(too_fast)[0])
+            joint = self.model.joint(int(self.model.dof_jntid[dof])).name
+            raise SimulationFault(
+                f"joint '{joint}' moves at {abs(d.qvel[dof]):.1f} (m or rad)/s, beyond "
+                f"{self._speed_limit[dof]:.0f}: the simulation exploded"
+            )
+        if d.nefc:
+            peak = float(np.abs(d.efc_force[: d.nefc]).max())
+            if peak > MAX_CONTACT_FORCE_N:
+                raise SimulationFault(f"constraint force {peak:.0f} N exceeds {MAX_CONTACT_FORCE_N:.0f} N: exploding")
+        if len(self._movable_ids):
+            pos = d.xpos[self._movable_ids]
+            if pos[:, 2].min() < -THROUGH_TABLE_M:
+                on_table = (np.abs(pos[:, 0] - TABLE_CENTER_XY_M[0]) < TABLE_HALF_M[0] - 0.05) & (
+                    np.abs(pos[:, 1] - TABLE_CENTER_XY_M[1]) < TABLE_HALF_M[1] - 0.05
+                )
+                sunk = on_table & (pos[:, 2] < -THROUGH_TABLE_M)
+                if sunk.any():
+                    names = [self._movable[i].name for i in np.flatnonzero(sunk)]
+                    raise SimulationFault(f"object(s) {', '.join(names)} passed through the table")
+
+    # ------------------------------------------------------------------------------- outputs
+    def observe(self, cameras: tuple[str, ...] = ("head", "wrist")) -> dict[str, CameraFrame]:
+        if self._rig is None:
+            self._rig = CameraRig(self.model)
+        return {cam: self._rig.render(self.data, cam) for cam in cameras}
+
+    def success(self) -> bool:
+        from captain_ros.twin.tasks import success
+
+        return success(self.task, self.reader)
+
+    def snapshot(self) -> PrivilegedState:
+        """TRAINING ONLY: the hidden state and its 36 features (updates the sub-goal ladder)."""
+        if self.memory is None or self.start_id is None:
+            raise RuntimeError("reset the twin before taking a snapshot")
+        from captain_ros.twin.tasks import rungs_now
+
+        reached = self.ladder.update(rungs_now(self.task, self.reader, self.memory.as_start()))
+        features, status = compute_features(self.task, self.reader, self.memory, len(reached) / len(self.ladder.names))
+        joints = {
+            f"{c.name}_drawer": self.reader.drawer_position(c.name) for c in self.task.objects if c.kind == "cabinet"
+        }
+        return PrivilegedState(
+            self.task.name,
+            str(self.start_id),
+            self.time_s,
+            features,
+            object_poses(self.task, self.reader),
+            joints,
+            tuple(status),
+            all(status),
+            tuple(reached),
+        )
+
+    def close(self) -> None:
+        if self._rig is not None:
+            self._rig.close()
+            self._rig = None
+
+    def __enter__(self) -> Twin:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
