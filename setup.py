@@ -20,7 +20,7 @@ def share_tree(folder: str) -> list[tuple[str, list[str]]]:
 
 # One console script per node, plus the command-line tool. Launch files may start only these.
 NODES = {
-    # "<executable>": "<module>:main"   (nodes arrive with the twin, harness and agent issues)
+    "twin_node": "captain_ros.ros.twin_node:main",
 }
 
 setup(

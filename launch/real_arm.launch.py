@@ -1,6 +1,7 @@
-"""The stack on a physical arm driven through ros2_control. Skeleton: the harness and agent
-nodes are added by the issues that build them. The arm's own bring-up (ros2_control
-controller manager, camera drivers) is started by the robot's vendor launch, not here.
+"""The stack on a physical arm driven through ros2_control. Today: robot_state_publisher with
+the project's URDF and the monitor; the harness and agent nodes are added by the issues that
+build them. The arm's own bring-up (ros2_control controller manager, camera drivers) is
+started by the robot's vendor launch, not here.
 
     ros2 launch captain_ros real_arm.launch.py
 """
@@ -8,7 +9,9 @@ controller manager, camera drivers) is started by the robot's vendor launch, not
 from launch.actions import DeclareLaunchArgument, IncludeLaunchDescription
 from launch.conditions import IfCondition
 from launch.launch_description_sources import PythonLaunchDescriptionSource
-from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
+from launch.substitutions import Command, LaunchConfiguration, PathJoinSubstitution
+from launch_ros.actions import Node
+from launch_ros.parameter_descriptions import ParameterValue
 from launch_ros.substitutions import FindPackageShare
 
 from launch import LaunchDescription
@@ -31,10 +34,20 @@ def generate_launch_description() -> LaunchDescription:
         ),
         DeclareLaunchArgument("use_rviz", default_value="true", description="start the rviz2 monitor"),
     ]
+    description = ParameterValue(
+        Command(["cat ", PathJoinSubstitution([FindPackageShare("captain_ros"), "urdf", "panda.urdf"])]),
+        value_type=str,
+    )
+    state_publisher = Node(
+        package="robot_state_publisher",
+        executable="robot_state_publisher",
+        parameters=[{"robot_description": description}],
+        output="screen",
+    )
     monitor = IncludeLaunchDescription(
         PythonLaunchDescriptionSource(
             PathJoinSubstitution([FindPackageShare("captain_ros"), "launch", "monitor.launch.py"])
         ),
         condition=IfCondition(LaunchConfiguration("use_rviz")),
     )
-    return LaunchDescription([*args, monitor])
+    return LaunchDescription([*args, state_publisher, monitor])

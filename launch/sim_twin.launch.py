@@ -1,13 +1,14 @@
-"""The stack on the MuJoCo twin. Skeleton: the twin, harness and agent nodes are added by the
-issues that build them; today it brings up the monitor only.
+"""The stack on the MuJoCo twin. Today: the twin (a ros2_control-style arm with RGB-D cameras)
+and the monitor; the harness and agent nodes are added by the issues that build them.
 
-    ros2 launch captain_ros sim_twin.launch.py task:=<task> start_id:=<id>
+    ros2 launch captain_ros sim_twin.launch.py task:=open_drawer start_id:=open_drawer/wide/4
 """
 
 from launch.actions import DeclareLaunchArgument, IncludeLaunchDescription
 from launch.conditions import IfCondition
 from launch.launch_description_sources import PythonLaunchDescriptionSource
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
+from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
 
 from launch import LaunchDescription
@@ -15,8 +16,29 @@ from launch import LaunchDescription
 
 def generate_launch_description() -> LaunchDescription:
     args = [
-        DeclareLaunchArgument("task", default_value="", description="task name from the twin's task suite"),
-        DeclareLaunchArgument("start_id", default_value="", description="stable start-state id; empty = sample one"),
+        DeclareLaunchArgument(
+            "task",
+            default_value="put_red_cube_in_bowl",
+            description="task name from the twin's task suite (config/tasks.yaml)",
+        ),
+        DeclareLaunchArgument(
+            "start_id",
+            default_value="",
+            description="stable start-state id '<task>/<wide|official>/<index>'; empty = sample one",
+        ),
+        DeclareLaunchArgument(
+            "split", default_value="any", description="split sampled start ids come from: train, eval or any"
+        ),
+        DeclareLaunchArgument(
+            "real_time_factor",
+            default_value="1.0",
+            description="simulated seconds per wall second; 0 = as fast as possible",
+        ),
+        DeclareLaunchArgument(
+            "twin_config",
+            default_value=PathJoinSubstitution([FindPackageShare("captain_ros"), "config", "twin.yaml"]),
+            description="twin_node parameters (rates, defaults)",
+        ),
         DeclareLaunchArgument(
             "robot_config",
             default_value=PathJoinSubstitution([FindPackageShare("captain_ros"), "config", "robot.yaml"]),
@@ -25,10 +47,26 @@ def generate_launch_description() -> LaunchDescription:
         DeclareLaunchArgument(
             "safety_config",
             default_value=PathJoinSubstitution([FindPackageShare("captain_ros"), "config", "safety.yaml"]),
-            description="workspace box, speed and force limits, watchdog",
+            description="workspace box, speed and force limits, watchdog (used by the harness nodes)",
         ),
         DeclareLaunchArgument("use_rviz", default_value="true", description="start the rviz2 monitor"),
     ]
+    twin = Node(
+        package="captain_ros",
+        executable="twin_node",
+        name="twin",
+        output="screen",
+        parameters=[
+            LaunchConfiguration("twin_config"),
+            {
+                "task": LaunchConfiguration("task"),
+                "start_id": LaunchConfiguration("start_id"),
+                "split": LaunchConfiguration("split"),
+                "real_time_factor": LaunchConfiguration("real_time_factor"),
+                "robot_config": LaunchConfiguration("robot_config"),
+            },
+        ],
+    )
     monitor = IncludeLaunchDescription(
         PythonLaunchDescriptionSource(
             PathJoinSubstitution([FindPackageShare("captain_ros"), "launch", "monitor.launch.py"])
@@ -36,4 +74,4 @@ def generate_launch_description() -> LaunchDescription:
         launch_arguments={"use_sim_time": "true"}.items(),
         condition=IfCondition(LaunchConfiguration("use_rviz")),
     )
-    return LaunchDescription([*args, monitor])
+    return LaunchDescription([*args, twin, monitor])

@@ -39,8 +39,9 @@ DEBIAN_PACKAGES = [
     "libusb-1.0-0",  # open3d-cpu
     "libgomp1",  # torch, open3d
 ]
-# Interface packages built into the venv, in dependency order.
-INTERFACE_PACKAGES = ["captain_interfaces"]
+# Interface packages built into the venv, in dependency order. The third_party ones are subsets
+# of packages that have no PyPI wheel (a ROS install provides the full ones; colcon skips ours).
+INTERFACE_PACKAGES = ["third_party/control_msgs", "third_party/tf2_msgs", "captain_interfaces"]
 MANYLINUX_PYTHON = "/opt/python/cp311-cp311"
 LOGS = ROOT / ".setup-logs"
 
@@ -221,8 +222,9 @@ class Setup:
             log(f"repointed the Python include paths in {fixed} cmake files")
 
     def interfaces(self) -> None:
-        for pkg in INTERFACE_PACKAGES:
-            src = ROOT / pkg
+        for folder in INTERFACE_PACKAGES:
+            src = ROOT / folder
+            pkg = src.name
             key = digest([src], extra=str(self.venv))
             if self.done(f"interfaces-{pkg}", key):
                 continue
@@ -286,7 +288,7 @@ class Setup:
     def verify(self) -> None:
         code = (
             "import rclpy, rclpy.action, captain_interfaces.msg, captain_interfaces.srv, "
-            "captain_interfaces.action, captain_ros"
+            "captain_interfaces.action, control_msgs.action, tf2_msgs.msg, captain_ros"
         )
         proc = subprocess.run([str(self.py), "-c", code], capture_output=True, text=True, env=self.venv_env())
         if proc.returncode != 0:

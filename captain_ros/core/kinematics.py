@@ -69,6 +69,12 @@ class Kinematics:
         self, position_m: np.ndarray, rotation: np.ndarray, q_seed_rad: np.ndarray, q_rest_rad: np.ndarray | None = None
     ) -> IKResult:
         cfg = self.config
+        position_m, rotation = np.asarray(position_m, dtype=float), np.asarray(rotation, dtype=float)
+        if position_m.shape != (3,) or rotation.shape != (3, 3) or np.shape(q_seed_rad) != (7,):
+            raise ValueError(
+                f"IK needs a (3,) position, a (3, 3) rotation and a (7,) seed; got "
+                f"{position_m.shape}, {rotation.shape}, {np.shape(q_seed_rad)}"
+            )
         q = np.clip(np.asarray(q_seed_rad, dtype=float), self.lower, self.upper)
         rest = robot.HOME_Q_RAD if q_rest_rad is None else q_rest_rad
         jac_p, jac_r = np.zeros((3, self.model.nv)), np.zeros((3, self.model.nv))

@@ -73,6 +73,8 @@ def _options(spec: mujoco.MjSpec, physics: PhysicsConfig) -> None:
     spec.option.ls_iterations = 20
     # objects at rest sleep until something touches them (MuJoCo 4): most of a tabletop is at rest
     spec.option.enableflags |= int(mujoco.mjtEnableBit.mjENBL_SLEEP)
+    # never silently reset a diverged state: the twin reports it as an infrastructure fault
+    spec.option.disableflags |= int(mujoco.mjtDisableBit.mjDSBL_AUTORESET)
     spec.visual.global_.offwidth = IMAGE_SIZE_PX
     spec.visual.global_.offheight = IMAGE_SIZE_PX
     spec.visual.map.znear = 0.005

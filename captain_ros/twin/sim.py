@@ -28,6 +28,11 @@ MAX_LINEAR_SPEED_MPS = 10.0
 MAX_ANGULAR_SPEED_RADPS = 150.0
 MAX_JOINT_SPEED = 10.0  # arm rad/s, fingers and drawer m/s
 THROUGH_TABLE_M = 0.03
+_DIVERGENCE_WARNINGS = (
+    mujoco.mjtWarning.mjWARN_BADQPOS,
+    mujoco.mjtWarning.mjWARN_BADQVEL,
+    mujoco.mjtWarning.mjWARN_BADQACC,
+)
 CHECK_EVERY_STEPS = 5  # faults are detected within 10 ms of simulated time
 
 
@@ -198,9 +203,9 @@ class Twin:
         d = self.data
         if not math.isfinite(float(d.qpos.sum()) + float(d.qvel.sum())):
             raise SimulationFault("simulation state became NaN or infinite")
-        warnings = int(d.warning[mujoco.mjtWarning.mjWARN_BADQACC].number)
+        warnings = sum(int(d.warning[w].number) for w in _DIVERGENCE_WARNINGS)
         if warnings > self._warnings:
-            raise SimulationFault("MuJoCo reported an unstable acceleration (mjWARN_BADQACC)")
+            raise SimulationFault("MuJoCo reported a diverged state (bad qpos, qvel or qacc)")
         too_fast = np.abs(d.qvel) > self._speed_limit
         if too_fast.any():
             dof = int(np.flatnonzero(too_fast)[0])

@@ -1,0 +1,515 @@
+"""twin_node: the MuJoCo twin as a ROS 2 robot.
+
+It looks to clients like a ros2_control arm with RGB-D cameras:
+  /joint_states                                   sensor_msgs/JointState
+  /arm_controller/follow_joint_trajectory         control_msgs/action/FollowJointTrajectory (7 arm joints)
+  /arm_controller/joint_trajectory                trajectory_msgs/JointTrajectory (topic interface)
+  /gripper_controller/follow_joint_trajectory     same, for panda_finger_joint1 (half the jaw opening)
+  /gripper_controller/joint_trajectory
+  /wrist_ft_sensor/wrench                         geometry_msgs/WrenchStamped (hand frame)
+  /<cam>_camera/color/image_raw, .../camera_info  sensor_msgs/Image rgb8 + CameraInfo
+  /<cam>_camera/aligned_depth_to_color/image_raw  sensor_msgs/Image 32FC1, metres (+ camera_info)
+  /clock, /tf, /robot_description (transient local)
+and for the sim bridge:
+  /twin/reset                                     captain_interfaces/srv/ResetEpisode
+  /twin/training_only/privileged_snapshot         captain_interfaces/srv/GetPrivilegedSnapshot
+The training-only name is never used by the harness or the agent: the policy cannot reach it.
+Topic names come from config/robot.yaml; parameters from config/twin.yaml.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import rclpy
+import yaml
+from builtin_interfaces.msg import Time
+from control_msgs.action import FollowJointTrajectory
+from geometry_msgs.msg import Pose, TransformStamped, WrenchStamped
+from rcl_interfaces.msg import FloatingPointRange, ParameterDescriptor
+from rclpy._rclpy_pybind11 import RCLError
+from rclpy.action import ActionServer, CancelResponse, GoalResponse
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.node import Node
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+from rosgraph_msgs.msg import Clock
+from sensor_msgs.msg import CameraInfo, Image, JointState
+from std_msgs.msg import Header, String
+from tf2_msgs.msg import TFMessage
+from trajectory_msgs.msg import JointTrajectory as JointTrajectoryMsg
+from trajectory_msgs.msg import JointTrajectoryPoint
+
+from captain_interfaces.msg import PrivilegedSnapshot
+from captain_interfaces.srv import GetPrivilegedSnapshot, ResetEpisode
+from captain_ros.core.trajectory import JointTrajectory, TrajectoryError, duration_to_s
+from captain_ros.paths import config_path
+from captain_ros.twin import robot
+from captain_ros.twin.cameras import CameraFrame
+from captain_ros.twin.controller import TrajectoryFollower
+from captain_ros.twin.privileged import FEATURE_NAMES
+from captain_ros.twin.sim import SimulationFault, Twin
+from captain_ros.twin.start_states import StartId
+from captain_ros.twin.tasks import TaskError, default_suite, get_task
+
+GRIPPER_JOINTS = (robot.FINGER_JOINTS[0],)
+DEFAULT_GOAL_TOLERANCE = 0.02  # rad (arm) / m (finger) when a goal gives none
+DEFAULT_GOAL_TIME_TOLERANCE_S = 1.0
+
+
+def _stamp(t_s: float) -> Time:
+    sec = math.floor(t_s)
+    return Time(sec=sec, nanosec=int((t_s - sec) * 1e9))
+
+
+def _pose(position: np.ndarray, quat_wxyz: np.ndarray) -> Pose:
+    p = Pose()
+    p.position.x, p.position.y, p.position.z = map(float, position)
+    p.orientation.w, p.orientation.x, p.orientation.y, p.orientation.z = map(float, quat_wxyz)
+    return p
+
+
+def _mat_to_quat(mat: np.ndarray) -> np.ndarray:
+    import mujoco
+
+    q = np.zeros(4)
+    mujoco.mju_mat2Quat(q, np.asarray(mat, dtype=float).ravel())
+    return q
+
+
+class TwinNode(Node):
+    def __init__(self) -> None:
+        super().__init__("twin")
+        self._declare_parameters()
+        self.interfaces = yaml.safe_load(Path(self.get_parameter("robot_config").value).read_text())["interfaces"]
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self.twin: Twin | None = None
+        self.episode_id = ""
+        self.fault = ""  # set when the simulation failed; cleared by the next reset
+        reentrant = ReentrantCallbackGroup()
+        latched = QoSProfile(
+            depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL, reliability=ReliabilityPolicy.RELIABLE
+        )
+
+        self.joint_pub = self.create_publisher(JointState, self.interfaces["joint_states_topic"], 10)
+        self.wrench_pub = self.create_publisher(WrenchStamped, self.interfaces["wrench_topic"], 10)
+        self.clock_pub = self.create_publisher(Clock, "/clock", 10)
+        self.tf_pub = self.create_publisher(TFMessage, "/tf", 10)
+        self.description_pub = self.create_publisher(String, "/robot_description", latched)
+        self.description_pub.publish(String(data=robot.description_path().read_text()))
+        self.camera_pubs = {}
+        for cam, topics in self.interfaces["cameras"].items():
+            depth_info = topics["depth_topic"].rsplit("/", 1)[0] + "/camera_info"
+            self.camera_pubs[cam] = {
+                "color": self.create_publisher(Image, topics["color_topic"], 2),
+                "depth": self.create_publisher(Image, topics["depth_topic"], 2),
+                "info": self.create_publisher(CameraInfo, topics["info_topic"], 2),
+                "depth_info": self.create_publisher(CameraInfo, depth_info, 2),
+            }
+
+        self.create_service(
+            ResetEpisode, "/twin/reset", self._on_reset, callback_group=MutuallyExclusiveCallbackGroup()
+        )
+        self.create_service(
+            GetPrivilegedSnapshot,
+            "/twin/training_only/privileged_snapshot",
+            self._on_snapshot,
+            callback_group=reentrant,
+        )
+        self.controllers: dict[str, TrajectoryFollower] = {}
+        self._action_servers = []
+        for name, action, topic in (
+            ("arm", "trajectory_action", "trajectory_topic"),
+            ("gripper", "gripper_action", None),
+        ):
+            self._action_servers.append(
+                ActionServer(
+                    self,
+                    FollowJointTrajectory,
+                    self.interfaces[action],
+                    execute_callback=lambda gh, n=name: self._execute(n, gh),
+                    goal_callback=lambda _goal: GoalResponse.ACCEPT,
+                    cancel_callback=lambda _gh: CancelResponse.ACCEPT,
+                    callback_group=reentrant,
+                )
+            )
+            topic_name = (
+                self.interfaces[topic] if topic else self.interfaces[action].rsplit("/", 1)[0] + "/joint_trajectory"
+            )
+            self.create_subscription(
+                JointTrajectoryMsg, topic_name, lambda msg, n=name: self._on_topic(n, msg), 10, callback_group=reentrant
+            )
+
+        task = self.get_parameter("task").value or next(iter(default_suite()))
+        start = self.get_parameter("start_id").value or None
+        self._load(task, start, self.get_parameter("split").value)
+        self._thread = threading.Thread(target=self._physics_loop, name="twin-physics", daemon=True)
+        self._thread.start()
+        self.get_logger().info(
+            f"twin ready: task '{self.twin.task.name}', start '{self.twin.start_id}', "
+            f"real-time factor {self.get_parameter('real_time_factor').value or 'unlimited'}"
+        )
+
+    # ------------------------------------------------------------------------------ parameters
+    def _declare_parameters(self) -> None:
+        def desc(text: str, lo: float | None = None, hi: float | None = None) -> ParameterDescriptor:
+            d = ParameterDescriptor(description=text)
+            if lo is not None:
+                d.floating_point_range = [FloatingPointRange(from_value=lo, to_value=hi, step=0.0)]
+            return d
+
+        self.declare_parameter("task", "", desc("task of the twin's suite (config/tasks.yaml); empty = the first"))
+        self.declare_parameter("start_id", "", desc("start-state id '<task>/<wide|official>/<index>'; empty = sample"))
+        self.declare_parameter("split", "any", desc("split start ids are drawn from: train, eval or any"))
+        self.declare_parameter(
+            "real_time_factor", 1.0, desc("simulated seconds per wall second; 0 = as fast as possible", 0.0, 100.0)
+        )
+        self.declare_parameter(
+            "state_rate_hz", 100.0, desc("joint_states, wrench and clock rate (sim time)", 1.0, 500.0)
+        )
+        self.declare_parameter("tf_rate_hz", 30.0, desc("/tf rate (sim time)", 1.0, 200.0))
+        self.declare_parameter("camera_rate_hz", 10.0, desc("camera image rate (sim time); 0 = no images", 0.0, 60.0))
+        self.declare_parameter(
+            "robot_config", str(config_path("robot.yaml")), desc("robot.yaml with the topic and action names")
+        )
+
+    # ------------------------------------------------------------------------------ episode
+    def _load(self, task: str, start_id: str | None, split: str) -> StartId:
+        with self._lock:
+            if self.twin is None or self.twin.task.name != task:
+                twin = Twin(get_task(task))
+                try:
+                    start = twin.reset(start_id, split=split)
+                except Exception:
+                    twin.close()
+                    raise  # the running twin stays as it was
+                if self.twin is not None:
+                    self.twin.close()
+                self.twin = twin
+            else:
+                start = self.twin.reset(start_id, split=split)
+            lower, upper = robot.arm_limits_rad()
+            finger = robot.joint_limits()[GRIPPER_JOINTS[0]]
+            # fresh followers: goals still running on the old ones see the swap and abort
+            self.controllers["arm"] = TrajectoryFollower(robot.ARM_JOINTS, lower, upper, self.twin.arm_q())
+            self.controllers["gripper"] = TrajectoryFollower(
+                GRIPPER_JOINTS,
+                np.array([finger.lower]),
+                np.array([finger.upper]),
+                np.array([self.twin.jaw_opening_m() / 2]),
+            )
+            self._next_state = self._next_tf = self._next_camera = 0.0
+            self.fault = ""
+            return start
+
+    def _on_reset(self, request: ResetEpisode.Request, response: ResetEpisode.Response) -> ResetEpisode.Response:
+        try:
+            start = self._load(request.task, request.start_id or None, request.split or "any")
+        except (TaskError, SimulationFault) as exc:
+            response.success, response.message = False, str(exc)
+            self.get_logger().warning(f"reset refused: {exc}")
+            return response
+        self.episode_id = request.episode_id or uuid.uuid4().hex
+        response.success = True
+        response.episode_id, response.start_id = self.episode_id, str(start)
+        response.instruction = self.twin.task.instruction
+        response.message = f"reset to {start}"
+        self.get_logger().info(f"episode {self.episode_id}: {start}")
+        return response
+
+    def _on_snapshot(
+        self, request: GetPrivilegedSnapshot.Request, response: GetPrivilegedSnapshot.Response
+    ) -> GetPrivilegedSnapshot.Response:
+        with self._lock:
+            snap, fault = None, self.fault
+            if not fault:
+                try:
+                    snap = self.twin.snapshot()
+                except (SimulationFault, FloatingPointError) as exc:
+                    fault = str(exc)
+        msg = PrivilegedSnapshot(episode_id=self.episode_id, request_index=request.request_index)
+        msg.header.stamp = _stamp(self.twin.time_s)
+        if snap is None:
+            msg.unstable, msg.fault_message = True, fault
+            response.success, response.message, response.snapshot = False, fault, msg
+            return response
+        msg.task, msg.start_id = snap.task, snap.start_id
+        msg.feature_names, msg.features = list(FEATURE_NAMES), [float(v) for v in snap.features]
+        msg.object_names = list(snap.object_poses)
+        msg.object_poses = [_pose(np.array(p), np.array(q)) for p, q in snap.object_poses.values()]
+        msg.joint_names, msg.joint_positions = list(snap.joint_positions), list(snap.joint_positions.values())
+        msg.task_success, msg.subgoals_reached = snap.success, list(snap.subgoals_reached)
+        response.success, response.snapshot = True, msg
+        return response
+
+    # ------------------------------------------------------------------------------ control
+    def _trajectory_from_msg(self, name: str, msg: JointTrajectoryMsg) -> JointTrajectory:
+        follower = self.controllers[name]
+        points: list[JointTrajectoryPoint] = msg.points
+        times = [duration_to_s(p.time_from_start.sec, p.time_from_start.nanosec) for p in points]
+        velocities = [list(p.velocities) for p in points] if all(len(p.velocities) for p in points) else None
+        return JointTrajectory.build(
+            msg.joint_names,
+            times,
+            [list(p.positions) for p in points],
+            velocities,
+            controlled=follower.joint_names,
+            lower=follower.lower,
+            upper=follower.upper,
+        )
+
+    def _on_topic(self, name: str, msg: JointTrajectoryMsg) -> None:
+        try:
+            trajectory = self._trajectory_from_msg(name, msg)
+        except TrajectoryError as exc:
+            self.get_logger().error(f"{name} trajectory rejected: {exc}")
+            return
+        with self._lock:
+            self.controllers[name].start(trajectory, self.twin.time_s)
+
+    def _measured(self, name: str) -> np.ndarray:
+        if name == "arm":
+            return self.twin.arm_q()
+        return np.array([self.twin.jaw_opening_m() / 2])
+
+    def _execute(self, name: str, goal_handle) -> FollowJointTrajectory.Result:
+        result = FollowJointTrajectory.Result()
+        goal = goal_handle.request
+        try:
+            trajectory = self._trajectory_from_msg(name, goal.trajectory)
+        except TrajectoryError as exc:
+            result.error_code = (
+                FollowJointTrajectory.Result.INVALID_JOINTS
+                if exc.bad_joint_names
+                else FollowJointTrajectory.Result.INVALID_GOAL
+            )
+            result.error_string = str(exc)
+            goal_handle.abort()
+            return result
+        follower = self.controllers[name]
+        tolerances = {t.name: t.position for t in goal.goal_tolerance if t.position > 0}
+        tol = np.array([tolerances.get(j, DEFAULT_GOAL_TOLERANCE) for j in follower.joint_names])
+        time_tol = (
+            duration_to_s(goal.goal_time_tolerance.sec, goal.goal_time_tolerance.nanosec)
+            or DEFAULT_GOAL_TIME_TOLERANCE_S
+        )
+        with self._lock:
+            token = follower.start(trajectory, self.twin.time_s)
+            start_s = self.twin.time_s
+        feedback = FollowJointTrajectory.Feedback(joint_names=list(follower.joint_names))
+        while rclpy.ok() and not self._stop.is_set():
+            with self._lock:
+                now = self.twin.time_s
+                measured = self._measured(name)
+                desired = follower.desired_q.copy()
+                replaced = follower.active_token() not in (token, None) or self.controllers[name] is not follower
+            if goal_handle.is_cancel_requested:
+                with self._lock:
+                    follower.hold(measured)  # stop where the arm is, within one control period
+                goal_handle.canceled()
+                result.error_string = "canceled: holding the current position"
+                return result
+            if replaced:
+                goal_handle.abort()
+                result.error_code = FollowJointTrajectory.Result.INVALID_GOAL
+                result.error_string = "preempted by a newer trajectory or a reset"
+                return result
+            feedback.header.stamp = _stamp(now)
+            feedback.desired = JointTrajectoryPoint(positions=desired.tolist())
+            feedback.actual = JointTrajectoryPoint(positions=measured.tolist())
+            feedback.error = JointTrajectoryPoint(positions=(desired - measured).tolist())
+            goal_handle.publish_feedback(feedback)
+            if now - start_s >= trajectory.duration_s:
+                error = np.abs(trajectory.positions[-1] - measured)
+                if np.all(error <= tol):
+                    goal_handle.succeed()
+                    result.error_code = FollowJointTrajectory.Result.SUCCESSFUL
+                    return result
+                if now - start_s > trajectory.duration_s + time_tol:
+                    worst = int(np.argmax(error - tol))
+                    goal_handle.abort()
+                    result.error_code = FollowJointTrajectory.Result.GOAL_TOLERANCE_VIOLATED
+                    result.error_string = (
+                        f"{follower.joint_names[worst]} ended {error[worst]:.4f} from its goal "
+                        f"(tolerance {tol[worst]:.4f})"
+                    )
+                    return result
+            time.sleep(0.01)
+        goal_handle.abort()
+        result.error_string = "twin shutting down"
+        return result
+
+    # ------------------------------------------------------------------------------ physics
+    def _physics_loop(self) -> None:
+        """Step the twin at the configured real-time factor and publish its sensors (sim-time rates)."""
+        pace = {"wall0": time.monotonic(), "sim0": None}
+        while not self._stop.is_set():
+            try:
+                self._tick(pace)
+            except RCLError:
+                if not rclpy.ok(context=self.context):
+                    return  # shutting down
+                raise
+
+    def _tick(self, pace: dict) -> None:
+        rtf = float(self.get_parameter("real_time_factor").value)
+        frames = None
+        with self._lock:
+            twin = self.twin
+            if self.fault:  # nothing moves until a reset
+                pace["sim0"] = None
+                self._stop.wait(0.05)
+                return
+            if pace["sim0"] is None or twin.time_s < pace["sim0"]:  # first tick or after a reset
+                pace["wall0"], pace["sim0"] = time.monotonic(), twin.time_s
+            try:
+                twin.set_arm_command(self.controllers["arm"].update(twin.time_s))
+                twin.set_gripper_command(2.0 * float(self.controllers["gripper"].update(twin.time_s)[0]))
+                twin.step()
+            except SimulationFault as exc:
+                self.fault = str(exc)
+                self.get_logger().error(
+                    f"simulation fault (infrastructure, not a task outcome): {exc}; stopped until the next reset"
+                )
+                return
+            now = twin.time_s
+            if now >= self._next_state:
+                self._next_state = now + 1.0 / self.get_parameter("state_rate_hz").value
+                self._publish_state(twin)
+            if now >= self._next_tf:
+                self._next_tf = now + 1.0 / self.get_parameter("tf_rate_hz").value
+                self._publish_tf(twin)
+            camera_hz = self.get_parameter("camera_rate_hz").value
+            if camera_hz > 0 and now >= self._next_camera:
+                self._next_camera = now + 1.0 / camera_hz
+                frames = twin.observe()
+        if frames:
+            self._publish_cameras(frames, now)
+        if rtf > 0:
+            ahead = (now - pace["sim0"]) / rtf - (time.monotonic() - pace["wall0"])
+            if ahead > 0:
+                time.sleep(ahead)
+
+    def _publish_state(self, twin: Twin) -> None:
+        stamp = _stamp(twin.time_s)
+        self.clock_pub.publish(Clock(clock=stamp))
+        d, m = twin.data, twin.model
+        names = [*robot.ARM_JOINTS, *robot.FINGER_JOINTS]
+        qadr = [m.joint(j).qposadr[0] for j in names]
+        dadr = [m.joint(j).dofadr[0] for j in names]
+        self.joint_pub.publish(
+            JointState(
+                header=Header(stamp=stamp, frame_id=""),
+                name=names,
+                position=[float(d.qpos[a]) for a in qadr],
+                velocity=[float(d.qvel[a]) for a in dadr],
+                effort=[float(d.qfrc_actuator[a]) for a in dadr],
+            )
+        )
+        wrench = twin.wrist_wrench()
+        msg = WrenchStamped(header=Header(stamp=stamp, frame_id=robot.HAND_FRAME))
+        msg.wrench.force.x, msg.wrench.force.y, msg.wrench.force.z = map(float, wrench.force_n)
+        msg.wrench.torque.x, msg.wrench.torque.y, msg.wrench.torque.z = map(float, wrench.torque_nm)
+        self.wrench_pub.publish(msg)
+
+    def _publish_tf(self, twin: Twin) -> None:
+        """Every robot link and the cameras' actual (calibrated) optical frames, relative to the base."""
+        stamp = _stamp(twin.time_s)
+        m, d = twin.model, twin.data
+        transforms = []
+
+        def add(child: str, pos: np.ndarray, quat: np.ndarray) -> None:
+            t = TransformStamped(header=Header(stamp=stamp, frame_id=robot.BASE_FRAME), child_frame_id=child)
+            t.transform.translation.x, t.transform.translation.y, t.transform.translation.z = map(float, pos)
+            t.transform.rotation.w, t.transform.rotation.x, t.transform.rotation.y, t.transform.rotation.z = map(
+                float, quat
+            )
+            transforms.append(t)
+
+        for b in range(1, m.nbody):
+            name = m.body(b).name
+            if name.startswith(("panda_", "head_camera_link", "wrist_camera_link")) and name != robot.BASE_FRAME:
+                add(name, d.xpos[b], d.xquat[b])
+        for cam, frame in robot.CAMERA_FRAMES.items():
+            cid = m.cam(cam).id
+            add(frame, d.cam_xpos[cid], _mat_to_quat(d.cam_xmat[cid].reshape(3, 3) @ np.diag([1.0, -1.0, -1.0])))
+        self.tf_pub.publish(TFMessage(transforms=transforms))
+
+    def _publish_cameras(self, frames: dict[str, CameraFrame], now: float) -> None:
+        stamp = _stamp(now)
+        for cam, frame in frames.items():
+            pubs = self.camera_pubs.get(cam)
+            if pubs is None:
+                continue
+            header = Header(stamp=stamp, frame_id=robot.CAMERA_FRAMES[cam])
+            h, w = frame.depth_m.shape
+            pubs["color"].publish(
+                Image(
+                    header=header,
+                    height=h,
+                    width=w,
+                    encoding="rgb8",
+                    is_bigendian=0,
+                    step=3 * w,
+                    data=frame.rgb.tobytes(),
+                )
+            )
+            pubs["depth"].publish(
+                Image(
+                    header=header,
+                    height=h,
+                    width=w,
+                    encoding="32FC1",
+                    is_bigendian=0,
+                    step=4 * w,
+                    data=frame.depth_m.astype("<f4").tobytes(),
+                )
+            )
+            info = camera_info(frame, header)
+            pubs["info"].publish(info)
+            pubs["depth_info"].publish(info)
+
+    def destroy_node(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2.0)
+        with self._lock:
+            if self.twin is not None:
+                self.twin.close()
+        super().destroy_node()
+
+
+def camera_info(frame: CameraFrame, header: Header) -> CameraInfo:
+    """Pinhole calibration in sensor_msgs/CameraInfo conventions (no distortion; P = [K | 0])."""
+    h, w = frame.depth_m.shape
+    k = frame.K
+    info = CameraInfo(header=header, height=h, width=w, distortion_model="plumb_bob")
+    info.d = [0.0] * 5
+    info.k = [float(v) for v in k.ravel()]
+    info.r = [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+    info.p = [float(k[0, 0]), 0.0, float(k[0, 2]), 0.0, 0.0, float(k[1, 1]), float(k[1, 2]), 0.0, 0.0, 0.0, 1.0, 0.0]
+    return info
+
+
+def main(args: list[str] | None = None) -> None:
+    try:
+        with rclpy.init(args=args):
+            node = TwinNode()
+            executor = MultiThreadedExecutor(num_threads=4)
+            executor.add_node(node)
+            try:
+                executor.spin()
+            finally:
+                node.destroy_node()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+
+
+if __name__ == "__main__":
+    main()
