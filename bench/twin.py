@@ -156,8 +156,10 @@ def main() -> int:
         ["reset to a wide start state", "ms p50", float(np.median(reset)), "", "includes 0.3 s of settling"],
     ]
     print_table("MuJoCo twin on one core of this CPU", ["what", "unit", "value", "target", "note"], rows)
-    print(f"\nscripted picks that lifted their object by 5 cm: {phys['lifted']}/{phys['picks']} (the script also "
-          "tries to pick blocks it has just stacked another block on; those pinch both and fail)")
+    print(
+        f"\nscripted picks that lifted their object by 5 cm: {phys['lifted']}/{phys['picks']} (the script also "
+        "tries to pick blocks it has just stacked another block on; those pinch both and fail)"
+    )
     write_results(
         "twin",
         {

@@ -25,6 +25,7 @@ import time
 import uuid
 from pathlib import Path
 
+import mujoco
 import numpy as np
 import rclpy
 import yaml
@@ -75,8 +76,6 @@ def _pose(position: np.ndarray, quat_wxyz: np.ndarray) -> Pose:
 
 
 def _mat_to_quat(mat: np.ndarray) -> np.ndarray:
-    import mujoco
-
     q = np.zeros(4)
     mujoco.mju_mat2Quat(q, np.asarray(mat, dtype=float).ravel())
     return q
@@ -448,29 +447,8 @@ class TwinNode(Node):
             if pubs is None:
                 continue
             header = Header(stamp=stamp, frame_id=robot.CAMERA_FRAMES[cam])
-            h, w = frame.depth_m.shape
-            pubs["color"].publish(
-                Image(
-                    header=header,
-                    height=h,
-                    width=w,
-                    encoding="rgb8",
-                    is_bigendian=0,
-                    step=3 * w,
-                    data=frame.rgb.tobytes(),
-                )
-            )
-            pubs["depth"].publish(
-                Image(
-                    header=header,
-                    height=h,
-                    width=w,
-                    encoding="32FC1",
-                    is_bigendian=0,
-                    step=4 * w,
-                    data=frame.depth_m.astype("<f4").tobytes(),
-                )
-            )
+            pubs["color"].publish(image_msg(header, frame.rgb, "rgb8"))
+            pubs["depth"].publish(image_msg(header, frame.depth_m.astype("<f4"), "32FC1"))
             info = camera_info(frame, header)
             pubs["info"].publish(info)
             pubs["depth_info"].publish(info)
@@ -483,6 +461,20 @@ class TwinNode(Node):
             if self.twin is not None:
                 self.twin.close()
         super().destroy_node()
+
+
+def image_msg(header: Header, array: np.ndarray, encoding: str) -> Image:
+    """A sensor_msgs/Image of a C-contiguous (H, W[, C]) little-endian array."""
+    h, w = array.shape[:2]
+    return Image(
+        header=header,
+        height=h,
+        width=w,
+        encoding=encoding,
+        is_bigendian=0,
+        step=array.strides[0],
+        data=np.ascontiguousarray(array).tobytes(),
+    )
 
 
 def camera_info(frame: CameraFrame, header: Header) -> CameraInfo:

@@ -9,7 +9,6 @@ nothing on the policy side accepts.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -219,7 +218,3 @@ def object_poses(task: TaskSpec, reader: SceneReader) -> dict[str, tuple[tuple[f
         o.name: (tuple(map(float, reader.position(o.name))), tuple(map(float, reader.quaternion(o.name))))
         for o in task.objects
     }
-
-
-def is_finite_pose(pose: tuple) -> bool:
-    return all(math.isfinite(v) for part in pose for v in part)

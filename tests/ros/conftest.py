@@ -15,6 +15,8 @@ import pytest
 rclpy = pytest.importorskip("rclpy")
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 
+from .helpers import stop  # noqa: E402
+
 pytestmark = pytest.mark.ros
 
 
@@ -48,11 +50,7 @@ def start_peer() -> Iterator:
 
     yield start
     for proc in procs:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
 @pytest.fixture

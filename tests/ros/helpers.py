@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 
@@ -16,3 +17,12 @@ def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition") -> Non
 def result_of(future, timeout_s: float = 10.0):
     wait_for(future.done, timeout_s, "a future")
     return future.result()
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Terminate a peer process, killing it if it does not exit in 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()

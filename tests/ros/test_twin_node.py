@@ -24,7 +24,7 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 from captain_interfaces.srv import GetPrivilegedSnapshot, ResetEpisode
 from captain_ros.twin import robot
 
-from .helpers import result_of, wait_for
+from .helpers import result_of, stop, wait_for
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 TASK = "stack_red_on_blue"
@@ -58,11 +58,7 @@ def twin_process(tmp_path_factory):
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
     yield proc, lines
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop(proc)
 
 
 @pytest.fixture
