@@ -41,6 +41,7 @@ def _kinematic_model() -> mujoco.MjModel:
     spec = mujoco.MjSpec.from_file(str(robot.description_path()))
     spec.compiler.fusestatic = False
     spec.body(robot.TCP_FRAME).add_site(name="tcp")
+    spec.add_exclude(bodyname1="panda_leftfinger", bodyname2="panda_rightfinger")  # they close onto each other
     return spec.compile()
 
 
@@ -55,6 +56,19 @@ class Kinematics:
         self._dof = np.array([self.model.joint(j).dofadr[0] for j in robot.ARM_JOINTS])
         self._site = self.model.site("tcp").id
         self.lower, self.upper = robot.arm_limits_rad()
+
+    def self_collisions(self, q_rad: np.ndarray, jaw_opening_m: float = 0.08) -> list[tuple[str, str]]:
+        """Pairs of robot links whose collision geometry overlaps at q (parents and children excluded)."""
+        self.data.qpos[self._qadr] = q_rad
+        for j in robot.FINGER_JOINTS:
+            self.data.qpos[self.model.joint(j).qposadr[0]] = jaw_opening_m / 2
+        mujoco.mj_kinematics(self.model, self.data)
+        mujoco.mj_collision(self.model, self.data)
+        pairs = set()
+        for c in self.data.contact[: self.data.ncon]:
+            a, b = self.model.geom_bodyid[c.geom1], self.model.geom_bodyid[c.geom2]
+            pairs.add(tuple(sorted((self.model.body(a).name, self.model.body(b).name))))
+        return sorted(pairs)
 
     def forward(self, q_rad: np.ndarray, frame: str = robot.TCP_FRAME) -> tuple[np.ndarray, np.ndarray]:
         """Pose of `frame` (a URDF link) in the base frame: position (3,), rotation matrix (3, 3)."""

@@ -100,6 +100,9 @@ def _robot(spec: mujoco.MjSpec, physics: PhysicsConfig) -> None:
                 geom.friction = list(physics.pad_friction)
                 geom.condim = 4
                 geom.priority = 1  # the pads' friction wins over the object's
+                # stiff, hard pads: the jaw width reads the object's width (45 mm cube -> 45 mm, not 43)
+                geom.solref = [0.004, 1.0]
+                geom.solimp = [0.95, 0.99, 0.001, 0.5, 2.0]
     # joint dynamics and position servos with the URDF's effort limits
     for name, kp in zip(robot.ARM_JOINTS, physics.arm_kp, strict=True):
         joint = spec.joint(name)

@@ -1,0 +1,136 @@
+"""Harness configuration: dataclasses with units in the names, loaded from config/safety.yaml and
+config/harness.yaml. Invalid files fail with the file, the key and what is wrong."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from captain_ros.paths import config_path
+
+
+class ConfigError(ValueError):
+    """A configuration file is missing, malformed or out of range."""
+
+
+@dataclass(frozen=True)
+class SafetyConfig:
+    workspace_min_m: tuple[float, float, float] = (0.15, -0.55, 0.0)
+    workspace_max_m: tuple[float, float, float] = (0.85, 0.55, 0.75)
+    max_tcp_speed_mps: float = 0.25
+    default_tcp_speed_mps: float = 0.10
+    max_joint_speed_radps: float = 1.0
+    force_limit_n: float = 40.0
+    contact_threshold_n: float = 3.0
+    control_period_s: float = 0.002
+    watchdog_timeout_s: float = 1.0
+
+    def inside_workspace(self, point: np.ndarray) -> bool:
+        return bool(
+            np.all(point >= np.asarray(self.workspace_min_m)) and np.all(point <= np.asarray(self.workspace_max_m))
+        )
+
+
+@dataclass(frozen=True)
+class MotionConfig:
+    waypoint_spacing_m: float = 0.01
+    max_rotation_step_rad: float = 0.05
+    baseline_periods: int = 10
+    settle_timeout_s: float = 1.0
+    target_tolerance_m: float = 0.002
+    gripper_speed_mps: float = 0.1
+    gripper_settle_s: float = 0.6
+    grasp_min_width_m: float = 0.003
+    release_max_opening_m: float = 0.03
+    recover_max_m: float = 0.10
+    surface_clearance_m: float = 0.0
+    trace_page_size: int = 50
+
+
+@dataclass(frozen=True)
+class BudgetConfig:
+    requests: int = 60
+    physical_actions: int = 150
+    wall_time_s: float = 1080.0
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    max_rejections: int = 2
+
+
+@dataclass(frozen=True)
+class HarnessConfig:
+    safety: SafetyConfig = SafetyConfig()
+    motion: MotionConfig = MotionConfig()
+    budgets: BudgetConfig = BudgetConfig()
+    gate: GateConfig = GateConfig()
+
+
+def _section(cls: type, raw: Any, where: str) -> Any:
+    if raw is None:
+        return cls()
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: must be a mapping")
+    known = {f.name: f for f in fields(cls)}
+    unknown = set(raw) - set(known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown)} (known: {sorted(known)})")
+    values = {}
+    for key, given in raw.items():
+        default = getattr(cls(), key)
+        value = given
+        if isinstance(default, tuple):
+            if not (isinstance(given, list) and len(given) == len(default)):
+                raise ConfigError(f"{where}.{key}: must be a list of {len(default)} numbers")
+            value = tuple(given)
+            items = value
+        else:
+            items = (value,)
+        for v in items:
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise ConfigError(f"{where}.{key}: {value!r} is not a finite number")
+        if not isinstance(default, tuple) and value < 0:
+            raise ConfigError(f"{where}.{key}: must be >= 0, got {value}")
+        if isinstance(default, int) and not isinstance(default, bool):
+            if value != int(value):
+                raise ConfigError(f"{where}.{key}: must be an integer, got {value}")
+            value = int(value)
+        values[key] = value
+    return cls(**values)
+
+
+def load_config(safety_path: Path | None = None, harness_path: Path | None = None) -> HarnessConfig:
+    safety_path = Path(safety_path or config_path("safety.yaml"))
+    harness_path = Path(harness_path or config_path("harness.yaml"))
+    docs = {}
+    for path in (safety_path, harness_path):
+        try:
+            docs[path] = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{path}: cannot read: {exc}") from None
+        if not isinstance(docs[path], dict):
+            raise ConfigError(f"{path}: must be a mapping")
+    safety = _section(SafetyConfig, docs[safety_path].get("safety"), f"{safety_path.name}: safety")
+    h = docs[harness_path]
+    config = HarnessConfig(
+        safety=safety,
+        motion=_section(MotionConfig, h.get("motion"), f"{harness_path.name}: motion"),
+        budgets=_section(BudgetConfig, h.get("budgets"), f"{harness_path.name}: budgets"),
+        gate=_section(GateConfig, h.get("gate"), f"{harness_path.name}: gate"),
+    )
+    s = config.safety
+    if np.any(np.asarray(s.workspace_min_m) >= np.asarray(s.workspace_max_m)):
+        raise ConfigError(f"{safety_path.name}: workspace_min_m must be below workspace_max_m on every axis")
+    if s.default_tcp_speed_mps > s.max_tcp_speed_mps or s.contact_threshold_n > s.force_limit_n:
+        raise ConfigError(
+            f"{safety_path.name}: default speed above the limit, or contact threshold above the force limit"
+        )
+    if min(s.control_period_s, s.max_tcp_speed_mps, s.max_joint_speed_radps, s.watchdog_timeout_s) <= 0:
+        raise ConfigError(f"{safety_path.name}: periods, speeds and timeouts must be positive")
+    return config

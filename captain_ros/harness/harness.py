@@ -1,0 +1,569 @@
+"""The physical half of the policy-facing API (CaPtain Table 4), over one ArmBackend.
+
+Every capability validates its arguments, checks budgets, runs, and returns a CallResult with a
+receipt; none raises. Physical actions (move_to, hold, recover, release) count against the
+action budget once their arguments are valid, whether or not the motion then succeeds.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from captain_ros.core.contract import CAPABILITY_BY_NAME, Budget, CallResult, FailureCategory
+from captain_ros.core.kinematics import Kinematics
+from captain_ros.harness import args as A  # noqa: N812 - A.number(...) reads as "argument"
+from captain_ros.harness.backend import ArmBackend, BackendError
+from captain_ros.harness.config import HarnessConfig
+from captain_ros.harness.motion import Executor, MotionOutcome, PlanError, Planner, StopReason, StopSignal, Watchdog
+from captain_ros.twin import robot
+
+FRAMES = {
+    "base": robot.BASE_FRAME,
+    "tcp": robot.TCP_FRAME,
+    "hand": robot.HAND_FRAME,
+    "flange": "panda_link8",
+    "head_camera": "head_camera_optical_frame",
+    "wrist_camera": "wrist_camera_optical_frame",
+}
+VERIFYING = {
+    "observe",
+    "segment",
+    "point",
+    "mark_point",
+    "track_target",
+    "measure_object_geometry",
+    "measure_image_points",
+    "inspect_contact_geometry",
+    "inspect_release_geometry",
+    "compare_object_observations",
+    "get_robot_state",
+    "gripper_state",
+}
+FINGERTIP_BELOW_TCP_M = 0.008  # fingertips (0.1114 m) below the TCP (0.1034 m) on the hand axis
+
+
+@dataclass
+class MotionRecord:
+    motion_id: int
+    capability: str
+    outcome: MotionOutcome
+
+
+@dataclass
+class EpisodeLog:
+    """What the completion gate may look at: the agent's own calls, never simulator state."""
+
+    calls: list[tuple[str, bool]] = field(default_factory=list)  # (capability, success)
+    finish_rejections: int = 0
+    finished: bool = False
+
+
+class Harness:
+    def __init__(
+        self,
+        backend: ArmBackend,
+        config: HarnessConfig,
+        kinematics: Kinematics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.backend, self.config = backend, config
+        self.kin = kinematics or Kinematics()
+        self.planner, self.executor = Planner(config, self.kin), Executor(config, self.kin)
+        self.stop_signal = StopSignal()
+        self.watchdog = Watchdog(config.safety.watchdog_timeout_s, clock)
+        self.stopped = False  # set by the stop service; cleared by resume()
+        self._clock = clock
+        self.new_episode()
+
+    # ------------------------------------------------------------------------------ episode
+    def new_episode(self, episode_id: str = "") -> None:
+        b = self.config.budgets
+        self.episode_id = episode_id
+        self.budget = Budget(
+            requests_limit=b.requests, actions_limit=b.physical_actions, wall_time_limit_s=b.wall_time_s
+        )
+        self._t0 = self._clock()
+        self.motions: list[MotionRecord] = []
+        self.log = EpisodeLog()
+        self.jaw_command_m = self.backend.read_state().jaw_opening_m
+
+    def note_request(self) -> None:
+        """The agent issued one model request (counted against the request budget)."""
+        self.budget.requests_used += 1
+
+    def stop(self) -> None:
+        """Stop service: halt any motion within one control period and refuse motions until resume()."""
+        self.stopped = True
+        self.stop_signal.request(StopReason.SAFETY_STOP)
+
+    def cancel(self) -> None:
+        """Action cancel: halt the current motion within one control period."""
+        self.stop_signal.request(StopReason.CANCELED)
+
+    def resume(self) -> None:
+        self.stopped = False
+        self.stop_signal.clear()
+
+    # ------------------------------------------------------------------------------ dispatch
+    def call(self, capability: str, **kwargs: Any) -> CallResult:
+        """Run one capability by name. Never raises."""
+        t0 = time.monotonic()
+        self.budget.wall_time_used_s = self._clock() - self._t0
+        handler = getattr(self, f"_{capability}", None) if capability in CAPABILITY_BY_NAME else None
+        try:
+            if handler is None:
+                known = ", ".join(sorted(n for n in CAPABILITY_BY_NAME if hasattr(self, f"_{n}")))
+                raise A.ArgumentError(f"unknown capability {capability!r}; this harness serves: {known}")
+            A.no_extra(capability, kwargs, set(inspect.signature(handler).parameters))
+            result = handler(**kwargs)
+        except A.ArgumentError as exc:
+            result = CallResult.fail(capability, FailureCategory.INVALID_ARGUMENT, str(exc))
+        except PlanError as exc:
+            result = CallResult.fail(capability, exc.category, str(exc))
+        except BackendError as exc:
+            result = CallResult.fail(capability, FailureCategory.BACKEND_ERROR, str(exc))
+        except Exception as exc:
+            result = CallResult.fail(
+                capability,
+                FailureCategory.BACKEND_ERROR,
+                f"internal error {type(exc).__name__}: {exc}",
+                diagnostics={"traceback": traceback.format_exc(limit=5)},
+            )
+        self.budget.wall_time_used_s = self._clock() - self._t0
+        result.budget = Budget(**vars(self.budget))
+        result.episode_id = self.episode_id
+        result.duration_s = time.monotonic() - t0
+        result.frame_id = robot.BASE_FRAME
+        self.log.calls.append((capability, result.success))
+        return result
+
+    def _physical(self, capability: str) -> None:
+        """Budget and safety gate for a physical action whose arguments are valid."""
+        if self.stopped:
+            raise PlanError(
+                FailureCategory.SAFETY_STOP,
+                "the arm is stopped (stop service); nothing moves until an operator resumes",
+            )
+        exhausted = self.budget.exhausted()
+        if exhausted:
+            raise PlanError(FailureCategory.BUDGET_EXHAUSTED, f"the {exhausted} budget is spent")
+        self.budget.actions_used += 1
+        self.stop_signal.clear()
+        self.watchdog.feed()
+
+    # ------------------------------------------------------------------------------ motion
+    def _move_to(
+        self,
+        pose: Any = None,
+        gripper: Any = None,
+        *,
+        mode: str = "guarded",
+        speed_mps: Any = None,
+        duration_s: Any = None,
+        force_limit_n: Any = None,
+    ) -> CallResult:
+        safety = self.config.safety
+        if (pose is None) == (gripper is None):
+            raise A.ArgumentError(
+                "move_to takes exactly one of pose=... (a TCP pose) or gripper=... "
+                "('open', 'close' or an opening in metres)"
+            )
+        A.choice("mode", mode, ("guarded", "manipulation"))
+        speed = None if speed_mps is None else A.number("speed_mps", speed_mps, lo=1e-3, hi=safety.max_tcp_speed_mps)
+        duration = None if duration_s is None else A.number("duration_s", duration_s, lo=0.0, hi=60.0)
+        limit = (
+            safety.force_limit_n
+            if force_limit_n is None
+            else A.number("force_limit_n", force_limit_n, lo=safety.contact_threshold_n, hi=safety.force_limit_n)
+        )
+        if gripper is not None:
+            if isinstance(gripper, str):
+                target = {"open": robot.max_jaw_opening_m(), "close": 0.0}.get(gripper)
+                if target is None:
+                    raise A.ArgumentError(f"gripper must be 'open', 'close' or an opening in metres, got {gripper!r}")
+            else:
+                target = A.number("gripper", gripper, lo=0.0, hi=robot.max_jaw_opening_m())
+            self._physical("move_to")
+            return self._jaw("move_to", target)
+        position, rotation = A.pose("pose", pose)
+        self._physical("move_to")
+        state = self.backend.read_state()
+        plan = self.planner.plan_pose(
+            state.q_rad, position, rotation, speed_mps=speed, duration_s=duration, jaw_opening_m=state.jaw_opening_m
+        )
+        outcome = self.executor.execute(
+            self.backend,
+            plan,
+            guarded=mode == "guarded",
+            force_limit_n=limit,
+            stop=self.stop_signal,
+            watchdog=self.watchdog,
+        )
+        return self._motion_result("move_to", outcome, plan.notes, target=position)
+
+    def _hold(self, duration_s: Any = 1.0, force_limit_n: Any = None) -> CallResult:
+        seconds = A.number("duration_s", duration_s, lo=0.0, hi=30.0)
+        limit = (
+            self.config.safety.force_limit_n
+            if force_limit_n is None
+            else A.number(
+                "force_limit_n",
+                force_limit_n,
+                lo=self.config.safety.contact_threshold_n,
+                hi=self.config.safety.force_limit_n,
+            )
+        )
+        self._physical("hold")
+        q = self.backend.read_state().q_rad
+        plan = self.planner.plan_path(np.array([q]))
+        plan.duration_s = seconds
+        outcome = self.executor.execute(
+            self.backend, plan, guarded=False, force_limit_n=limit, stop=self.stop_signal, watchdog=self.watchdog
+        )
+        return self._motion_result("hold", outcome, [])
+
+    def _recover(self, distance_m: Any = 0.05, speed_mps: Any = None) -> CallResult:
+        motion_cfg = self.config.motion
+        distance = A.number("distance_m", distance_m, lo=0.001, hi=motion_cfg.recover_max_m)
+        speed = (
+            None
+            if speed_mps is None
+            else A.number("speed_mps", speed_mps, lo=1e-3, hi=self.config.safety.max_tcp_speed_mps)
+        )
+        last = next(
+            (m for m in reversed(self.motions) if m.capability in ("move_to", "recover") and m.outcome.trace), None
+        )
+        if last is None:
+            raise PlanError(FailureCategory.INVALID_ARGUMENT, "there is no executed motion to reverse")
+        self._physical("recover")
+        trace = last.outcome.trace
+        path, travelled = [self.backend.read_state().q_rad], 0.0
+        previous = self.kin.forward(path[0])[0]
+        for row in reversed(trace):
+            step = float(np.linalg.norm(row.tcp_m - previous))
+            if travelled + step > distance:
+                break
+            if step >= 0.002:
+                path.append(row.q_rad)
+                previous = row.tcp_m
+                travelled += step
+        if len(path) < 2:
+            raise PlanError(
+                FailureCategory.INVALID_ARGUMENT, "the last motion moved less than 2 mm: nothing to reverse"
+            )
+        plan = self.planner.plan_path(np.array(path), speed_mps=speed)
+        outcome = self.executor.execute(
+            self.backend,
+            plan,
+            guarded=False,
+            force_limit_n=self.config.safety.force_limit_n,
+            stop=self.stop_signal,
+            watchdog=self.watchdog,
+        )
+        return self._motion_result(
+            "recover", outcome, [f"reversed {travelled * 100:.1f} cm of motion {last.motion_id}"]
+        )
+
+    def _release(self, opening_m: Any = None) -> CallResult:
+        motion_cfg = self.config.motion
+        current = self.backend.read_state().jaw_opening_m
+        bound = min(current + motion_cfg.release_max_opening_m, robot.max_jaw_opening_m())
+        target = bound if opening_m is None else A.number("opening_m", opening_m, lo=0.0, hi=bound)
+        if target < current:
+            raise A.ArgumentError(f"release opens the jaw: opening_m {target:.3f} is below the current {current:.3f} m")
+        self._physical("release")
+        return self._jaw("release", target)
+
+    def _jaw(self, capability: str, target_m: float) -> CallResult:
+        """Ramp the jaw to target_m at the gripper speed, then let it settle (closes onto objects)."""
+        motion_cfg = self.config.motion
+        period = self.backend.control_period_s
+        start = self.backend.read_state()
+        before = start.jaw_opening_m
+        command = self.jaw_command_m
+        steps = max(1, math.ceil(abs(target_m - command) / motion_cfg.gripper_speed_mps / period))
+        n_settle = math.ceil(motion_cfg.gripper_settle_s / period)
+        stopped = None
+        for k in range(1, steps + n_settle + 1):
+            if self.stop_signal.is_set():
+                stopped = self.stop_signal.reason
+                self.backend.command_gripper(self.backend.read_state().jaw_opening_m)
+                break
+            self.jaw_command_m = self.backend.command_gripper(command + (target_m - command) * min(1.0, k / steps))
+            self.backend.command(start.q_rad)
+            self.backend.wait_period()
+        after = self.backend.read_state().jaw_opening_m
+        holding = target_m < after - 0.002 and after > motion_cfg.grasp_min_width_m
+        value = {
+            "jaw_before_m": round(before, 4),
+            "jaw_after_m": round(after, 4),
+            "jaw_command_m": round(target_m, 4),
+            "holding_object": holding,
+        }
+        if stopped is not None:
+            return CallResult.fail(
+                capability,
+                FailureCategory.CANCELED if stopped == StopReason.CANCELED else FailureCategory.SAFETY_STOP,
+                f"jaw motion stopped: {stopped.value}",
+                executed=True,
+                value=value,
+            )
+        verb = "closed" if target_m < before else "opened"
+        grasp = f", holding an object {after * 1000:.0f} mm wide" if holding else ""
+        receipt = (
+            f"{capability}: jaw {verb} {before * 1000:.0f}->{after * 1000:.0f} mm "
+            f"(command {target_m * 1000:.0f} mm){grasp}"
+        )
+        return CallResult.ok(capability, value=value, receipt=receipt, executed=True)
+
+    def _motion_result(
+        self, capability: str, outcome: MotionOutcome, notes: list[str], target: np.ndarray | None = None
+    ) -> CallResult:
+        motion_id = len(self.motions) + 1
+        self.motions.append(MotionRecord(motion_id, capability, outcome))
+        value = {
+            "motion_id": motion_id,
+            "stop_reason": outcome.stop_reason.value,
+            "executed_distance_m": round(outcome.executed_distance_m, 4),
+            "peak_force_n": round(outcome.peak_force_n, 2),
+            "jaw_before_m": round(outcome.jaw_before_m, 4),
+            "jaw_after_m": round(outcome.jaw_after_m, 4),
+            "tcp_position_m": [round(float(v), 4) for v in outcome.end_tcp_m],
+            "duration_s": round(outcome.duration_s, 3),
+        }
+        if target is not None:
+            value["distance_to_target_m"] = round(float(np.linalg.norm(target - outcome.end_tcp_m)), 4)
+        receipt = (
+            f"{capability}: {outcome.stop_reason.value} after {outcome.executed_distance_m * 100:.1f} cm, "
+            f"peak {outcome.peak_force_n:.1f} N, jaw {outcome.jaw_before_m * 1000:.0f}->"
+            f"{outcome.jaw_after_m * 1000:.0f} mm" + (f"; {'; '.join(notes)}" if notes else "")
+        )
+        executed = outcome.executed_distance_m > 1e-4 or bool(outcome.trace)
+        if outcome.category is FailureCategory.NONE:
+            return CallResult.ok(
+                capability, value=value, receipt=receipt, executed=executed, diagnostics={"notes": notes}
+            )
+        return CallResult.fail(
+            capability,
+            outcome.category,
+            outcome.message,
+            value=value,
+            receipt=receipt,
+            executed=executed,
+            diagnostics={"notes": notes},
+        )
+
+    # ------------------------------------------------------------------------------ read-only planning
+    def _plan_for(self, pose: Any, speed_mps: Any, duration_s: Any):
+        safety = self.config.safety
+        position, rotation = A.pose("pose", pose)
+        speed = None if speed_mps is None else A.number("speed_mps", speed_mps, lo=1e-3, hi=safety.max_tcp_speed_mps)
+        duration = None if duration_s is None else A.number("duration_s", duration_s, lo=0.0, hi=60.0)
+        state = self.backend.read_state()
+        return self.planner.plan_pose(
+            state.q_rad, position, rotation, speed_mps=speed, duration_s=duration, jaw_opening_m=state.jaw_opening_m
+        )
+
+    def _check_motion(self, pose: Any = None, speed_mps: Any = None, duration_s: Any = None) -> CallResult:
+        if pose is None:
+            raise A.ArgumentError("check_motion needs pose=...; " + A.POSE_HELP)
+        try:
+            plan = self._plan_for(pose, speed_mps, duration_s)
+        except PlanError as exc:
+            value = {"feasible": False, "failure_category": exc.category.value, "reason": str(exc)}
+            return CallResult.ok(
+                "check_motion", value=value, receipt=f"check_motion: NOT feasible ({exc.category.value}): {exc}"
+            )
+        fingertips = plan.tcp_waypoints[:, 2] - FINGERTIP_BELOW_TCP_M
+        lowest = float(fingertips.min())
+        clear = lowest >= self.config.motion.surface_clearance_m
+        value = {
+            "feasible": clear,
+            "reason": "" if clear else f"the fingertips would go {abs(lowest) * 100:.1f} cm below the table top",
+            "lowest_fingertip_z_m": round(lowest, 4),
+            "distance_m": round(plan.distance_m, 4),
+            "duration_s": round(plan.duration_s, 3),
+            "self_collision": False,
+            "ik": "ok",
+        }
+        receipt = (
+            f"check_motion: {'feasible' if clear else 'NOT feasible (surface)'}, {plan.distance_m * 100:.1f} cm, "
+            f"{plan.duration_s:.1f} s, lowest fingertip {lowest * 100:.1f} cm"
+        )
+        return CallResult.ok("check_motion", value=value, receipt=receipt)
+
+    def _preview_motion(self, pose: Any = None, speed_mps: Any = None, duration_s: Any = None) -> CallResult:
+        if pose is None:
+            raise A.ArgumentError("preview_motion needs pose=...; " + A.POSE_HELP)
+        plan = self._plan_for(pose, speed_mps, duration_s)
+        joint_travel = np.abs(plan.q_waypoints[-1] - plan.q_waypoints[0])
+        value = {
+            "duration_s": round(plan.duration_s, 3),
+            "distance_m": round(plan.distance_m, 4),
+            "rotation_deg": round(math.degrees(plan.rotation_rad), 2),
+            "peak_speed_mps": round(plan.peak_speed_mps, 4),
+            "max_joint_travel_rad": round(float(joint_travel.max()), 4),
+            "notes": plan.notes,
+        }
+        receipt = (
+            f"preview_motion: {plan.distance_m * 100:.1f} cm and {math.degrees(plan.rotation_rad):.0f} deg "
+            f"in {plan.duration_s:.2f} s, peak {plan.peak_speed_mps:.3f} m/s"
+        )
+        return CallResult.ok("preview_motion", value=value, receipt=receipt)
+
+    # ------------------------------------------------------------------------------ state
+    def _get_robot_state(self) -> CallResult:
+        state = self.backend.read_state()
+        position, rotation = self.kin.forward(state.q_rad)
+        value = {
+            "tcp_pose": A.pose_dict(position, rotation),
+            "q_rad": [round(float(v), 5) for v in state.q_rad],
+            "jaw_opening_m": round(state.jaw_opening_m, 4),
+            "wrist_force_n": [round(float(v), 3) for v in state.force_n],
+            "wrist_torque_nm": [round(float(v), 4) for v in state.torque_nm],
+            "stopped": self.stopped,
+        }
+        p = value["tcp_pose"]
+        receipt = (
+            f"get_robot_state: tcp ({p['position'][0]:.3f}, {p['position'][1]:.3f}, {p['position'][2]:.3f}) m, "
+            f"yaw {p['yaw_deg']:.0f} deg, jaw {state.jaw_opening_m * 1000:.0f} mm, "
+            f"|F| {np.linalg.norm(state.force_n):.1f} N"
+        )
+        return CallResult.ok("get_robot_state", value=value, receipt=receipt)
+
+    def _gripper_state(self) -> CallResult:
+        opening = self.backend.read_state().jaw_opening_m
+        holding = self.jaw_command_m < opening - 0.002 and opening > self.config.motion.grasp_min_width_m
+        value = {
+            "opening_m": round(opening, 4),
+            "command_m": round(self.jaw_command_m, 4),
+            "max_opening_m": robot.max_jaw_opening_m(),
+            "holding_object": holding,
+        }
+        receipt = f"gripper_state: {opening * 1000:.0f} mm open (command {self.jaw_command_m * 1000:.0f} mm)" + (
+            ", holding an object" if holding else ""
+        )
+        return CallResult.ok("gripper_state", value=value, receipt=receipt)
+
+    def _robot_geometry(self) -> CallResult:
+        s = self.config.safety
+        value = {
+            "base_frame": robot.BASE_FRAME,
+            "tcp_frame": robot.TCP_FRAME,
+            "tcp_from_flange_m": 0.1034,
+            "fingertips_below_tcp_m": FINGERTIP_BELOW_TCP_M,
+            "finger_pad_size_m": [0.02, 0.018, 0.053],
+            "max_jaw_opening_m": robot.max_jaw_opening_m(),
+            "jaw_axis": "TCP y",
+            "approach_axis": "TCP z (fingers point along +z)",
+            "workspace_min_m": list(s.workspace_min_m),
+            "workspace_max_m": list(s.workspace_max_m),
+            "max_tcp_speed_mps": s.max_tcp_speed_mps,
+            "force_limit_n": s.force_limit_n,
+            "contact_threshold_n": s.contact_threshold_n,
+        }
+        receipt = (
+            f"robot_geometry: jaw 0-{robot.max_jaw_opening_m() * 1000:.0f} mm along TCP y, fingertips "
+            f"{FINGERTIP_BELOW_TCP_M * 1000:.0f} mm past the TCP, "
+            f"workspace {list(s.workspace_min_m)}..{list(s.workspace_max_m)} m"
+        )
+        return CallResult.ok("robot_geometry", value=value, receipt=receipt)
+
+    def _read_motion_trajectory(self, motion_id: Any = None, page: Any = 0) -> CallResult:
+        if not self.motions:
+            raise A.ArgumentError("no motion has been executed in this episode")
+        n = len(self.motions)
+        mid = n if motion_id is None else A.integer("motion_id", motion_id, lo=1, hi=n)
+        trace = self.motions[mid - 1].outcome.trace
+        size = self.config.motion.trace_page_size
+        pages = max(1, math.ceil(len(trace) / size))
+        p = A.integer("page", page, lo=0, hi=pages - 1)
+        rows = trace[p * size : (p + 1) * size]
+        value = {
+            "motion_id": mid,
+            "page": p,
+            "pages": pages,
+            "rows": [
+                {
+                    "t_s": round(r.t_s, 4),
+                    "tcp_m": [round(float(v), 4) for v in r.tcp_m],
+                    "contact_force_n": round(r.contact_force_n, 2),
+                    "jaw_m": round(r.jaw_opening_m, 4),
+                    "q_rad": [round(float(v), 4) for v in r.q_rad],
+                }
+                for r in rows
+            ],
+        }
+        receipt = f"read_motion_trajectory: motion {mid} page {p + 1}/{pages}, {len(rows)} of {len(trace)} samples"
+        return CallResult.ok("read_motion_trajectory", value=value, receipt=receipt)
+
+    def _frame_pose(self, frame: str) -> tuple[np.ndarray, np.ndarray]:
+        name = FRAMES[A.choice("frame", frame, tuple(FRAMES))]
+        if name == robot.BASE_FRAME:
+            return np.zeros(3), np.eye(3)
+        return self.kin.forward(self.backend.read_state().q_rad, name)
+
+    def _transform_pose(
+        self, pose: Any = None, from_frame: str = "base", to_frame: str = "base", offset_m: Any = None
+    ) -> CallResult:
+        if pose is None:
+            raise A.ArgumentError("transform_pose needs pose=...; " + A.POSE_HELP)
+        position, rotation = A.pose("pose", pose)
+        A.choice("from_frame", from_frame, tuple(FRAMES))
+        A.choice("to_frame", to_frame, tuple(FRAMES))
+        if offset_m is not None:  # a translation in the pose's own frame (e.g. 5 cm along the approach axis)
+            position = position + rotation @ A.vector("offset_m", offset_m, 3)
+        pa, ra = self._frame_pose(from_frame)
+        pb, rb = self._frame_pose(to_frame)
+        world_p, world_r = pa + ra @ position, ra @ rotation
+        out_p, out_r = rb.T @ (world_p - pb), rb.T @ world_r
+        value = {"pose": A.pose_dict(out_p, out_r), "frame": to_frame}
+        receipt = f"transform_pose: {from_frame} -> {to_frame}: ({out_p[0]:.3f}, {out_p[1]:.3f}, {out_p[2]:.3f}) m"
+        return CallResult.ok("transform_pose", value=value, receipt=receipt)
+
+    # ------------------------------------------------------------------------------ finish and the gate
+    def _finish(self, note: Any = "") -> CallResult:
+        if not isinstance(note, str):
+            raise A.ArgumentError(f"note must be a string, got {type(note).__name__}")
+        reasons = self.gate_objections()
+        if reasons and self.log.finish_rejections < self.config.gate.max_rejections:
+            self.log.finish_rejections += 1
+            left = self.config.gate.max_rejections - self.log.finish_rejections
+            return CallResult.fail(
+                "finish",
+                FailureCategory.GATE_REJECTED,
+                "finish rejected: " + "; ".join(reasons) + f" ({left} rejection(s) left)",
+                value={"reasons": reasons},
+            )
+        self.log.finished = True
+        return CallResult.ok(
+            "finish",
+            value={"accepted": True, "note": note[:500]},
+            receipt="finish: accepted; the host scores the final scene",
+        )
+
+    def gate_objections(self) -> list[str]:
+        """Objections from the agent's own record: never from simulator state."""
+        calls = self.log.calls
+        physical = [i for i, (name, _) in enumerate(calls) if CAPABILITY_BY_NAME[name].physical]
+        reasons = []
+        if not physical:
+            reasons.append("no physical action was executed in this episode")
+            return reasons
+        last = physical[-1]
+        if not calls[last][1]:
+            reasons.append(f"the last physical action ({calls[last][0]}) failed and nothing was re-checked since")
+        if not any(name in VERIFYING and ok for name, ok in calls[last + 1 :]):
+            reasons.append("no observation or measurement after the last physical action: verify the scene first")
+        opening = self.backend.read_state().jaw_opening_m
+        if self.jaw_command_m < opening - 0.002 and opening > self.config.motion.grasp_min_width_m:
+            reasons.append("the gripper is still holding an object")
+        return reasons

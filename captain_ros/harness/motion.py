@@ -1,0 +1,397 @@
+"""Straight Cartesian sweeps: planning (IK along the line, reachability, self-collision, workspace,
+speed limits) and guarded execution with per-control-period force monitoring.
+
+Force monitoring compares the wrist force with the baseline measured just before the motion,
+rotated with the hand, so a payload's weight and the hand's own weight are not mistaken for
+contact when the hand turns.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import mujoco
+import numpy as np
+
+from captain_ros.core.contract import FailureCategory
+from captain_ros.core.kinematics import Kinematics
+from captain_ros.harness.backend import ArmBackend, ArmState, BackendError
+from captain_ros.harness.config import HarnessConfig
+from captain_ros.twin import robot
+
+MIN_JERK_PEAK = 1.875  # peak / mean speed of a minimum-jerk profile
+
+
+class StopReason(StrEnum):
+    TARGET_REACHED = "target_reached"
+    CONTACT = "contact"
+    FORCE_LIMIT = "force_limit"
+    CANCELED = "canceled"
+    SAFETY_STOP = "safety_stop"
+    WATCHDOG = "watchdog"
+    STALLED = "stalled"
+    BACKEND_ERROR = "backend_error"
+
+
+STOP_CATEGORY = {
+    StopReason.TARGET_REACHED: FailureCategory.NONE,
+    StopReason.CONTACT: FailureCategory.CONTACT_STOP,
+    StopReason.FORCE_LIMIT: FailureCategory.FORCE_LIMIT,
+    StopReason.CANCELED: FailureCategory.CANCELED,
+    StopReason.SAFETY_STOP: FailureCategory.SAFETY_STOP,
+    StopReason.WATCHDOG: FailureCategory.SAFETY_STOP,
+    StopReason.STALLED: FailureCategory.TIMEOUT,
+    StopReason.BACKEND_ERROR: FailureCategory.BACKEND_ERROR,
+}
+
+
+class PlanError(Exception):
+    """The motion cannot be executed; nothing moved."""
+
+    def __init__(self, category: FailureCategory, message: str):
+        super().__init__(message)
+        self.category = category
+
+
+class StopSignal:
+    """Thread-safe stop request (action cancel or the stop service), checked every control period."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason = StopReason.CANCELED
+        self.requested_at_s = math.nan
+
+    def request(self, reason: StopReason = StopReason.CANCELED) -> None:
+        self.reason = reason
+        self.requested_at_s = time.monotonic()
+        self._event.set()
+
+    def clear(self) -> None:
+        self._event.clear()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+
+class Watchdog:
+    """Expires when nobody has fed it for `timeout_s` (the agent or the command link went silent)."""
+
+    def __init__(self, timeout_s: float, clock=time.monotonic):
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self._last = clock()
+
+    def feed(self) -> None:
+        self._last = self._clock()
+
+    def silent_for_s(self) -> float:
+        return self._clock() - self._last
+
+    def expired(self) -> bool:
+        return self.silent_for_s() > self.timeout_s
+
+
+@dataclass
+class SweepPlan:
+    q_waypoints: np.ndarray  # (M, 7)
+    tcp_waypoints: np.ndarray  # (M, 3)
+    duration_s: float
+    distance_m: float
+    rotation_rad: float
+    peak_speed_mps: float
+    notes: list[str] = field(default_factory=list)
+
+    def setpoint(self, t_s: float) -> np.ndarray:
+        """Joint setpoint at time t along a minimum-jerk profile over the waypoint path."""
+        tau = min(max(t_s / self.duration_s, 0.0), 1.0) if self.duration_s > 0 else 1.0
+        s = tau**3 * (10 - 15 * tau + 6 * tau**2)
+        x = s * (len(self.q_waypoints) - 1)
+        i = min(int(x), len(self.q_waypoints) - 2) if len(self.q_waypoints) > 1 else 0
+        if len(self.q_waypoints) == 1:
+            return self.q_waypoints[0].copy()
+        f = x - i
+        return self.q_waypoints[i] + f * (self.q_waypoints[i + 1] - self.q_waypoints[i])
+
+
+@dataclass
+class TraceRow:
+    t_s: float
+    q_rad: np.ndarray
+    q_cmd_rad: np.ndarray
+    tcp_m: np.ndarray
+    contact_force_n: float
+    jaw_opening_m: float
+
+
+@dataclass
+class MotionOutcome:
+    stop_reason: StopReason
+    message: str
+    start_tcp_m: np.ndarray
+    end_tcp_m: np.ndarray
+    peak_force_n: float
+    jaw_before_m: float
+    jaw_after_m: float
+    trace: list[TraceRow]
+    duration_s: float
+    stop_latency_periods: int | None = None  # control periods from a stop request to a holding setpoint
+
+    @property
+    def executed_distance_m(self) -> float:
+        return float(np.linalg.norm(self.end_tcp_m - self.start_tcp_m))
+
+    @property
+    def category(self) -> FailureCategory:
+        return STOP_CATEGORY[self.stop_reason]
+
+
+def _angle_between(r0: np.ndarray, r1: np.ndarray) -> float:
+    return float(math.acos(np.clip((np.trace(r0.T @ r1) - 1) / 2, -1.0, 1.0)))
+
+
+def _slerp(r0: np.ndarray, r1: np.ndarray, s: float) -> np.ndarray:
+    q0, q1, out = np.zeros(4), np.zeros(4), np.zeros(4)
+    mujoco.mju_mat2Quat(q0, r0.ravel())
+    mujoco.mju_mat2Quat(q1, r1.ravel())
+    if np.dot(q0, q1) < 0:
+        q1 = -q1
+    angle = math.acos(np.clip(np.dot(q0, q1), -1.0, 1.0))
+    if angle < 1e-9:
+        out[:] = q0
+    else:
+        out[:] = (math.sin((1 - s) * angle) * q0 + math.sin(s * angle) * q1) / math.sin(angle)
+    mat = np.zeros(9)
+    mujoco.mju_quat2Mat(mat, out / np.linalg.norm(out))
+    return mat.reshape(3, 3)
+
+
+class Planner:
+    def __init__(self, config: HarnessConfig, kinematics: Kinematics | None = None):
+        self.config = config
+        self.kin = kinematics or Kinematics()
+
+    def plan_pose(
+        self,
+        q_start: np.ndarray,
+        position_m: np.ndarray,
+        rotation: np.ndarray,
+        *,
+        speed_mps: float | None = None,
+        duration_s: float | None = None,
+        jaw_opening_m: float = 0.08,
+    ) -> SweepPlan:
+        """IK along the straight line from the current TCP pose to the target; raises PlanError."""
+        safety, motion = self.config.safety, self.config.motion
+        if not safety.inside_workspace(position_m):
+            raise PlanError(
+                FailureCategory.WORKSPACE_LIMIT,
+                f"target {np.round(position_m, 3).tolist()} m is outside the workspace box "
+                f"{list(safety.workspace_min_m)}..{list(safety.workspace_max_m)}",
+            )
+        p0, r0 = self.kin.forward(q_start)
+        distance = float(np.linalg.norm(position_m - p0))
+        angle = _angle_between(r0, rotation)
+        n = max(1, math.ceil(distance / motion.waypoint_spacing_m), math.ceil(angle / motion.max_rotation_step_rad))
+        qs, tcps = [np.asarray(q_start, dtype=float)], [p0]
+        q = qs[0]
+        for k in range(1, n + 1):
+            s = k / n
+            p = p0 + s * (position_m - p0)
+            r = _slerp(r0, rotation, s)
+            res = self.kin.solve(p, r, q)
+            if not res.converged:
+                where = "the target" if k == n else f"{100 * s:.0f}% of the sweep"
+                raise PlanError(
+                    FailureCategory.UNREACHABLE,
+                    f"no IK solution at {where} ({np.round(p, 3).tolist()} m): position error "
+                    f"{res.position_error_m * 1000:.1f} mm, rotation error "
+                    f"{math.degrees(res.rotation_error_rad):.1f} deg",
+                )
+            if np.abs(res.q_rad - q).max() > 0.5:
+                raise PlanError(
+                    FailureCategory.UNREACHABLE,
+                    f"the straight sweep needs a joint flip near {np.round(p, 3).tolist()} m "
+                    "(choose another orientation or an intermediate pose)",
+                )
+            collisions = self.kin.self_collisions(res.q_rad, jaw_opening_m)
+            if collisions:
+                raise PlanError(
+                    FailureCategory.SELF_COLLISION,
+                    f"self-collision {collisions[0][0]}/{collisions[0][1]} at {100 * s:.0f}% of the sweep",
+                )
+            q = res.q_rad
+            qs.append(q)
+            tcps.append(p)
+        return self._timed(
+            qs=np.array(qs),
+            tcps=np.array(tcps),
+            distance=distance,
+            angle=angle,
+            speed_mps=speed_mps,
+            duration_s=duration_s,
+        )
+
+    def plan_path(self, q_path: np.ndarray, *, speed_mps: float | None = None) -> SweepPlan:
+        """Time a joint path (e.g. the reverse of an executed trace) within the speed limits."""
+        tcps = np.array([self.kin.forward(q)[0] for q in q_path])
+        distance = float(np.sum(np.linalg.norm(np.diff(tcps, axis=0), axis=1))) if len(tcps) > 1 else 0.0
+        return self._timed(
+            qs=np.asarray(q_path, dtype=float),
+            tcps=tcps,
+            distance=distance,
+            angle=0.0,
+            speed_mps=speed_mps,
+            duration_s=None,
+        )
+
+    def _timed(
+        self,
+        *,
+        qs: np.ndarray,
+        tcps: np.ndarray,
+        distance: float,
+        angle: float,
+        speed_mps: float | None,
+        duration_s: float | None,
+    ) -> SweepPlan:
+        safety = self.config.safety
+        notes = []
+        speed = safety.default_tcp_speed_mps if speed_mps is None else speed_mps
+        if speed > safety.max_tcp_speed_mps:
+            notes.append(f"speed clipped to the limit {safety.max_tcp_speed_mps} m/s")
+            speed = safety.max_tcp_speed_mps
+        joint_travel = float(np.abs(np.diff(qs, axis=0)).sum(axis=0).max()) if len(qs) > 1 else 0.0
+        needed = max(
+            MIN_JERK_PEAK * distance / speed,
+            MIN_JERK_PEAK * joint_travel / safety.max_joint_speed_radps,
+            MIN_JERK_PEAK * angle / 1.0,
+        )
+        duration = needed
+        if duration_s is not None:
+            if duration_s < needed:
+                notes.append(f"duration raised from {duration_s:.2f} s to {needed:.2f} s by the speed limits")
+            duration = max(duration_s, needed)
+        duration = max(duration, 2 * safety.control_period_s) if distance or joint_travel else 0.0
+        peak = MIN_JERK_PEAK * distance / duration if duration else 0.0
+        return SweepPlan(qs, tcps, duration, distance, angle, peak, notes)
+
+
+class Executor:
+    """Streams a plan to a backend one control period at a time and stops on contact, force, cancel,
+    the stop service or the watchdog."""
+
+    def __init__(self, config: HarnessConfig, kinematics: Kinematics | None = None):
+        self.config = config
+        self.kin = kinematics or Kinematics()
+
+    def baseline(self, backend: ArmBackend) -> tuple[np.ndarray, np.ndarray]:
+        """Mean wrist force while holding, and the hand rotation it was measured at."""
+        hold_q = backend.read_state().q_rad
+        forces = []
+        for _ in range(max(1, self.config.motion.baseline_periods)):
+            backend.command(hold_q)
+            backend.wait_period()
+            state = backend.read_state()
+            forces.append(state.force_n)
+        return np.mean(forces, axis=0), self.kin.forward(state.q_rad, robot.HAND_FRAME)[1]
+
+    def contact_force(self, state: ArmState, f0: np.ndarray, r0: np.ndarray) -> float:
+        r = self.kin.forward(state.q_rad, robot.HAND_FRAME)[1]
+        expected = r.T @ (r0 @ f0)
+        return float(np.linalg.norm(state.force_n - expected))
+
+    def execute(
+        self,
+        backend: ArmBackend,
+        plan: SweepPlan,
+        *,
+        guarded: bool,
+        force_limit_n: float,
+        stop: StopSignal,
+        watchdog: Watchdog | None = None,
+    ) -> MotionOutcome:
+        safety, motion = self.config.safety, self.config.motion
+        period = backend.control_period_s
+        try:
+            f0, r0 = self.baseline(backend)
+            start = backend.read_state()
+        except BackendError as exc:
+            return self._error(exc)
+        start_tcp = self.kin.forward(start.q_rad)[0]
+        trace: list[TraceRow] = []
+        peak = 0.0
+        reason, message = StopReason.TARGET_REACHED, "reached the target"
+        latency = None
+        n_motion = math.ceil(plan.duration_s / period)
+        n_settle = math.ceil(motion.settle_timeout_s / period)
+        t0 = start.time_s
+        state = start
+        target_tcp = plan.tcp_waypoints[-1]
+        try:
+            for k in range(1, n_motion + n_settle + 1):
+                if stop.is_set():
+                    backend.hold()
+                    reason, message, latency = stop.reason, f"stopped: {stop.reason.value} requested", 1
+                    backend.wait_period()
+                    state = backend.read_state()
+                    break
+                if watchdog is not None and watchdog.expired():
+                    backend.hold()
+                    reason = StopReason.WATCHDOG
+                    message = f"watchdog: no heartbeat for {watchdog.silent_for_s():.1f} s; holding"
+                    break
+                q_cmd = backend.command(plan.setpoint(k * period))
+                backend.wait_period()
+                state = backend.read_state()
+                force = self.contact_force(state, f0, r0)
+                peak = max(peak, force)
+                tcp = self.kin.forward(state.q_rad)[0]
+                trace.append(TraceRow(state.time_s - t0, state.q_rad, q_cmd, tcp, force, state.jaw_opening_m))
+                if guarded and force > safety.contact_threshold_n:
+                    backend.hold()
+                    reason, message = StopReason.CONTACT, f"contact: {force:.1f} N above the baseline"
+                    break
+                if force > force_limit_n:
+                    backend.hold()
+                    reason, message = (
+                        StopReason.FORCE_LIMIT,
+                        f"force {force:.1f} N exceeded the limit {force_limit_n:.0f} N",
+                    )
+                    break
+                if k >= n_motion and np.linalg.norm(tcp - target_tcp) <= motion.target_tolerance_m:
+                    break
+            else:
+                backend.hold()
+                reason = StopReason.STALLED
+                message = (
+                    f"did not reach the target within {motion.settle_timeout_s:.1f} s after the sweep "
+                    f"({np.linalg.norm(self.kin.forward(state.q_rad)[0] - target_tcp) * 1000:.0f} mm short)"
+                )
+            # let the hold settle one period so the reported end state is at rest
+            backend.wait_period()
+            state = backend.read_state()
+        except BackendError as exc:
+            return self._error(exc, start_tcp, start, trace)
+        return MotionOutcome(
+            reason,
+            message,
+            start_tcp,
+            self.kin.forward(state.q_rad)[0],
+            peak,
+            start.jaw_opening_m,
+            state.jaw_opening_m,
+            trace,
+            state.time_s - t0,
+            latency,
+        )
+
+    def _error(self, exc: Exception, start_tcp=None, start: ArmState | None = None, trace=None) -> MotionOutcome:
+        tcp = np.zeros(3) if start_tcp is None else start_tcp
+        jaw = start.jaw_opening_m if start is not None else math.nan
+        return MotionOutcome(
+            StopReason.BACKEND_ERROR, f"backend error: {exc}", tcp, tcp, 0.0, jaw, jaw, trace or [], 0.0
+        )

@@ -1,0 +1,205 @@
+"""The harness core on the twin backend: results, receipts, modes, stops, budgets, the gate."""
+
+import numpy as np
+import pytest
+
+from captain_ros.core.contract import RECEIPT_MAX_CHARS, FailureCategory
+from captain_ros.harness.backend import BackendError
+from captain_ros.harness.config import load_config
+from captain_ros.harness.harness import Harness
+from captain_ros.harness.motion import Watchdog
+from captain_ros.harness.twin_backend import TwinBackend
+
+from .conftest import above, cube_yaw_deg
+
+
+def test_pick_and_place_through_the_api_solves_the_task(harness, twin):
+    cube, bowl, yaw = twin.reader.position("red_cube"), twin.reader.position("black_bowl"), cube_yaw_deg(twin)
+    calls = [
+        ("move_to", {"pose": {"position": above(cube, 0.12), "yaw_deg": yaw}}),
+        ("move_to", {"pose": {"position": above(cube, 0.0225), "yaw_deg": yaw}}),
+        ("move_to", {"gripper": "close"}),
+        ("move_to", {"pose": {"position": above(cube, 0.15), "yaw_deg": yaw}, "mode": "manipulation"}),
+        ("move_to", {"pose": {"position": above(bowl, 0.15), "yaw_deg": 0}, "mode": "manipulation"}),
+        ("move_to", {"pose": {"position": above(bowl, 0.06), "yaw_deg": 0}}),
+        ("release", {}),
+        ("move_to", {"gripper": "open"}),
+        ("recover", {"distance_m": 0.05}),
+    ]
+    for name, kwargs in calls:
+        result = harness.call(name, **kwargs)
+        assert result.success, (name, result.message)
+        assert len(result.receipt) <= RECEIPT_MAX_CHARS and result.receipt.startswith(name)
+    assert twin.success()
+    closed = harness.call("gripper_state")
+    assert not closed.value["holding_object"]
+    assert harness.budget.actions_used == len(calls)
+
+
+def test_motion_receipt_reports_stop_reason_distance_force_and_jaw(harness, twin):
+    result = harness.call("move_to", pose={"position": [0.4, 0.0, 0.3], "yaw_deg": 0})
+    assert result.success and result.executed
+    v = result.value
+    assert v["stop_reason"] == "target_reached" and v["distance_to_target_m"] < 0.003
+    assert v["executed_distance_m"] == pytest.approx(
+        np.linalg.norm(np.array([0.4, 0, 0.3]) - [0.3069, 0, 0.4869]), abs=0.003
+    )
+    for words in ("target_reached after", "cm", "peak", "N", "jaw 80->80 mm"):
+        assert words in result.receipt
+    assert set(result.to_dict()) == {
+        "success",
+        "executed",
+        "failure_category",
+        "message",
+        "value",
+        "diagnostics",
+        "budget",
+    }
+
+
+def test_guarded_descent_stops_at_first_contact_with_the_table(harness, twin):
+    harness.call("move_to", pose={"position": [0.68, 0.02, 0.08], "yaw_deg": 0})
+    result = harness.call("move_to", pose={"position": [0.68, 0.02, 0.0], "yaw_deg": 0}, speed_mps=0.05)
+    assert not result.success and result.failure_category is FailureCategory.CONTACT_STOP
+    assert result.executed and "contact" in result.receipt
+    # fingertips are 8 mm below the TCP: the TCP stops within a few mm of fingertip-table contact
+    assert result.value["tcp_position_m"][2] == pytest.approx(0.008, abs=0.005)
+
+
+def test_manipulation_mode_tolerates_load_until_the_force_limit(harness):
+    harness.call("move_to", pose={"position": [0.68, 0.02, 0.05], "yaw_deg": 0})
+    result = harness.call(
+        "move_to",
+        pose={"position": [0.68, 0.02, 0.0], "yaw_deg": 0},
+        mode="manipulation",
+        force_limit_n=15.0,
+        speed_mps=0.02,
+    )
+    assert result.failure_category is FailureCategory.FORCE_LIMIT
+    assert result.value["peak_force_n"] > 15.0 and result.value["peak_force_n"] < 40.0
+
+
+class _CancelAt(TwinBackend):
+    """The twin backend, with an operator pressing cancel at control period `at`."""
+
+    def __init__(self, twin, harness_ref, at: int):
+        super().__init__(twin)
+        self.harness_ref, self.at, self.periods, self.commands = harness_ref, at, 0, []
+
+    def command(self, q_rad):
+        sent = super().command(q_rad)
+        self.commands.append((self.periods, sent.copy(), self.read_state().q_rad.copy()))
+        return sent
+
+    def wait_period(self):
+        super().wait_period()
+        self.periods += 1
+        if self.periods == self.at:
+            self.harness_ref[0].cancel()
+
+
+def test_cancel_halts_within_one_control_period(twin, kinematics):
+    ref = []
+    backend = _CancelAt(twin, ref, at=300)
+    harness = Harness(backend, load_config(), kinematics)
+    ref.append(harness)
+    result = harness.call("move_to", pose={"position": [0.45, 0.2, 0.25], "yaw_deg": 0})
+    assert result.failure_category is FailureCategory.CANCELED and result.executed
+    assert result.value["distance_to_target_m"] > 0.05
+    # the first command after the cancel is the measured position: zero commanded velocity
+    period, sent, measured = next(c for c in backend.commands if c[0] >= 300)
+    assert period == 300
+    np.testing.assert_allclose(sent, measured, atol=1e-12)
+
+
+def test_stop_service_refuses_motion_until_resume(harness, twin):
+    q0 = twin.arm_q()
+    harness.stop()
+    result = harness.call("move_to", pose={"position": [0.4, 0.0, 0.3], "yaw_deg": 0})
+    assert result.failure_category is FailureCategory.SAFETY_STOP and not result.executed
+    np.testing.assert_allclose(twin.arm_q(), q0, atol=1e-6)
+    harness.resume()
+    assert harness.call("move_to", pose={"position": [0.4, 0.0, 0.3], "yaw_deg": 0}).success
+
+
+def test_watchdog_holds_the_arm_when_the_agent_goes_silent(twin, kinematics):
+    now = [0.0]
+    harness = Harness(TwinBackend(twin), load_config(), kinematics, clock=lambda: now[0])
+    harness.watchdog = Watchdog(1.0, clock=lambda: now[0])
+
+    class Silent(TwinBackend):
+        def wait_period(self):
+            super().wait_period()
+            now[0] += 0.01  # the agent says nothing while the arm moves
+
+    harness.backend = Silent(twin)
+    result = harness.call("move_to", pose={"position": [0.45, 0.2, 0.25], "yaw_deg": 0})
+    assert result.failure_category is FailureCategory.SAFETY_STOP
+    assert "watchdog" in result.message
+
+
+def test_action_budget_is_enforced_and_reported(harness, twin):
+    harness.budget.actions_limit = 1
+    first = harness.call("move_to", gripper=0.05)
+    assert first.success and first.budget.actions_used == 1
+    q0 = twin.arm_q()
+    second = harness.call("move_to", pose={"position": [0.4, 0.0, 0.3], "yaw_deg": 0})
+    assert second.failure_category is FailureCategory.BUDGET_EXHAUSTED and "physical actions" in second.message
+    np.testing.assert_allclose(twin.arm_q(), q0, atol=1e-6)
+    harness.budget.actions_limit = 150
+    harness.note_request()
+    assert harness.call("get_robot_state").budget.requests_used == 1
+
+
+def test_completion_gate_rejects_twice_then_accepts(harness):
+    first = harness.call("finish", note="done?")
+    assert first.failure_category is FailureCategory.GATE_REJECTED
+    assert "no physical action" in first.message
+    harness.call("move_to", pose={"position": [0.4, 0.0, 0.3], "yaw_deg": 0})
+    second = harness.call("finish")
+    assert second.failure_category is FailureCategory.GATE_REJECTED and "verify the scene" in second.message
+    third = harness.call("finish")
+    assert third.success and third.value["accepted"]
+
+
+def test_gate_accepts_at_once_after_verification(harness):
+    harness.call("move_to", pose={"position": [0.4, 0.0, 0.3], "yaw_deg": 0})
+    harness.call("get_robot_state")
+    assert harness.call("finish").success
+
+
+def test_check_and_preview_are_read_only(harness, twin):
+    q0 = twin.arm_q()
+    below = harness.call("check_motion", pose={"position": [0.5, 0.0, 0.002], "yaw_deg": 0})
+    assert below.success and not below.value["feasible"] and "below the table" in below.value["reason"]
+    far = harness.call("check_motion", pose={"position": [0.95, 0.0, 0.2], "yaw_deg": 0})
+    assert not far.value["feasible"] and far.value["failure_category"] == "workspace_limit"
+    ok = harness.call("check_motion", pose={"position": [0.5, 0.0, 0.2], "yaw_deg": 0})
+    assert ok.value["feasible"]
+    preview = harness.call("preview_motion", pose={"position": [0.5, 0.0, 0.2], "yaw_deg": 0}, speed_mps=0.05)
+    assert preview.value["peak_speed_mps"] <= 0.05 + 1e-9 and preview.value["duration_s"] > 0
+    np.testing.assert_allclose(twin.arm_q(), q0, atol=1e-9)
+    assert harness.budget.actions_used == 0
+
+
+def test_trajectory_pages_and_pose_arithmetic(harness):
+    harness.call("move_to", pose={"position": [0.4, 0.1, 0.3], "yaw_deg": 30})
+    page0 = harness.call("read_motion_trajectory")
+    assert page0.success and page0.value["pages"] > 1 and len(page0.value["rows"]) == 50
+    last = harness.call("read_motion_trajectory", page=page0.value["pages"] - 1)
+    np.testing.assert_allclose(last.value["rows"][-1]["tcp_m"], [0.4, 0.1, 0.3], atol=0.003)
+    out = harness.call("transform_pose", pose={"position": [0, 0, 0.05], "quaternion": [0, 0, 0, 1]}, from_frame="tcp")
+    np.testing.assert_allclose(out.value["pose"]["position"], [0.4, 0.1, 0.25], atol=0.003)  # 5 cm along the fingers
+    shifted = harness.call("transform_pose", pose={"position": [0.4, 0.1, 0.3], "yaw_deg": 30}, offset_m=[0, 0, 0.05])
+    np.testing.assert_allclose(shifted.value["pose"]["position"], [0.4, 0.1, 0.25], atol=1e-6)
+
+
+class _Broken(TwinBackend):
+    def wait_period(self):
+        raise BackendError("link to the controller lost")
+
+
+def test_backend_failure_is_reported_never_raised(twin, kinematics):
+    harness = Harness(_Broken(twin), load_config(), kinematics)
+    result = harness.call("move_to", pose={"position": [0.4, 0.0, 0.3], "yaw_deg": 0})
+    assert result.failure_category is FailureCategory.BACKEND_ERROR and "link to the controller lost" in result.message
