@@ -32,6 +32,7 @@ class ArmBackend(ABC):
     """A 7-joint arm with a parallel gripper and a wrist force/torque sensor."""
 
     name: str = "backend"
+    last_command_q: np.ndarray | None = None  # what `command` last sent (None before the first command)
 
     @property
     @abstractmethod
@@ -44,7 +45,8 @@ class ArmBackend(ABC):
 
     @abstractmethod
     def command(self, q_rad: np.ndarray) -> np.ndarray:
-        """Set the joint position setpoint for the next period; returns the setpoint actually sent."""
+        """Set the joint position setpoint for the next period; returns the setpoint actually sent.
+        Implementations store it in `last_command_q`."""
 
     @abstractmethod
     def command_gripper(self, opening_m: float) -> float:

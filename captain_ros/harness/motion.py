@@ -289,8 +289,16 @@ class Executor:
         self.kin = kinematics or Kinematics()
 
     def baseline(self, backend: ArmBackend) -> tuple[np.ndarray, np.ndarray]:
-        """Mean wrist force while holding, and the hand rotation it was measured at."""
-        hold_q = backend.read_state().q_rad
+        """Mean wrist force while holding still, and the hand rotation it was measured at. The arm holds
+        its last setpoint (re-commanding the measured position would kick the servos and fake a force)
+        and is first allowed to come to rest, e.g. after a stop."""
+        hold_q = backend.last_command_q if backend.last_command_q is not None else backend.read_state().q_rad
+        settle = math.ceil(self.config.motion.settle_timeout_s / backend.control_period_s)
+        for _ in range(settle):
+            if float(np.abs(backend.read_state().qd_radps).max()) < 0.01:
+                break
+            backend.command(hold_q)
+            backend.wait_period()
         forces = []
         for _ in range(max(1, self.config.motion.baseline_periods)):
             backend.command(hold_q)

@@ -38,6 +38,7 @@ class TwinBackend(ArmBackend):
     def command(self, q_rad: np.ndarray) -> np.ndarray:
         q = np.clip(np.asarray(q_rad, dtype=float), self.lower, self.upper)
         self.twin.set_arm_command(q)
+        self.last_command_q = q
         return q
 
     def command_gripper(self, opening_m: float) -> float:

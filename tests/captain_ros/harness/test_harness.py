@@ -124,8 +124,9 @@ def test_stop_service_refuses_motion_until_resume(harness, twin):
 
 def test_watchdog_holds_the_arm_when_the_agent_goes_silent(twin, kinematics):
     now = [0.0]
-    harness = Harness(TwinBackend(twin), load_config(), kinematics, clock=lambda: now[0])
-    harness.watchdog = Watchdog(1.0, clock=lambda: now[0])
+    harness = Harness(
+        TwinBackend(twin), load_config(), kinematics, clock=lambda: now[0], watchdog=Watchdog(1.0, clock=lambda: now[0])
+    )
 
     class Silent(TwinBackend):
         def wait_period(self):

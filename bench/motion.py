@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""Guarded-motion benchmark on the twin backend (in-process harness core).
+
+contact_stop_error_mm_p95  top-down guarded descents onto the table at 50 free spots: TCP travel
+                           between the first finger-table contact and where the arm came to rest
+                           (target: every run within 5 mm)
+sweep_deviation_mm_max     20 cm straight sweeps in 12 directions: largest distance of the measured
+                           TCP from the straight line (target < 5 mm)
+cancel_to_stop_ms_p50      cancel at a random point of a motion: time until the commanded velocity
+                           is zero (target: one control period)
+ik_ms_p50                  damped-least-squares IK per top-down pose, with mink (QP-based, same
+                           model) measured on the same targets for comparison
+ros_overhead_ratio         move_to through the motion node vs in-process: comes with the motion node
+
+  python bench/motion.py     # prints tables, writes bench/results/motion.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import mujoco
+import numpy as np
+from _common import print_table, write_results
+from tqdm import tqdm
+
+from captain_ros.core.kinematics import Kinematics, top_down_rotation
+from captain_ros.harness.config import load_config
+from captain_ros.harness.harness import Harness
+from captain_ros.harness.twin_backend import TwinBackend
+from captain_ros.twin import robot
+from captain_ros.twin.sim import Twin
+from captain_ros.twin.start_states import StartId
+
+TASK = "put_blue_cube_in_box"
+PAD_BODIES = ("panda_leftfinger", "panda_rightfinger")
+
+
+class ContactWatch(TwinBackend):
+    """The twin backend, recording the TCP height at the first finger-table contact."""
+
+    def __init__(self, twin: Twin):
+        super().__init__(twin)
+        m = twin.model
+        self.table = m.geom("table_top").id
+        self.pads = {m.body(b).id for b in PAD_BODIES}
+        self.first_contact_tcp = None
+        self.stop_at = None
+        self.periods = 0
+        self.commands: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self.harness: Harness | None = None
+
+    def wait_period(self) -> None:
+        super().wait_period()
+        self.periods += 1
+        d, m = self.twin.data, self.twin.model
+        if self.first_contact_tcp is None:
+            for c in d.contact[: d.ncon]:
+                pair = {c.geom1, c.geom2}
+                if self.table in pair and ({m.geom_bodyid[g] for g in pair} & self.pads):
+                    self.first_contact_tcp = self.twin.tcp_pose()[0]
+                    break
+        if self.stop_at is not None and self.periods == self.stop_at:
+            self.harness.cancel()
+
+    def command(self, q_rad):
+        sent = super().command(q_rad)
+        self.commands.append((self.periods, sent.copy(), self.read_state().q_rad.copy()))
+        return sent
+
+
+def free_spot(twin: Twin, rng: np.random.Generator) -> np.ndarray:
+    objects = [twin.reader.position(o.name) for o in twin.task.objects]
+    radii = [o.footprint_radius_m for o in twin.task.objects]
+    while True:
+        p = np.array([rng.uniform(0.35, 0.7), rng.uniform(-0.3, 0.3)])
+        # the hand is 20 cm wide along the jaw axis: keep it clear of every object
+        if all(np.linalg.norm(p - o[:2]) > r + 0.14 for o, r in zip(objects, radii, strict=True)):
+            return p
+
+
+def bench_contact(runs: int, kin: Kinematics) -> list[float]:
+    cfg = load_config()
+    rng = np.random.default_rng(0)
+    errors = []
+    for i in tqdm(range(runs), desc="guarded descents", unit="run"):
+        twin = Twin(TASK)
+        twin.reset(StartId(TASK, "wide", 100 + 10 * i))
+        backend = ContactWatch(twin)
+        harness = Harness(backend, cfg, kin)
+        xy = free_spot(twin, rng)
+        yaw = float(rng.uniform(-90, 90))
+        harness.call("move_to", pose={"position": [*xy, 0.08], "yaw_deg": yaw})
+        backend.first_contact_tcp = None
+        result = harness.call(
+            "move_to", pose={"position": [*xy, -0.0], "yaw_deg": yaw}, speed_mps=float(rng.uniform(0.03, 0.1))
+        )
+        if result.value is None or result.value["stop_reason"] != "contact" or backend.first_contact_tcp is None:
+            raise RuntimeError(f"run {i}: the descent did not stop on contact: {result.receipt}")
+        rest = np.array(result.value["tcp_position_m"])
+        errors.append(float(np.linalg.norm(backend.first_contact_tcp - rest)) * 1e3)
+    return errors
+
+
+def bench_sweeps(kin: Kinematics) -> list[float]:
+    cfg = load_config()
+    deviations = []
+    twin = Twin(TASK)
+    twin.reset(StartId(TASK, "official", 0))
+    harness = Harness(TwinBackend(twin), cfg, kin)
+    center = np.array([0.5, 0.0, 0.3])
+    for k in range(12):
+        angle = np.pi * k / 12
+        direction = np.array([np.cos(angle), np.sin(angle), 0.0]) if k % 3 else np.array([np.cos(angle), 0.0, 0.6])
+        direction /= np.linalg.norm(direction)
+        a, b = center - 0.1 * direction, center + 0.1 * direction
+        harness.call("move_to", pose={"position": list(a), "yaw_deg": 0})
+        result = harness.call("move_to", pose={"position": list(b), "yaw_deg": 0}, speed_mps=0.1)
+        assert result.success, result.message
+        trace = harness.motions[-1].outcome.trace
+        ab = b - a
+        worst = 0.0
+        for row in trace:
+            s = np.clip(np.dot(row.tcp_m - a, ab) / np.dot(ab, ab), 0, 1)
+            worst = max(worst, float(np.linalg.norm(row.tcp_m - (a + s * ab))))
+        deviations.append(worst * 1e3)
+    return deviations
+
+
+def bench_cancel(runs: int, kin: Kinematics) -> list[float]:
+    cfg = load_config()
+    rng = np.random.default_rng(1)
+    latencies = []
+    for _ in tqdm(range(runs), desc="cancels", unit="run"):
+        twin = Twin(TASK)
+        twin.reset(StartId(TASK, "official", 0))
+        backend = ContactWatch(twin)
+        harness = Harness(backend, cfg, kin)
+        backend.harness = harness
+        backend.stop_at = int(rng.integers(50, 600))
+        result = harness.call("move_to", pose={"position": [0.45, float(rng.uniform(-0.25, 0.25)), 0.2], "yaw_deg": 0})
+        assert result.failure_category.value == "canceled", result.receipt
+        held = next(c for c in backend.commands if c[0] >= backend.stop_at)
+        assert np.allclose(held[1], held[2]), "the first command after cancel must hold the measured position"
+        latencies.append((held[0] - backend.stop_at + 1) * backend.control_period_s * 1e3)
+    return latencies
+
+
+def bench_ik(samples: int, kin: Kinematics) -> dict[str, float]:
+    import mink
+
+    rng = np.random.default_rng(2)
+    targets = [
+        (
+            np.array([rng.uniform(0.3, 0.7), rng.uniform(-0.3, 0.3), rng.uniform(0.02, 0.35)]),
+            top_down_rotation(rng.uniform(-1.5, 1.5)),
+        )
+        for _ in range(samples)
+    ]
+    dls_t, dls_ok = [], 0
+    for p, r in targets:
+        t0 = time.perf_counter()
+        res = kin.solve(p, r, robot.HOME_Q_RAD)
+        dls_t.append(time.perf_counter() - t0)
+        dls_ok += res.converged
+    model = kin.model
+    config = mink.Configuration(model)
+    task = mink.FrameTask("tcp", "site", position_cost=1.0, orientation_cost=1.0, lm_damping=1e-6)
+    limits = [mink.ConfigurationLimit(model)]
+    qadr = [model.joint(j).qposadr[0] for j in robot.ARM_JOINTS]
+    mink_t, mink_ok = [], 0
+    for p, r in targets:
+        q = np.zeros(model.nq)
+        q[qadr] = robot.HOME_Q_RAD
+        config.update(q)
+        quat = np.zeros(4)
+        mujoco.mju_mat2Quat(quat, r.ravel())
+        task.set_target(mink.SE3.from_rotation_and_translation(mink.SO3(quat), p))
+        t0 = time.perf_counter()
+        for _ in range(200):
+            err = task.compute_error(config)
+            if np.linalg.norm(err[:3]) < 5e-4 and np.linalg.norm(err[3:]) < 5e-3:
+                mink_ok += 1
+                break
+            vel = mink.solve_ik(config, [task], 0.05, "daqp", damping=1e-3, limits=limits)
+            config.integrate_inplace(vel, 0.05)
+        mink_t.append(time.perf_counter() - t0)
+    return {
+        "dls_ms_p50": float(np.median(dls_t) * 1e3),
+        "dls_success": dls_ok / samples,
+        "mink_ms_p50": float(np.median(mink_t) * 1e3),
+        "mink_success": mink_ok / samples,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=50, help="guarded descents (default 50)")
+    parser.add_argument("--cancels", type=int, default=20, help="cancel trials (default 20)")
+    parser.add_argument("--ik", type=int, default=100, help="IK targets (default 100)")
+    args = parser.parse_args()
+    kin = Kinematics()
+    contact = np.array(bench_contact(args.runs, kin))
+    sweeps = np.array(bench_sweeps(kin))
+    cancels = np.array(bench_cancel(args.cancels, kin))
+    ik = bench_ik(args.ik, kin)
+    period_ms = load_config().safety.control_period_s * 1e3
+    print_table(
+        "Guarded motion on the twin (in-process harness core)",
+        ["metric", "value", "target", "detail"],
+        [
+            [
+                "contact stop error p95 (mm)",
+                float(np.percentile(contact, 95)),
+                "<= 5",
+                f"max {contact.max():.2f}, median {np.median(contact):.2f}, n={len(contact)}",
+            ],
+            [
+                "sweep deviation max (mm)",
+                float(sweeps.max()),
+                "< 5",
+                f"12 sweeps of 20 cm, median {np.median(sweeps):.2f}",
+            ],
+            [
+                "cancel to zero commanded velocity (ms)",
+                float(np.median(cancels)),
+                f"<= {period_ms:.0f} (1 period)",
+                f"max {cancels.max():.1f} ms over {len(cancels)} cancels",
+            ],
+        ],
+    )
+    print_table(
+        "IK per top-down pose (same targets)",
+        ["solver", "ms p50", "converged"],
+        [
+            ["damped least squares (ours)", ik["dls_ms_p50"], f"{ik['dls_success']:.0%}"],
+            ["mink + daqp", ik["mink_ms_p50"], f"{ik['mink_success']:.0%}"],
+        ],
+    )
+    write_results(
+        "motion",
+        {
+            "contact_stop_error_mm_p95": float(np.percentile(contact, 95)),
+            "sweep_deviation_mm_max": float(sweeps.max()),
+            "cancel_to_stop_ms_p50": float(np.median(cancels)),
+            "ik_ms_p50": ik["dls_ms_p50"],
+        },
+        {
+            "contact_stop_error_mm_max": float(contact.max()),
+            "cancel_to_stop_ms_max": float(cancels.max()),
+            "control_period_ms": period_ms,
+            "ik_success": ik["dls_success"],
+            "mink_ms_p50": ik["mink_ms_p50"],
+            "mink_success": ik["mink_success"],
+            "ros_overhead_ratio": None,
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
