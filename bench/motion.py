@@ -65,8 +65,8 @@ class ContactWatch(TwinBackend):
         if self.stop_at is not None and self.periods == self.stop_at:
             self.harness.cancel()
 
-    def command(self, q_rad):
-        sent = super().command(q_rad)
+    def command(self, q_rad, qd_radps=None):
+        sent = super().command(q_rad, qd_radps)
         self.commands.append((self.periods, sent.copy(), self.read_state().q_rad.copy()))
         return sent
 

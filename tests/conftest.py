@@ -13,3 +13,15 @@ os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 os.environ.setdefault("RMW_IMPLEMENTATION", "rmw_fastrtps_cpp")
 os.environ.setdefault("ROS_HOME", tempfile.mkdtemp(prefix="captain-ros-home-"))
 os.environ.setdefault("MUJOCO_GL", "egl")
+
+
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _work_in_a_scratch_directory(tmp_path_factory):
+    """MuJoCo writes MUJOCO_LOG.TXT into the working directory on warnings; keep it out of the repo."""
+    previous = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("cwd"))
+    yield
+    os.chdir(previous)

@@ -87,14 +87,18 @@ class JointTrajectory:
     def duration_s(self) -> float:
         return float(self.times_s[-1])
 
-    def sample(self, t_s: float, start_q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Desired (position, velocity) at `t_s` after acceptance, starting from `start_q` at rest."""
+    def sample(
+        self, t_s: float, start_q: np.ndarray, start_qd: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Desired (position, velocity) at `t_s` after acceptance, starting from `start_q` moving at
+        `start_qd` (at rest when None), so streamed trajectories join without a velocity jump."""
         times = np.concatenate([[0.0], self.times_s]) if self.times_s[0] > 0 else self.times_s
         pos = np.vstack([start_q, self.positions]) if self.times_s[0] > 0 else self.positions
         if self.velocities is None:
             vel = None
         else:
-            vel = np.vstack([np.zeros_like(start_q), self.velocities]) if self.times_s[0] > 0 else self.velocities
+            v0 = np.zeros_like(start_q) if start_qd is None else start_qd
+            vel = np.vstack([v0, self.velocities]) if self.times_s[0] > 0 else self.velocities
         if t_s >= times[-1]:
             return pos[-1].copy(), (np.zeros_like(pos[-1]) if vel is None else vel[-1].copy())
         t_s = max(t_s, 0.0)

@@ -44,9 +44,9 @@ class ArmBackend(ABC):
         """The latest measured state. Raises BackendError when there is none or it is stale."""
 
     @abstractmethod
-    def command(self, q_rad: np.ndarray) -> np.ndarray:
-        """Set the joint position setpoint for the next period; returns the setpoint actually sent.
-        Implementations store it in `last_command_q`."""
+    def command(self, q_rad: np.ndarray, qd_radps: np.ndarray | None = None) -> np.ndarray:
+        """Set the joint position setpoint (and its velocity, when known) for the end of the next period;
+        returns the setpoint actually sent. Implementations store it in `last_command_q`."""
 
     @abstractmethod
     def command_gripper(self, opening_m: float) -> float:

@@ -352,7 +352,9 @@ class Executor:
                     reason = StopReason.WATCHDOG
                     message = f"watchdog: no heartbeat for {watchdog.silent_for_s():.1f} s; holding"
                     break
-                q_cmd = backend.command(plan.setpoint(k * period))
+                t = k * period
+                qd = (plan.setpoint(t + period) - plan.setpoint(t - period)) / (2 * period)
+                q_cmd = backend.command(plan.setpoint(t), qd)
                 backend.wait_period()
                 state = backend.read_state()
                 force = self.contact_force(state, f0, r0)

@@ -35,7 +35,8 @@ class TwinBackend(ArmBackend):
             self.twin.time_s, self.twin.arm_q(), self.twin.arm_qd(), self.twin.jaw_opening_m(), w.force_n, w.torque_nm
         )
 
-    def command(self, q_rad: np.ndarray) -> np.ndarray:
+    def command(self, q_rad: np.ndarray, qd_radps: np.ndarray | None = None) -> np.ndarray:
+        del qd_radps  # the twin's servos track positions directly at the control rate
         q = np.clip(np.asarray(q_rad, dtype=float), self.lower, self.upper)
         self.twin.set_arm_command(q)
         self.last_command_q = q

@@ -19,6 +19,7 @@ class _Active:
     trajectory: JointTrajectory
     start_time_s: float
     start_q: np.ndarray
+    start_qd: np.ndarray
     token: int
 
 
@@ -34,11 +35,12 @@ class TrajectoryFollower:
         self.desired_qd = np.zeros_like(self._hold_q)
 
     def start(self, trajectory: JointTrajectory, now_s: float) -> int:
-        """Begin `trajectory` from the current desired position; returns a token that identifies it."""
+        """Begin `trajectory` from the current desired position and velocity (as joint_trajectory_controller
+        does); returns a token that identifies it."""
         with self._lock:
             token = self._next_token
             self._next_token += 1
-            self._active = _Active(trajectory, now_s, self.desired_q.copy(), token)
+            self._active = _Active(trajectory, now_s, self.desired_q.copy(), self.desired_qd.copy(), token)
             return token
 
     def hold(self, q: np.ndarray) -> None:
@@ -65,7 +67,7 @@ class TrajectoryFollower:
             a = self._active
             if a is None:
                 return self.desired_q.copy()
-            q, qd = a.trajectory.sample(now_s - a.start_time_s, a.start_q)
+            q, qd = a.trajectory.sample(now_s - a.start_time_s, a.start_q, a.start_qd)
             self.desired_q = np.clip(q, self.lower, self.upper)
             self.desired_qd = qd
             return self.desired_q.copy()

@@ -65,3 +65,17 @@ def test_follower_preempts_holds_and_clips():
     f.hold(np.array([3.0, -3.0]))  # cancel: hold where the arm is (clipped to the limits)
     assert f.active_token() is None
     np.testing.assert_allclose(f.update(10.0), [1.0, -1.0])
+
+
+def test_streamed_trajectories_join_without_a_velocity_jump():
+    t = build(times=(0.1,), positions=((0.5, 0.0),), velocities=((1.0, 0.0),))
+    start_qd = np.array([0.8, 0.0])
+    _, qd0 = t.sample(0.0, np.zeros(2), start_qd)
+    np.testing.assert_allclose(qd0, start_qd, atol=1e-12)  # continues at the speed it was moving
+    f = TrajectoryFollower(JOINTS, LO, HI, np.zeros(2))
+    f.start(build(times=(1.0,), positions=((0.5, 0.0),), velocities=((0.2, 0.0),)), now_s=0.0)
+    f.update(0.5)
+    moving = f.desired_qd.copy()
+    f.start(build(times=(1.0,), positions=((0.9, 0.0),), velocities=((0.0, 0.0),)), now_s=0.5)
+    f.update(0.5)
+    np.testing.assert_allclose(f.desired_qd, moving, atol=1e-9)

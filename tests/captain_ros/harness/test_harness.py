@@ -86,8 +86,8 @@ class _CancelAt(TwinBackend):
         super().__init__(twin)
         self.harness_ref, self.at, self.periods, self.commands = harness_ref, at, 0, []
 
-    def command(self, q_rad):
-        sent = super().command(q_rad)
+    def command(self, q_rad, qd_radps=None):
+        sent = super().command(q_rad, qd_radps)
         self.commands.append((self.periods, sent.copy(), self.read_state().q_rad.copy()))
         return sent
 
