@@ -47,7 +47,6 @@ VERIFYING = {
     "get_robot_state",
     "gripper_state",
 }
-FINGERTIP_BELOW_TCP_M = 0.008  # fingertips (0.1114 m) below the TCP (0.1034 m) on the hand axis
 
 
 @dataclass
@@ -386,7 +385,7 @@ class Harness:
             return CallResult.ok(
                 "check_motion", value=value, receipt=f"check_motion: NOT feasible ({exc.category.value}): {exc}"
             )
-        fingertips = plan.tcp_waypoints[:, 2] - FINGERTIP_BELOW_TCP_M
+        fingertips = plan.tcp_waypoints[:, 2] - robot.gripper_geometry().fingertips_below_tcp_m
         lowest = float(fingertips.min())
         clear = lowest >= self.config.motion.surface_clearance_m
         value = {
@@ -458,13 +457,13 @@ class Harness:
         return CallResult.ok("gripper_state", value=value, receipt=receipt)
 
     def _robot_geometry(self) -> CallResult:
-        s = self.config.safety
+        s, g = self.config.safety, robot.gripper_geometry()
         value = {
             "base_frame": robot.BASE_FRAME,
             "tcp_frame": robot.TCP_FRAME,
-            "tcp_from_flange_m": 0.1034,
-            "fingertips_below_tcp_m": FINGERTIP_BELOW_TCP_M,
-            "finger_pad_size_m": [0.02, 0.018, 0.053],
+            "tcp_from_flange_m": g.tcp_from_flange_m,
+            "fingertips_below_tcp_m": round(g.fingertips_below_tcp_m, 4),
+            "finger_pad_size_m": list(g.finger_pad_size_m),
             "max_jaw_opening_m": robot.max_jaw_opening_m(),
             "jaw_axis": "TCP y",
             "approach_axis": "TCP z (fingers point along +z)",
@@ -476,7 +475,7 @@ class Harness:
         }
         receipt = (
             f"robot_geometry: jaw 0-{robot.max_jaw_opening_m() * 1000:.0f} mm along TCP y, fingertips "
-            f"{FINGERTIP_BELOW_TCP_M * 1000:.0f} mm past the TCP, "
+            f"{g.fingertips_below_tcp_m * 1000:.0f} mm past the TCP, "
             f"workspace {list(s.workspace_min_m)}..{list(s.workspace_max_m)} m"
         )
         return CallResult.ok("robot_geometry", value=value, receipt=receipt)

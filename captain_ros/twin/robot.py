@@ -59,6 +59,33 @@ def joint_limits() -> dict[str, JointLimits]:
     return limits
 
 
+@dataclass(frozen=True)
+class GripperGeometry:
+    """Gripper dimensions along the hand axis (z) and the finger pad box, read from the URDF."""
+
+    tcp_from_flange_m: float
+    fingertips_below_tcp_m: float
+    finger_pad_size_m: tuple[float, float, float]
+
+
+def _origin_xyz(element: ET.Element | None) -> np.ndarray:
+    origin = None if element is None else element.find("origin")
+    return np.zeros(3) if origin is None else np.array([float(v) for v in origin.get("xyz", "0 0 0").split()])
+
+
+@cache
+def gripper_geometry() -> GripperGeometry:
+    root = ET.parse(description_path()).getroot()
+    joints = {j.get("name"): j for j in root.iter("joint")}
+    links = {link.get("name"): link for link in root.iter("link")}
+    tcp_z = float(_origin_xyz(joints["panda_tcp_joint"])[2])
+    finger_z = float(_origin_xyz(joints[FINGER_JOINTS[0]])[2])
+    collision = links["panda_leftfinger"].find("collision")
+    box = [float(v) for v in collision.find("geometry/box").get("size").split()]
+    tip_z = finger_z + float(_origin_xyz(collision)[2]) + box[2] / 2
+    return GripperGeometry(tcp_z, tip_z - tcp_z, (box[0], box[1], box[2]))
+
+
 def arm_limits_rad() -> tuple[np.ndarray, np.ndarray]:
     lim = joint_limits()
     return np.array([lim[j].lower for j in ARM_JOINTS]), np.array([lim[j].upper for j in ARM_JOINTS])

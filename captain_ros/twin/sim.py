@@ -19,7 +19,7 @@ from captain_ros.twin.privileged import EpisodeMemory, PrivilegedState, compute_
 from captain_ros.twin.scene import TABLE_CENTER_XY_M, TABLE_HALF_M, PhysicsConfig, compile_model
 from captain_ros.twin.start_states import Layout, StartId, check_split, make_layout, sample_start_id
 from captain_ros.twin.state import SceneReader
-from captain_ros.twin.tasks import LadderTracker, TaskError, TaskSpec, get_task
+from captain_ros.twin.tasks import LadderTracker, TaskError, TaskSpec, get_task, rungs_now, success
 
 SETTLE_S = 0.3
 MAX_CONTACT_FORCE_N = 1.0e4
@@ -236,16 +236,12 @@ class Twin:
         return {cam: self._rig.render(self.data, cam) for cam in cameras}
 
     def success(self) -> bool:
-        from captain_ros.twin.tasks import success
-
         return success(self.task, self.reader)
 
     def snapshot(self) -> PrivilegedState:
         """TRAINING ONLY: the hidden state and its 36 features (updates the sub-goal ladder)."""
         if self.memory is None or self.start_id is None:
             raise RuntimeError("reset the twin before taking a snapshot")
-        from captain_ros.twin.tasks import rungs_now
-
         reached = self.ladder.update(rungs_now(self.task, self.reader, self.memory.as_start()))
         features, status = compute_features(self.task, self.reader, self.memory, len(reached) / len(self.ladder.names))
         joints = {

@@ -65,3 +65,10 @@ def test_twin_cameras_sit_at_the_urdf_optical_frames():
         # MuJoCo cameras look along -z with y up; the optical frame along +z with y down
         optical = d.cam_xmat[m.cam(cam).id].reshape(3, 3) @ np.diag([1, -1, -1])
         np.testing.assert_allclose(optical, d.xmat[body].reshape(3, 3), atol=1e-9)
+
+
+def test_gripper_geometry_comes_from_the_urdf():
+    g = robot.gripper_geometry()
+    assert g.tcp_from_flange_m == pytest.approx(0.1034)
+    assert g.fingertips_below_tcp_m == pytest.approx(0.0584 + 0.053 - 0.1034)
+    assert g.finger_pad_size_m == (0.02, 0.018, 0.053)
