@@ -21,6 +21,7 @@ def share_tree(folder: str) -> list[tuple[str, list[str]]]:
 # One console script per node, plus the command-line tool. Launch files may start only these.
 NODES = {
     "twin_node": "captain_ros.ros.twin_node:main",
+    "motion_node": "captain_ros.ros.motion_node:main",
 }
 
 setup(

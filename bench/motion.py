@@ -10,7 +10,8 @@ cancel_to_stop_ms_p50      cancel at a random point of a motion: time until the 
                            is zero (target: one control period)
 ik_ms_p50                  damped-least-squares IK per top-down pose, with mink (QP-based, same
                            model) measured on the same targets for comparison
-ros_overhead_ratio         move_to through the motion node vs in-process: comes with the motion node
+ros_overhead_ratio         the same 10 cm move_to through motion_node's MoveTo action vs the harness core
+                           called in-process, both driving twin_node (real time) via ros2_control
 
   python bench/motion.py     # prints tables, writes bench/results/motion.json
 """
@@ -18,8 +19,13 @@ ros_overhead_ratio         move_to through the motion node vs in-process: comes 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import mujoco
 import numpy as np
@@ -29,6 +35,7 @@ from tqdm import tqdm
 from captain_ros.core.kinematics import Kinematics, top_down_rotation
 from captain_ros.harness.config import load_config
 from captain_ros.harness.harness import Harness
+from captain_ros.harness.motion import Planner
 from captain_ros.harness.twin_backend import TwinBackend
 from captain_ros.twin import robot
 from captain_ros.twin.sim import Twin
@@ -49,7 +56,7 @@ class ContactWatch(TwinBackend):
         self.first_contact_tcp = None
         self.stop_at = None
         self.periods = 0
-        self.commands: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self.setpoint_speeds: list[tuple[int, float]] = []  # (period, largest commanded joint speed)
         self.harness: Harness | None = None
 
     def wait_period(self) -> None:
@@ -62,13 +69,9 @@ class ContactWatch(TwinBackend):
                 if self.table in pair and ({m.geom_bodyid[g] for g in pair} & self.pads):
                     self.first_contact_tcp = self.twin.tcp_pose()[0]
                     break
+        self.setpoint_speeds.append((self.periods, float(np.abs(self.commanded()[1]).max())))
         if self.stop_at is not None and self.periods == self.stop_at:
             self.harness.cancel()
-
-    def command(self, q_rad, qd_radps=None):
-        sent = super().command(q_rad, qd_radps)
-        self.commands.append((self.periods, sent.copy(), self.read_state().q_rad.copy()))
-        return sent
 
 
 def free_spot(twin: Twin, rng: np.random.Generator) -> np.ndarray:
@@ -142,10 +145,91 @@ def bench_cancel(runs: int, kin: Kinematics) -> list[float]:
         backend.stop_at = int(rng.integers(50, 600))
         result = harness.call("move_to", pose={"position": [0.45, float(rng.uniform(-0.25, 0.25)), 0.2], "yaw_deg": 0})
         assert result.failure_category.value == "canceled", result.receipt
-        held = next(c for c in backend.commands if c[0] >= backend.stop_at)
-        assert np.allclose(held[1], held[2]), "the first command after cancel must hold the measured position"
-        latencies.append((held[0] - backend.stop_at + 1) * backend.control_period_s * 1e3)
+        moving = [p for p, speed in backend.setpoint_speeds if p == backend.stop_at and speed > 1e-6]
+        assert moving, "the arm must be commanded to move when the cancel comes"
+        zero = next(p for p, speed in backend.setpoint_speeds if p > backend.stop_at and speed == 0.0)
+        latencies.append((zero - backend.stop_at) * backend.control_period_s * 1e3)
     return latencies
+
+
+def _launch(*args: str) -> subprocess.Popen:
+    exe = shutil.which(args[0]) or str(Path(sys.executable).with_name(args[0]))
+    return subprocess.Popen([exe, *args[1:]], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+
+def bench_ros_overhead(moves: int, kin: Kinematics) -> dict[str, float]:
+    """The same 10 cm move_to, alternately through motion_node's MoveTo action and by calling the harness
+    core in this process; both drive twin_node (real time, its own process) through the ros2_control
+    backend, so the only difference is the ROS layer of the motion node."""
+    os.environ.setdefault("ROS_DOMAIN_ID", str(151 + os.getpid() % 80))
+    os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    import rclpy
+    import yaml
+    from rclpy.action import ActionClient
+    from rclpy.executors import MultiThreadedExecutor
+
+    from captain_interfaces.action import MoveTo
+    from captain_ros.paths import config_path
+    from captain_ros.ros.ros2_control_backend import Ros2ControlBackend
+
+    procs = [
+        _launch("twin_node", "--ros-args", "-p", f"task:={TASK}", "-p", "camera_rate_hz:=0.0"),
+        _launch("motion_node", "--ros-args", "-p", "watchdog:=false"),
+    ]
+    rclpy.init()
+    node = rclpy.create_node("bench_motion")
+    executor = MultiThreadedExecutor(num_threads=2)
+    executor.add_node(node)
+    threading.Thread(target=executor.spin, daemon=True).start()
+    try:
+        backend = Ros2ControlBackend(node, yaml.safe_load(config_path("robot.yaml").read_text())["interfaces"])
+        backend.wait_for_state(60)
+        harness = Harness(backend, load_config(), kin)
+        action = ActionClient(node, MoveTo, "/harness/move_to")
+        if not action.wait_for_server(timeout_sec=60):
+            raise RuntimeError("motion_node did not come up")
+        targets = [np.array([0.5, -0.05, 0.3]), np.array([0.5, 0.05, 0.3])]
+        harness.call("move_to", pose={"position": list(targets[1]), "yaw_deg": 0})
+        times: dict[str, list[float]] = {"ros": [], "in_process": []}
+
+        def through_ros(target: np.ndarray) -> str:
+            goal = MoveTo.Goal(target_kind=MoveTo.Goal.TARGET_POSE)
+            goal.pose.pose.position.x, goal.pose.pose.position.y, goal.pose.pose.position.z = map(float, target)
+            goal.pose.pose.orientation.x, goal.pose.pose.orientation.w = 1.0, 0.0
+            done = threading.Event()
+            future = action.send_goal_async(goal)
+            future.add_done_callback(lambda _f: done.set())
+            done.wait(30)
+            result = future.result().get_result_async()
+            finished = threading.Event()
+            result.add_done_callback(lambda _f: finished.set())
+            finished.wait(60)
+            call = result.result().result.result
+            return "" if call.success else f"{call.failure_category}: {call.message}"
+
+        def in_process(target: np.ndarray) -> str:
+            backend.resync()  # the motion node moved the arm since this harness last did
+            call = harness.call("move_to", pose={"position": list(target), "yaw_deg": 0})
+            return "" if call.success else f"{call.failure_category.value}: {call.message}"
+
+        k = 0
+        for i in tqdm(range(moves), desc="move_to via ROS / in-process", unit="pair"):
+            for way in ("ros", "in_process") if i % 2 == 0 else ("in_process", "ros"):
+                k += 1
+                t0 = time.perf_counter()
+                failure = (through_ros if way == "ros" else in_process)(targets[k % 2])
+                times[way].append(time.perf_counter() - t0)
+                if failure:
+                    raise RuntimeError(f"move_to {way} failed: {failure}")
+    finally:
+        executor.shutdown()
+        node.destroy_node()
+        rclpy.shutdown()
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
+    ros, local = np.median(times["ros"]), np.median(times["in_process"])
+    return {"ratio": float(ros / local), "ros_s_p50": float(ros), "in_process_s_p50": float(local)}
 
 
 def bench_ik(samples: int, kin: Kinematics) -> dict[str, float]:
@@ -187,7 +271,16 @@ def bench_ik(samples: int, kin: Kinematics) -> dict[str, float]:
             vel = mink.solve_ik(config, [task], 0.05, "daqp", damping=1e-3, limits=limits)
             config.integrate_inplace(vel, 0.05)
         mink_t.append(time.perf_counter() - t0)
+    planner, plan_t = Planner(load_config(), kin), []
+    for p, r in targets[:20]:
+        start = kin.solve(p, r, robot.HOME_Q_RAD)
+        if not start.converged:
+            continue
+        t0 = time.perf_counter()
+        planner.plan_pose(start.q_rad, p + np.array([0.0, 0.0, 0.2]), r)  # a 20 cm lift, IK every 1 cm
+        plan_t.append(time.perf_counter() - t0)
     return {
+        "sweep_plan_ms_p50": float(np.median(plan_t) * 1e3),
         "dls_ms_p50": float(np.median(dls_t) * 1e3),
         "dls_success": dls_ok / samples,
         "mink_ms_p50": float(np.median(mink_t) * 1e3),
@@ -200,12 +293,14 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=50, help="guarded descents (default 50)")
     parser.add_argument("--cancels", type=int, default=20, help="cancel trials (default 20)")
     parser.add_argument("--ik", type=int, default=100, help="IK targets (default 100)")
+    parser.add_argument("--ros-moves", type=int, default=10, help="move_to pairs via ROS / in-process (default 10)")
     args = parser.parse_args()
     kin = Kinematics()
     contact = np.array(bench_contact(args.runs, kin))
     sweeps = np.array(bench_sweeps(kin))
     cancels = np.array(bench_cancel(args.cancels, kin))
     ik = bench_ik(args.ik, kin)
+    ros = bench_ros_overhead(args.ros_moves, kin)
     period_ms = load_config().safety.control_period_s * 1e3
     print_table(
         "Guarded motion on the twin (in-process harness core)",
@@ -232,11 +327,20 @@ def main() -> int:
         ],
     )
     print_table(
+        "move_to through ROS vs in-process (10 cm, real time, ros2_control backend on twin_node)",
+        ["path", "s p50", "ratio"],
+        [
+            ["in-process harness core", ros["in_process_s_p50"], 1.0],
+            ["motion_node MoveTo action", ros["ros_s_p50"], ros["ratio"]],
+        ],
+    )
+    print_table(
         "IK per top-down pose (same targets)",
         ["solver", "ms p50", "converged"],
         [
             ["damped least squares (ours)", ik["dls_ms_p50"], f"{ik['dls_success']:.0%}"],
             ["mink + daqp", ik["mink_ms_p50"], f"{ik['mink_success']:.0%}"],
+            ["20 cm sweep plan (21 warm-started DLS solves + checks)", ik["sweep_plan_ms_p50"], ""],
         ],
     )
     write_results(
@@ -246,6 +350,7 @@ def main() -> int:
             "sweep_deviation_mm_max": float(sweeps.max()),
             "cancel_to_stop_ms_p50": float(np.median(cancels)),
             "ik_ms_p50": ik["dls_ms_p50"],
+            "ros_overhead_ratio": ros["ratio"],
         },
         {
             "contact_stop_error_mm_max": float(contact.max()),
@@ -254,7 +359,9 @@ def main() -> int:
             "ik_success": ik["dls_success"],
             "mink_ms_p50": ik["mink_ms_p50"],
             "mink_success": ik["mink_success"],
-            "ros_overhead_ratio": None,
+            "sweep_plan_ms_p50": ik["sweep_plan_ms_p50"],
+            "move_to_ros_s_p50": ros["ros_s_p50"],
+            "move_to_in_process_s_p50": ros["in_process_s_p50"],
         },
     )
     return 0

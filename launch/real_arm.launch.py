@@ -1,7 +1,8 @@
-"""The stack on a physical arm driven through ros2_control. Today: robot_state_publisher with
-the project's URDF and the monitor; the harness and agent nodes are added by the issues that
-build them. The arm's own bring-up (ros2_control controller manager, camera drivers) is
-started by the robot's vendor launch, not here.
+"""The stack on a physical arm driven through ros2_control: robot_state_publisher with the project's
+URDF, the motion node (guarded motion through the arm's joint_trajectory_controller, the wrist
+F/T topic and /joint_states) and the monitor; the agent node is added by the issue that builds it.
+The arm's own bring-up (ros2_control controller manager, camera drivers) is started by the
+robot's vendor launch, not here.
 
     ros2 launch captain_ros real_arm.launch.py
 """
@@ -19,19 +20,6 @@ from launch import LaunchDescription
 
 def generate_launch_description() -> LaunchDescription:
     args = [
-        DeclareLaunchArgument(
-            "robot_config",
-            default_value=PathJoinSubstitution([FindPackageShare("captain_ros"), "config", "robot.yaml"]),
-            description="robot description, frames and the controller's action, topic and wrench names",
-        ),
-        DeclareLaunchArgument(
-            "safety_config",
-            default_value=PathJoinSubstitution([FindPackageShare("captain_ros"), "config", "safety.yaml"]),
-            description="workspace box, speed and force limits, watchdog; review before every deployment",
-        ),
-        DeclareLaunchArgument(
-            "use_moveit", default_value="false", description="use moveit_py for collision-aware checks if installed"
-        ),
         DeclareLaunchArgument("use_rviz", default_value="true", description="start the rviz2 monitor"),
     ]
     description = ParameterValue(
@@ -44,10 +32,15 @@ def generate_launch_description() -> LaunchDescription:
         parameters=[{"robot_description": description}],
         output="screen",
     )
+    motion = IncludeLaunchDescription(
+        PythonLaunchDescriptionSource(
+            PathJoinSubstitution([FindPackageShare("captain_ros"), "launch", "motion.launch.py"])
+        ),
+    )  # its arguments (robot_config, safety_config, watchdog, ...) pass through: real_arm.launch.py watchdog:=true
     monitor = IncludeLaunchDescription(
         PythonLaunchDescriptionSource(
             PathJoinSubstitution([FindPackageShare("captain_ros"), "launch", "monitor.launch.py"])
         ),
         condition=IfCondition(LaunchConfiguration("use_rviz")),
     )
-    return LaunchDescription([*args, state_publisher, monitor])
+    return LaunchDescription([*args, state_publisher, motion, monitor])

@@ -4,11 +4,15 @@ A trajectory is validated once (names, shapes, finite values, strictly increasin
 positions inside the joint limits) and then sampled at any time: cubic Hermite between
 points when velocities are given, linear otherwise, starting from the joint state at the
 moment it was accepted. After the last point it holds the last position.
+
+`TrajectoryFollower` is the controller itself, modelled: the twin runs it at every physics step;
+the ros2_control backend runs a copy to know what the real controller is being told.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -112,6 +116,65 @@ class JointTrajectory:
         d00, d10, d01, d11 = 6 * s**2 - 6 * s, 3 * s**2 - 4 * s + 1, -6 * s**2 + 6 * s, 3 * s**2 - 2 * s
         qd = (d00 * pos[i] + d10 * h * vel[i] + d01 * pos[i + 1] + d11 * h * vel[i + 1]) / h
         return q, qd
+
+
+@dataclass
+class _Active:
+    trajectory: JointTrajectory
+    start_time_s: float
+    start_q: np.ndarray
+    start_qd: np.ndarray
+    token: int
+
+
+class TrajectoryFollower:
+    def __init__(self, joint_names: tuple[str, ...], lower: np.ndarray, upper: np.ndarray, initial_q: np.ndarray):
+        self.joint_names = joint_names
+        self.lower, self.upper = lower, upper
+        self._lock = threading.Lock()
+        self._active: _Active | None = None
+        self._hold_q = np.asarray(initial_q, dtype=float).copy()
+        self._next_token = 1
+        self.desired_q = self._hold_q.copy()
+        self.desired_qd = np.zeros_like(self._hold_q)
+
+    def start(self, trajectory: JointTrajectory, now_s: float) -> int:
+        """Begin `trajectory` from the current desired position and velocity (as joint_trajectory_controller
+        does); returns a token that identifies it."""
+        with self._lock:
+            token = self._next_token
+            self._next_token += 1
+            self._active = _Active(trajectory, now_s, self.desired_q.copy(), self.desired_qd.copy(), token)
+            return token
+
+    def hold(self, q: np.ndarray) -> None:
+        """Stop any trajectory and hold `q` (used on cancel and on reset)."""
+        with self._lock:
+            self._active = None
+            self._hold_q = np.clip(np.asarray(q, dtype=float), self.lower, self.upper)
+            self.desired_q = self._hold_q.copy()
+            self.desired_qd = np.zeros_like(self._hold_q)
+
+    def active_token(self) -> int | None:
+        with self._lock:
+            return None if self._active is None else self._active.token
+
+    def finished(self, token: int, now_s: float) -> bool:
+        """Whether trajectory `token` has reached its last point (or was replaced)."""
+        with self._lock:
+            a = self._active
+            return a is None or a.token != token or now_s - a.start_time_s >= a.trajectory.duration_s
+
+    def update(self, now_s: float) -> np.ndarray:
+        """Desired position at `now_s` (clipped to the joint limits)."""
+        with self._lock:
+            a = self._active
+            if a is None:
+                return self.desired_q.copy()
+            q, qd = a.trajectory.sample(now_s - a.start_time_s, a.start_q, a.start_qd)
+            self.desired_q = np.clip(q, self.lower, self.upper)
+            self.desired_qd = qd
+            return self.desired_q.copy()
 
 
 def duration_to_s(sec: int, nanosec: int) -> float:

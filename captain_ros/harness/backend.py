@@ -1,9 +1,10 @@
 """One arm backend interface for the twin and the real arm.
 
-The motion executor streams joint setpoints one control period at a time and reads the
-measured state back; a backend turns that into physics steps (twin) or controller commands
-(ros2_control). `command` returns what was actually commanded after the backend's own
-clipping, so the harness reports what the arm was really told to do.
+The motion executor hands the backend a whole joint trajectory (as a ros2_control
+joint_trajectory_controller takes it), then watches the measured state one control period at
+a time and stops it with `hold` on contact, force, cancel, the stop service or the watchdog.
+The backend reports what the controller is actually being told (`commanded`, after clipping
+to the joint limits), so the harness records what the arm was really commanded.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
+
+from captain_ros.core.trajectory import JointTrajectory
 
 
 class BackendError(RuntimeError):
@@ -32,33 +35,44 @@ class ArmBackend(ABC):
     """A 7-joint arm with a parallel gripper and a wrist force/torque sensor."""
 
     name: str = "backend"
-    last_command_q: np.ndarray | None = None  # what `command` last sent (None before the first command)
 
     @property
     @abstractmethod
     def control_period_s(self) -> float:
-        """Period at which setpoints are streamed and the force is monitored."""
+        """Period at which the state is read and the force is monitored."""
 
     @abstractmethod
     def read_state(self) -> ArmState:
         """The latest measured state. Raises BackendError when there is none or it is stale."""
 
     @abstractmethod
-    def command(self, q_rad: np.ndarray, qd_radps: np.ndarray | None = None) -> np.ndarray:
-        """Set the joint position setpoint (and its velocity, when known) for the end of the next period;
-        returns the setpoint actually sent. Implementations store it in `last_command_q`."""
+    def follow(self, trajectory: JointTrajectory) -> None:
+        """Start the arm on `trajectory` (7 arm joints, times from now), preempting any running one.
+        Raises BackendError when the controller refuses it."""
 
     @abstractmethod
-    def command_gripper(self, opening_m: float) -> float:
-        """Set the jaw opening setpoint (the gripper's own force limit applies); returns what was sent."""
+    def hold(self, q_rad: np.ndarray | None = None) -> np.ndarray:
+        """Stop now: the commanded velocity is zero from the next control period on, holding `q_rad`
+        (the measured position when None). Returns the held position after clipping."""
+
+    @abstractmethod
+    def commanded(self) -> tuple[np.ndarray, np.ndarray]:
+        """The arm setpoint (position, velocity) the controller follows at the latest state's time."""
+
+    @abstractmethod
+    def move_gripper(self, opening_m: float, duration_s: float) -> float:
+        """Move the jaw to `opening_m` in `duration_s` (the gripper's own force limit applies); returns
+        the target actually sent after clipping. `hold_gripper` stops it where it is."""
+
+    def hold_gripper(self) -> float:
+        return self.move_gripper(self.read_state().jaw_opening_m, 0.0)
 
     @abstractmethod
     def wait_period(self) -> None:
         """Let one control period pass (simulate it, or wait for it)."""
 
-    def hold(self) -> np.ndarray:
-        """Stop: command the measured position so the arm holds where it is."""
-        return self.command(self.read_state().q_rad)
+    def resync(self) -> None:  # noqa: B027 - only backends with a world that can be reset need it
+        """The world was reset under the backend (a new episode): hold wherever the arm is now."""
 
     def close(self) -> None:  # noqa: B027 - optional for backends that own nothing
         """Release connections and resources."""

@@ -40,6 +40,7 @@ class SafetyConfig:
 class MotionConfig:
     waypoint_spacing_m: float = 0.01
     max_rotation_step_rad: float = 0.05
+    trajectory_spacing_s: float = 0.01
     baseline_periods: int = 10
     settle_timeout_s: float = 1.0
     target_tolerance_m: float = 0.002

@@ -22,7 +22,16 @@ from captain_ros.core.kinematics import Kinematics
 from captain_ros.harness import args as A  # noqa: N812 - A.number(...) reads as "argument"
 from captain_ros.harness.backend import ArmBackend, BackendError
 from captain_ros.harness.config import HarnessConfig
-from captain_ros.harness.motion import Executor, MotionOutcome, PlanError, Planner, StopReason, StopSignal, Watchdog
+from captain_ros.harness.motion import (
+    Executor,
+    MotionOutcome,
+    MotionProgress,
+    PlanError,
+    Planner,
+    StopReason,
+    StopSignal,
+    Watchdog,
+)
 from captain_ros.twin import robot
 
 FRAMES = {
@@ -82,6 +91,7 @@ class Harness:
         self.stop_signal = StopSignal()
         self.watchdog = watchdog
         self.stopped = False  # set by the stop service; cleared by resume()
+        self.on_progress: Callable[[MotionProgress], None] | None = None  # e.g. the MoveTo action's feedback
         self._clock = clock
         self.new_episode()
 
@@ -95,6 +105,7 @@ class Harness:
         self._t0 = self._clock()
         self.motions: list[MotionRecord] = []
         self.log = EpisodeLog()
+        self.backend.resync()
         self.jaw_command_m = self.backend.read_state().jaw_opening_m
 
     def note_request(self) -> None:
@@ -209,6 +220,7 @@ class Harness:
             force_limit_n=limit,
             stop=self.stop_signal,
             watchdog=self.watchdog,
+            on_progress=self.on_progress,
         )
         return self._motion_result("move_to", outcome, plan.notes, target=position)
 
@@ -229,7 +241,13 @@ class Harness:
         plan = self.planner.plan_path(np.array([q]))
         plan.duration_s = seconds
         outcome = self.executor.execute(
-            self.backend, plan, guarded=False, force_limit_n=limit, stop=self.stop_signal, watchdog=self.watchdog
+            self.backend,
+            plan,
+            guarded=False,
+            force_limit_n=limit,
+            stop=self.stop_signal,
+            watchdog=self.watchdog,
+            on_progress=self.on_progress,
         )
         return self._motion_result("hold", outcome, [])
 
@@ -270,6 +288,7 @@ class Harness:
             force_limit_n=self.config.safety.force_limit_n,
             stop=self.stop_signal,
             watchdog=self.watchdog,
+            on_progress=self.on_progress,
         )
         return self._motion_result(
             "recover", outcome, [f"reversed {travelled * 100:.1f} cm of motion {last.motion_id}"]
@@ -286,22 +305,18 @@ class Harness:
         return self._jaw("release", target)
 
     def _jaw(self, capability: str, target_m: float) -> CallResult:
-        """Ramp the jaw to target_m at the gripper speed, then let it settle (closes onto objects)."""
+        """Move the jaw to target_m at the gripper speed, then let it settle (closes onto objects)."""
         motion_cfg = self.config.motion
-        period = self.backend.control_period_s
         start = self.backend.read_state()
         before = start.jaw_opening_m
-        command = self.jaw_command_m
-        steps = max(1, math.ceil(abs(target_m - command) / motion_cfg.gripper_speed_mps / period))
-        n_settle = math.ceil(motion_cfg.gripper_settle_s / period)
+        ramp_s = abs(target_m - self.jaw_command_m) / motion_cfg.gripper_speed_mps
+        self.jaw_command_m = self.backend.move_gripper(target_m, ramp_s)
         stopped = None
-        for k in range(1, steps + n_settle + 1):
+        while self.backend.read_state().time_s - start.time_s < ramp_s + motion_cfg.gripper_settle_s:
             if self.stop_signal.is_set():
                 stopped = self.stop_signal.reason
-                self.backend.command_gripper(self.backend.read_state().jaw_opening_m)
+                self.jaw_command_m = self.backend.hold_gripper()
                 break
-            self.jaw_command_m = self.backend.command_gripper(command + (target_m - command) * min(1.0, k / steps))
-            self.backend.command(start.q_rad)
             self.backend.wait_period()
         after = self.backend.read_state().jaw_opening_m
         holding = target_m < after - 0.002 and after > motion_cfg.grasp_min_width_m

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -19,11 +20,13 @@ import numpy as np
 
 from captain_ros.core.contract import FailureCategory
 from captain_ros.core.kinematics import Kinematics
+from captain_ros.core.trajectory import JointTrajectory
 from captain_ros.harness.backend import ArmBackend, ArmState, BackendError
 from captain_ros.harness.config import HarnessConfig
 from captain_ros.twin import robot
 
 MIN_JERK_PEAK = 1.875  # peak / mean speed of a minimum-jerk profile
+FOREIGN_MOTION_RAD = 0.05  # setpoint-to-measured gap above which the arm was moved by someone else
 
 
 class StopReason(StrEnum):
@@ -116,6 +119,16 @@ class SweepPlan:
         f = x - i
         return self.q_waypoints[i] + f * (self.q_waypoints[i + 1] - self.q_waypoints[i])
 
+    def to_trajectory(self, spacing_s: float) -> JointTrajectory:
+        """The sweep as the controller takes it: minimum-jerk samples every `spacing_s` with their
+        velocities (the controller interpolates cubically between them)."""
+        n = max(1, math.ceil(self.duration_s / spacing_s))
+        times = np.linspace(self.duration_s / n, self.duration_s, n) if self.duration_s > 0 else np.array([spacing_s])
+        h = 1e-4
+        positions = np.array([self.setpoint(t) for t in times])
+        velocities = np.array([(self.setpoint(t + h) - self.setpoint(t - h)) / (2 * h) for t in times])
+        return JointTrajectory(robot.ARM_JOINTS, times, positions, velocities)
+
 
 @dataclass
 class TraceRow:
@@ -125,6 +138,18 @@ class TraceRow:
     tcp_m: np.ndarray
     contact_force_n: float
     jaw_opening_m: float
+
+
+@dataclass(frozen=True)
+class MotionProgress:
+    """Reported every control period while a motion runs (the MoveTo action's feedback)."""
+
+    executed_distance_m: float
+    remaining_distance_m: float
+    current_force_n: float
+    peak_force_n: float
+    jaw_opening_m: float
+    progress: float  # 0..1 of the planned duration
 
 
 @dataclass
@@ -281,8 +306,8 @@ class Planner:
 
 
 class Executor:
-    """Streams a plan to a backend one control period at a time and stops on contact, force, cancel,
-    the stop service or the watchdog."""
+    """Hands a plan to the backend as one trajectory and watches every control period for contact,
+    the force limit, cancel, the stop service and the watchdog; any of them holds the arm."""
 
     def __init__(self, config: HarnessConfig, kinematics: Kinematics | None = None):
         self.config = config
@@ -290,18 +315,16 @@ class Executor:
 
     def baseline(self, backend: ArmBackend) -> tuple[np.ndarray, np.ndarray]:
         """Mean wrist force while holding still, and the hand rotation it was measured at. The arm holds
-        its last setpoint (re-commanding the measured position would kick the servos and fake a force)
-        and is first allowed to come to rest, e.g. after a stop."""
-        hold_q = backend.last_command_q if backend.last_command_q is not None else backend.read_state().q_rad
-        settle = math.ceil(self.config.motion.settle_timeout_s / backend.control_period_s)
-        for _ in range(settle):
-            if float(np.abs(backend.read_state().qd_radps).max()) < 0.01:
-                break
-            backend.command(hold_q)
+        its current setpoint (re-commanding the measured position would kick the servos and fake a force)
+        and is first allowed to come to rest, e.g. after a stop. If the arm is far from that setpoint
+        (someone else moved it), it holds where it is instead of going back."""
+        commanded, measured = backend.commanded()[0], backend.read_state().q_rad
+        backend.hold(commanded if np.abs(commanded - measured).max() <= FOREIGN_MOTION_RAD else measured)
+        deadline = backend.read_state().time_s + self.config.motion.settle_timeout_s
+        while float(np.abs(backend.read_state().qd_radps).max()) >= 0.01 and backend.read_state().time_s < deadline:
             backend.wait_period()
         forces = []
         for _ in range(max(1, self.config.motion.baseline_periods)):
-            backend.command(hold_q)
             backend.wait_period()
             state = backend.read_state()
             forces.append(state.force_n)
@@ -321,9 +344,9 @@ class Executor:
         force_limit_n: float,
         stop: StopSignal,
         watchdog: Watchdog | None = None,
+        on_progress: Callable[[MotionProgress], None] | None = None,
     ) -> MotionOutcome:
         safety, motion = self.config.safety, self.config.motion
-        period = backend.control_period_s
         try:
             f0, r0 = self.baseline(backend)
             start = backend.read_state()
@@ -334,33 +357,39 @@ class Executor:
         peak = 0.0
         reason, message = StopReason.TARGET_REACHED, "reached the target"
         latency = None
-        n_motion = math.ceil(plan.duration_s / period)
-        n_settle = math.ceil(motion.settle_timeout_s / period)
-        t0 = start.time_s
         state = start
         target_tcp = plan.tcp_waypoints[-1]
         try:
-            for k in range(1, n_motion + n_settle + 1):
+            backend.follow(plan.to_trajectory(motion.trajectory_spacing_s))
+            t0 = backend.read_state().time_s  # the controller starts the trajectory on receipt
+            while True:
                 if stop.is_set():
                     backend.hold()
                     reason, message, latency = stop.reason, f"stopped: {stop.reason.value} requested", 1
-                    backend.wait_period()
-                    state = backend.read_state()
                     break
                 if watchdog is not None and watchdog.expired():
                     backend.hold()
                     reason = StopReason.WATCHDOG
                     message = f"watchdog: no heartbeat for {watchdog.silent_for_s():.1f} s; holding"
                     break
-                t = k * period
-                qd = (plan.setpoint(t + period) - plan.setpoint(t - period)) / (2 * period)
-                q_cmd = backend.command(plan.setpoint(t), qd)
                 backend.wait_period()
                 state = backend.read_state()
                 force = self.contact_force(state, f0, r0)
                 peak = max(peak, force)
                 tcp = self.kin.forward(state.q_rad)[0]
-                trace.append(TraceRow(state.time_s - t0, state.q_rad, q_cmd, tcp, force, state.jaw_opening_m))
+                t = state.time_s - t0
+                trace.append(TraceRow(t, state.q_rad, backend.commanded()[0], tcp, force, state.jaw_opening_m))
+                if on_progress is not None:
+                    on_progress(
+                        MotionProgress(
+                            float(np.linalg.norm(tcp - start_tcp)),
+                            float(np.linalg.norm(target_tcp - tcp)),
+                            force,
+                            peak,
+                            state.jaw_opening_m,
+                            min(1.0, t / plan.duration_s) if plan.duration_s > 0 else 1.0,
+                        )
+                    )
                 if guarded and force > safety.contact_threshold_n:
                     backend.hold()
                     reason, message = StopReason.CONTACT, f"contact: {force:.1f} N above the baseline"
@@ -372,19 +401,21 @@ class Executor:
                         f"force {force:.1f} N exceeded the limit {force_limit_n:.0f} N",
                     )
                     break
-                if k >= n_motion and np.linalg.norm(tcp - target_tcp) <= motion.target_tolerance_m:
+                if t >= plan.duration_s and np.linalg.norm(tcp - target_tcp) <= motion.target_tolerance_m:
                     break
-            else:
-                backend.hold()
-                reason = StopReason.STALLED
-                message = (
-                    f"did not reach the target within {motion.settle_timeout_s:.1f} s after the sweep "
-                    f"({np.linalg.norm(self.kin.forward(state.q_rad)[0] - target_tcp) * 1000:.0f} mm short)"
-                )
+                if t >= plan.duration_s + motion.settle_timeout_s:
+                    backend.hold()
+                    reason = StopReason.STALLED
+                    message = (
+                        f"did not reach the target within {motion.settle_timeout_s:.1f} s after the sweep "
+                        f"({np.linalg.norm(tcp - target_tcp) * 1000:.0f} mm short)"
+                    )
+                    break
             # let the hold settle one period so the reported end state is at rest
             backend.wait_period()
             state = backend.read_state()
         except BackendError as exc:
+            backend_hold_quietly(backend)
             return self._error(exc, start_tcp, start, trace)
         return MotionOutcome(
             reason,
@@ -405,3 +436,11 @@ class Executor:
         return MotionOutcome(
             StopReason.BACKEND_ERROR, f"backend error: {exc}", tcp, tcp, 0.0, jaw, jaw, trace or [], 0.0
         )
+
+
+def backend_hold_quietly(backend: ArmBackend) -> None:
+    """After a backend error: try to hold the arm; the original error is what gets reported."""
+    try:
+        backend.hold()
+    except Exception:  # the link may be gone: the controller then holds its last point by itself
+        pass

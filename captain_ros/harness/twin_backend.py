@@ -1,12 +1,13 @@
-"""The twin as an arm backend, in-process: setpoints go to the position servos, a control period
-is simulated, the state is read back from the simulator's sensors."""
+"""The twin as an arm backend, in-process: the same trajectory controllers twin_node runs, updated at
+every physics step; the state is read back from the simulator's sensors."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from captain_ros.core.trajectory import JointTrajectory
 from captain_ros.harness.backend import ArmBackend, ArmState, BackendError
-from captain_ros.twin import robot
+from captain_ros.twin.controller import TwinControllers
 from captain_ros.twin.sim import SimulationFault, Twin
 
 
@@ -23,7 +24,7 @@ class TwinBackend(ArmBackend):
             )
         self._steps = round(steps)
         self._period = control_period_s
-        self.lower, self.upper = robot.arm_limits_rad()
+        self.controllers = TwinControllers(twin)
 
     @property
     def control_period_s(self) -> float:
@@ -35,20 +36,27 @@ class TwinBackend(ArmBackend):
             self.twin.time_s, self.twin.arm_q(), self.twin.arm_qd(), self.twin.jaw_opening_m(), w.force_n, w.torque_nm
         )
 
-    def command(self, q_rad: np.ndarray, qd_radps: np.ndarray | None = None) -> np.ndarray:
-        del qd_radps  # the twin's servos track positions directly at the control rate
-        q = np.clip(np.asarray(q_rad, dtype=float), self.lower, self.upper)
-        self.twin.set_arm_command(q)
-        self.last_command_q = q
-        return q
+    def follow(self, trajectory: JointTrajectory) -> None:
+        self.controllers.arm.start(trajectory, self.twin.time_s)
 
-    def command_gripper(self, opening_m: float) -> float:
-        opening = float(np.clip(opening_m, 0.0, robot.max_jaw_opening_m()))
-        self.twin.set_gripper_command(opening)
-        return opening
+    def hold(self, q_rad: np.ndarray | None = None) -> np.ndarray:
+        self.controllers.arm.hold(self.twin.arm_q() if q_rad is None else q_rad)
+        return self.controllers.arm.desired_q.copy()
+
+    def commanded(self) -> tuple[np.ndarray, np.ndarray]:
+        arm = self.controllers.arm
+        return arm.desired_q.copy(), arm.desired_qd.copy()
+
+    def move_gripper(self, opening_m: float, duration_s: float) -> float:
+        trajectory = self.controllers.jaw_trajectory(opening_m, duration_s)
+        self.controllers.gripper.start(trajectory, self.twin.time_s)
+        return 2.0 * float(trajectory.positions[-1, 0])
+
+    def resync(self) -> None:
+        self.controllers = TwinControllers(self.twin)
 
     def wait_period(self) -> None:
         try:
-            self.twin.step(self._steps)
+            self.controllers.step(self.twin, self._steps)
         except SimulationFault as exc:
             raise BackendError(f"simulation fault: {exc}") from exc

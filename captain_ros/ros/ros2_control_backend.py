@@ -1,17 +1,16 @@
 """The real-arm backend: drives any ros2_control arm through its standard interfaces.
 
-STATUS (issue 4, in progress): moves the twin over DDS, but streaming one setpoint per control
-period from Python does not keep up (joint-state gaps of up to 0.5 s seen against twin_node, which
-cause false contact stops). Not used by any node or test yet; see the issue 4 note for the plan
-(send the whole sweep as one trajectory, monitor the wrench, stop with a hold trajectory).
-
-In:  sensor_msgs/JointState (/joint_states), geometry_msgs/WrenchStamped (the wrist F/T topic).
-Out: trajectory_msgs/JointTrajectory on the arm controller's topic: every control period a
-     one-point trajectory a little ahead of now, which joint_trajectory_controller follows;
-     the gripper controller gets the same for the finger joint.
-Periods are paced by the measured state's stamps (sim time on the twin, wall time on hardware),
-so the same harness runs at any real-time factor. A state older than `state_timeout_s` (wall
-clock) is a lost link: BackendError, and the harness reports backend_error.
+In:  sensor_msgs/JointState (joint_state_broadcaster), geometry_msgs/WrenchStamped (the wrist F/T).
+Out: control_msgs/action/FollowJointTrajectory to the arm's joint_trajectory_controller: each sweep
+     is sent whole, so the controller interpolates it at its own rate and nothing depends on this
+     process keeping up. Stops go out on the controller's JointTrajectory topic (one point, zero
+     velocity, one control period ahead: a topic message preempts the running goal at once) and
+     the goal is canceled too. The jaw is driven through the gripper controller's topic.
+The backend runs its own copy of the controller's interpolation (`TrajectoryFollower`) to know what
+the arm is being commanded at any time. Periods are paced by the measured state's stamps (sim
+time on the twin, hardware time on a robot), so the harness runs at any real-time factor. A state
+older than `state_timeout_s` (wall clock) means the link is lost: BackendError, reported as
+backend_error; the controller keeps holding its last point.
 """
 
 from __future__ import annotations
@@ -21,17 +20,42 @@ import time
 
 import numpy as np
 from builtin_interfaces.msg import Duration
+from control_msgs.action import FollowJointTrajectory
 from geometry_msgs.msg import WrenchStamped
+from rclpy.action import ActionClient
+from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.node import Node
 from sensor_msgs.msg import JointState
-from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+from trajectory_msgs.msg import JointTrajectory as JointTrajectoryMsg
+from trajectory_msgs.msg import JointTrajectoryPoint
 
+from captain_ros.core.trajectory import JointTrajectory, TrajectoryFollower
 from captain_ros.harness.backend import ArmBackend, ArmState, BackendError
 from captain_ros.twin import robot
 
 
 def _duration(seconds: float) -> Duration:
-    return Duration(sec=int(seconds), nanosec=int((seconds % 1.0) * 1e9))
+    ns = round(seconds * 1e9)
+    return Duration(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)
+
+
+def _stamp_s(msg: JointState) -> float:
+    return msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9
+
+
+def trajectory_msg(trajectory: JointTrajectory) -> JointTrajectoryMsg:
+    velocities = trajectory.velocities
+    return JointTrajectoryMsg(
+        joint_names=list(trajectory.joint_names),
+        points=[
+            JointTrajectoryPoint(
+                positions=trajectory.positions[i].tolist(),
+                velocities=[] if velocities is None else velocities[i].tolist(),
+                time_from_start=_duration(float(t)),
+            )
+            for i, t in enumerate(trajectory.times_s)
+        ],
+    )
 
 
 class Ros2ControlBackend(ArmBackend):
@@ -43,26 +67,34 @@ class Ros2ControlBackend(ArmBackend):
         interfaces: dict,
         *,
         control_period_s: float = 0.01,
-        lookahead_periods: float = 2.0,
         state_timeout_s: float = 0.5,
+        server_timeout_s: float = 5.0,
     ):
+        """`node` must be spun by an executor in another thread (the backend waits on its callbacks)."""
         self.node = node
         self._period = control_period_s
-        self._lookahead = lookahead_periods * control_period_s
         self._timeout = state_timeout_s
+        self._server_timeout = server_timeout_s
         self._cond = threading.Condition()
         self._joints: JointState | None = None
         self._joints_wall = 0.0
         self._wrench = np.zeros(6)
-        self._last_stamp = -np.inf
         self.lower, self.upper = robot.arm_limits_rad()
         finger = robot.joint_limits()[robot.FINGER_JOINTS[0]]
         self._finger_range = (finger.lower, finger.upper)
-        node.create_subscription(JointState, interfaces["joint_states_topic"], self._on_joints, 10)
-        node.create_subscription(WrenchStamped, interfaces["wrench_topic"], self._on_wrench, 10)
-        self._arm_pub = node.create_publisher(JointTrajectory, interfaces["trajectory_topic"], 10)
+        self._mirror: TrajectoryFollower | None = None
+        self._goal = None  # the running FollowJointTrajectory goal handle
+        self._goal_failure = ""  # set when the controller aborts a goal we did not stop ourselves
+        group = ReentrantCallbackGroup()
+        node.create_subscription(
+            JointState, interfaces["joint_states_topic"], self._on_joints, 10, callback_group=group
+        )
+        node.create_subscription(WrenchStamped, interfaces["wrench_topic"], self._on_wrench, 10, callback_group=group)
+        self._action_name = interfaces["trajectory_action"]
+        self._arm_action = ActionClient(node, FollowJointTrajectory, self._action_name, callback_group=group)
+        self._arm_topic = node.create_publisher(JointTrajectoryMsg, interfaces["trajectory_topic"], 10)
         gripper_topic = interfaces["gripper_action"].rsplit("/", 1)[0] + "/joint_trajectory"
-        self._gripper_pub = node.create_publisher(JointTrajectory, gripper_topic, 10)
+        self._gripper_topic = node.create_publisher(JointTrajectoryMsg, gripper_topic, 10)
 
     # ------------------------------------------------------------------------------ callbacks
     def _on_joints(self, msg: JointState) -> None:
@@ -76,12 +108,13 @@ class Ros2ControlBackend(ArmBackend):
         with self._cond:
             self._wrench = np.array([f.x, f.y, f.z, t.x, t.y, t.z])
 
-    # ------------------------------------------------------------------------------ interface
+    # ------------------------------------------------------------------------------ state
     @property
     def control_period_s(self) -> float:
         return self._period
 
     def wait_for_state(self, timeout_s: float = 10.0) -> ArmState:
+        """Block until the first joint state arrives; then the backend holds wherever the arm is."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while self._joints is None:
@@ -89,7 +122,9 @@ class Ros2ControlBackend(ArmBackend):
                 if left <= 0:
                     raise BackendError(f"no joint states within {timeout_s:.0f} s: is the arm (or twin) running?")
                 self._cond.wait(left)
-        return self.read_state()
+        state = self.read_state()
+        self._mirror = TrajectoryFollower(robot.ARM_JOINTS, self.lower, self.upper, state.q_rad)
+        return state
 
     def read_state(self) -> ArmState:
         with self._cond:
@@ -108,9 +143,8 @@ class Ros2ControlBackend(ArmBackend):
         jaw = sum(float(pos[index[j]]) for j in robot.FINGER_JOINTS if j in index)
         if robot.FINGER_JOINTS[1] not in index and robot.FINGER_JOINTS[0] in index:
             jaw *= 2.0  # a mimic finger not reported: symmetric jaw
-        stamp = msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9
         return ArmState(
-            stamp,
+            _stamp_s(msg),
             pos[arm].copy(),
             vel[arm].copy() if len(vel) == len(pos) else np.zeros(7),
             jaw,
@@ -118,30 +152,68 @@ class Ros2ControlBackend(ArmBackend):
             wrench[3:],
         )
 
-    def command(self, q_rad: np.ndarray, qd_radps: np.ndarray | None = None) -> np.ndarray:
-        q = np.clip(np.asarray(q_rad, dtype=float), self.lower, self.upper)
-        qd = np.zeros(7) if qd_radps is None else np.asarray(qd_radps, dtype=float)
-        self._arm_pub.publish(
-            JointTrajectory(
-                joint_names=list(robot.ARM_JOINTS),
-                points=[
-                    JointTrajectoryPoint(
-                        positions=q.tolist(), velocities=qd.tolist(), time_from_start=_duration(self._lookahead)
-                    )
-                ],
-            )
+    def _mirror_or_fail(self) -> TrajectoryFollower:
+        if self._mirror is None:
+            raise BackendError("the backend has not received a joint state yet (call wait_for_state first)")
+        return self._mirror
+
+    def commanded(self) -> tuple[np.ndarray, np.ndarray]:
+        mirror = self._mirror_or_fail()
+        mirror.update(self.read_state().time_s)
+        return mirror.desired_q.copy(), mirror.desired_qd.copy()
+
+    def resync(self) -> None:
+        self._mirror_or_fail().hold(self.read_state().q_rad)
+
+    # ------------------------------------------------------------------------------ commands
+    def follow(self, trajectory: JointTrajectory) -> None:
+        mirror = self._mirror_or_fail()
+        if not self._arm_action.wait_for_server(timeout_sec=self._server_timeout):
+            raise BackendError(f"the arm controller's action server {self._action_name} is not available")
+        accepted = threading.Event()
+        future = self._arm_action.send_goal_async(FollowJointTrajectory.Goal(trajectory=trajectory_msg(trajectory)))
+        future.add_done_callback(lambda _f: accepted.set())
+        if not accepted.wait(self._server_timeout):
+            raise BackendError(f"the arm controller did not answer the goal within {self._server_timeout:.0f} s")
+        handle = future.result()
+        if handle is None or not handle.accepted:
+            raise BackendError("the arm controller rejected the trajectory goal")
+        with self._cond:
+            self._goal, self._goal_failure = handle, ""
+        handle.get_result_async().add_done_callback(lambda f, h=handle: self._on_result(h, f))
+        mirror.start(trajectory, self.read_state().time_s)
+
+    def _on_result(self, handle, future) -> None:
+        response = future.result()
+        result = None if response is None else response.result
+        with self._cond:
+            if self._goal is not handle:
+                return  # a goal we stopped or replaced ourselves
+            self._goal = None
+            if result is not None and result.error_code != FollowJointTrajectory.Result.SUCCESSFUL:
+                self._goal_failure = f"error {result.error_code}: {result.error_string or 'no error string'}"
+            self._cond.notify_all()
+
+    def hold(self, q_rad: np.ndarray | None = None) -> np.ndarray:
+        q = np.clip(
+            self.read_state().q_rad if q_rad is None else np.asarray(q_rad, dtype=float), self.lower, self.upper
         )
-        self.last_command_q = q
+        with self._cond:
+            # from here on the running goal's abort is ours, and an earlier goal's late failure is superseded
+            goal, self._goal, self._goal_failure = self._goal, None, ""
+        point = JointTrajectoryPoint(
+            positions=q.tolist(), velocities=[0.0] * 7, time_from_start=_duration(self._period)
+        )
+        self._arm_topic.publish(JointTrajectoryMsg(joint_names=list(robot.ARM_JOINTS), points=[point]))
+        if goal is not None:
+            goal.cancel_goal_async()
+        self._mirror_or_fail().hold(q)
         return q
 
-    def command_gripper(self, opening_m: float) -> float:
+    def move_gripper(self, opening_m: float, duration_s: float) -> float:
         finger = float(np.clip(opening_m / 2, *self._finger_range))
-        self._gripper_pub.publish(
-            JointTrajectory(
-                joint_names=[robot.FINGER_JOINTS[0]],
-                points=[JointTrajectoryPoint(positions=[finger], time_from_start=_duration(self._lookahead))],
-            )
-        )
+        point = JointTrajectoryPoint(positions=[finger], time_from_start=_duration(max(duration_s, self._period)))
+        self._gripper_topic.publish(JointTrajectoryMsg(joint_names=[robot.FINGER_JOINTS[0]], points=[point]))
         return 2 * finger
 
     def wait_period(self) -> None:
@@ -150,11 +222,15 @@ class Ros2ControlBackend(ArmBackend):
         deadline = time.monotonic() + self._timeout
         with self._cond:
             while True:
-                msg = self._joints
-                stamp = msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9
-                if stamp >= start + self._period - 1e-9:
+                if self._goal_failure:
+                    failure, self._goal_failure = self._goal_failure, ""
+                    raise BackendError(f"the arm controller aborted the trajectory ({failure})")
+                if _stamp_s(self._joints) >= start + self._period - 1e-9:
                     return
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise BackendError(f"joint states stopped advancing for {self._timeout} s: link lost")
                 self._cond.wait(left)
+
+    def close(self) -> None:
+        self._arm_action.destroy()

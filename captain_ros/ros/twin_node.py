@@ -52,15 +52,15 @@ from captain_ros.core.trajectory import JointTrajectory, TrajectoryError, durati
 from captain_ros.paths import config_path
 from captain_ros.twin import robot
 from captain_ros.twin.cameras import CameraFrame
-from captain_ros.twin.controller import TrajectoryFollower
+from captain_ros.twin.controller import TwinControllers
 from captain_ros.twin.privileged import FEATURE_NAMES
 from captain_ros.twin.sim import SimulationFault, Twin
 from captain_ros.twin.start_states import StartId
 from captain_ros.twin.tasks import TaskError, default_suite, get_task
 
-GRIPPER_JOINTS = (robot.FINGER_JOINTS[0],)
 DEFAULT_GOAL_TOLERANCE = 0.02  # rad (arm) / m (finger) when a goal gives none
 DEFAULT_GOAL_TIME_TOLERANCE_S = 1.0
+ACTION_MONITOR_RATE_HZ = 20.0  # goal checks and feedback, joint_trajectory_controller's default
 
 
 def _stamp(t_s: float) -> Time:
@@ -121,7 +121,7 @@ class TwinNode(Node):
             self._on_snapshot,
             callback_group=reentrant,
         )
-        self.controllers: dict[str, TrajectoryFollower] = {}
+        self.controllers: TwinControllers | None = None
         self._action_servers = []
         for name, action, topic in (
             ("arm", "trajectory_action", "trajectory_topic"),
@@ -193,16 +193,8 @@ class TwinNode(Node):
                 self.twin = twin
             else:
                 start = self.twin.reset(start_id, split=split)
-            lower, upper = robot.arm_limits_rad()
-            finger = robot.joint_limits()[GRIPPER_JOINTS[0]]
             # fresh followers: goals still running on the old ones see the swap and abort
-            self.controllers["arm"] = TrajectoryFollower(robot.ARM_JOINTS, lower, upper, self.twin.arm_q())
-            self.controllers["gripper"] = TrajectoryFollower(
-                GRIPPER_JOINTS,
-                np.array([finger.lower]),
-                np.array([finger.upper]),
-                np.array([self.twin.jaw_opening_m() / 2]),
-            )
+            self.controllers = TwinControllers(self.twin)
             self._next_state = self._next_tf = self._next_camera = 0.0
             self.fault = ""
             return start
@@ -271,6 +263,7 @@ class TwinNode(Node):
             return
         with self._lock:
             self.controllers[name].start(trajectory, self.twin.time_s)
+            self.get_logger().debug(f"{name}: {len(msg.points)}-point topic trajectory at {self.twin.time_s:.3f} s")
 
     def _measured(self, name: str) -> np.ndarray:
         if name == "arm":
@@ -315,6 +308,7 @@ class TwinNode(Node):
                 result.error_string = "canceled: holding the current position"
                 return result
             if replaced:
+                self.get_logger().info(f"{name}: goal preempted at {now:.3f} s (started {start_s:.3f} s)")
                 goal_handle.abort()
                 result.error_code = FollowJointTrajectory.Result.INVALID_GOAL
                 result.error_string = "preempted by a newer trajectory or a reset"
@@ -339,7 +333,7 @@ class TwinNode(Node):
                         f"(tolerance {tol[worst]:.4f})"
                     )
                     return result
-            time.sleep(0.01)
+            time.sleep(1.0 / ACTION_MONITOR_RATE_HZ)
         goal_handle.abort()
         result.error_string = "twin shutting down"
         return result
@@ -368,9 +362,7 @@ class TwinNode(Node):
             if pace["sim0"] is None or twin.time_s < pace["sim0"]:  # first tick or after a reset
                 pace["wall0"], pace["sim0"] = time.monotonic(), twin.time_s
             try:
-                twin.set_arm_command(self.controllers["arm"].update(twin.time_s))
-                twin.set_gripper_command(2.0 * float(self.controllers["gripper"].update(twin.time_s)[0]))
-                twin.step()
+                self.controllers.step(twin)
             except SimulationFault as exc:
                 self.fault = str(exc)
                 self.get_logger().error(

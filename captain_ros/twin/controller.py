@@ -1,73 +1,39 @@
-"""Joint trajectory following for the twin, as a ros2_control joint_trajectory_controller would do it.
-
-ROS-free: the twin node feeds it accepted trajectories and asks for the command at each
-physics step. A new trajectory preempts the running one; `hold` stops at the given position.
-"""
+"""The twin's controllers, as ros2_control would run them on the real arm: one joint trajectory
+follower for the 7 arm joints and one for the gripper's finger joint (half the jaw opening),
+updated at every physics step. Used by twin_node and by the in-process twin backend, so both
+move the arm exactly the same way."""
 
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass
-
 import numpy as np
 
-from captain_ros.core.trajectory import JointTrajectory
+from captain_ros.core.trajectory import JointTrajectory, TrajectoryFollower
+from captain_ros.twin import robot
+from captain_ros.twin.sim import Twin
+
+GRIPPER_JOINTS = (robot.FINGER_JOINTS[0],)
 
 
-@dataclass
-class _Active:
-    trajectory: JointTrajectory
-    start_time_s: float
-    start_q: np.ndarray
-    start_qd: np.ndarray
-    token: int
+class TwinControllers:
+    def __init__(self, twin: Twin):
+        lower, upper = robot.arm_limits_rad()
+        finger = robot.joint_limits()[GRIPPER_JOINTS[0]]
+        self.arm = TrajectoryFollower(robot.ARM_JOINTS, lower, upper, twin.arm_q())
+        self.gripper = TrajectoryFollower(
+            GRIPPER_JOINTS, np.array([finger.lower]), np.array([finger.upper]), np.array([twin.jaw_opening_m() / 2])
+        )
 
+    def __getitem__(self, name: str) -> TrajectoryFollower:
+        return {"arm": self.arm, "gripper": self.gripper}[name]
 
-class TrajectoryFollower:
-    def __init__(self, joint_names: tuple[str, ...], lower: np.ndarray, upper: np.ndarray, initial_q: np.ndarray):
-        self.joint_names = joint_names
-        self.lower, self.upper = lower, upper
-        self._lock = threading.Lock()
-        self._active: _Active | None = None
-        self._hold_q = np.asarray(initial_q, dtype=float).copy()
-        self._next_token = 1
-        self.desired_q = self._hold_q.copy()
-        self.desired_qd = np.zeros_like(self._hold_q)
+    def jaw_trajectory(self, opening_m: float, duration_s: float) -> JointTrajectory:
+        """Move the jaw to `opening_m` (clipped to the finger's range) in `duration_s`."""
+        half = float(np.clip(opening_m / 2, self.gripper.lower[0], self.gripper.upper[0]))
+        return JointTrajectory(GRIPPER_JOINTS, np.array([max(duration_s, 1e-3)]), np.array([[half]]), None)
 
-    def start(self, trajectory: JointTrajectory, now_s: float) -> int:
-        """Begin `trajectory` from the current desired position and velocity (as joint_trajectory_controller
-        does); returns a token that identifies it."""
-        with self._lock:
-            token = self._next_token
-            self._next_token += 1
-            self._active = _Active(trajectory, now_s, self.desired_q.copy(), self.desired_qd.copy(), token)
-            return token
-
-    def hold(self, q: np.ndarray) -> None:
-        """Stop any trajectory and hold `q` (used on cancel and on reset)."""
-        with self._lock:
-            self._active = None
-            self._hold_q = np.clip(np.asarray(q, dtype=float), self.lower, self.upper)
-            self.desired_q = self._hold_q.copy()
-            self.desired_qd = np.zeros_like(self._hold_q)
-
-    def active_token(self) -> int | None:
-        with self._lock:
-            return None if self._active is None else self._active.token
-
-    def finished(self, token: int, now_s: float) -> bool:
-        """Whether trajectory `token` has reached its last point (or was replaced)."""
-        with self._lock:
-            a = self._active
-            return a is None or a.token != token or now_s - a.start_time_s >= a.trajectory.duration_s
-
-    def update(self, now_s: float) -> np.ndarray:
-        """Desired position at `now_s` (clipped to the joint limits)."""
-        with self._lock:
-            a = self._active
-            if a is None:
-                return self.desired_q.copy()
-            q, qd = a.trajectory.sample(now_s - a.start_time_s, a.start_q, a.start_qd)
-            self.desired_q = np.clip(q, self.lower, self.upper)
-            self.desired_qd = qd
-            return self.desired_q.copy()
+    def step(self, twin: Twin, n: int = 1) -> None:
+        """Advance n physics steps, updating both controllers' setpoints before each."""
+        for _ in range(n):
+            twin.set_arm_command(self.arm.update(twin.time_s))
+            twin.set_gripper_command(2.0 * float(self.gripper.update(twin.time_s)[0]))
+            twin.step()

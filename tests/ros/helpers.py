@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
+import sys
+import threading
 import time
+from pathlib import Path
 
 
 def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition") -> None:
@@ -26,3 +31,21 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+def launch_twin(task: str, start_id: str, real_time_factor: float, camera_rate_hz: float) -> tuple:
+    """twin_node in its own process; returns (process, output lines collected in the background)."""
+    exe = shutil.which("twin_node") or str(Path(sys.executable).with_name("twin_node"))
+    params = {
+        "task": task,
+        "start_id": start_id,
+        "real_time_factor": real_time_factor,
+        "camera_rate_hz": camera_rate_hz,
+    }
+    args = [exe, "--ros-args"]
+    for name, value in params.items():
+        args += ["-p", f"{name}:={value}"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    return proc, lines

@@ -4,10 +4,7 @@ the cameras, /clock, and the reset and training-only snapshot services."""
 from __future__ import annotations
 
 import math
-import shutil
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,39 +21,15 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 from captain_interfaces.srv import GetPrivilegedSnapshot, ResetEpisode
 from captain_ros.twin import robot
 
-from .helpers import result_of, stop, wait_for
+from .helpers import launch_twin, result_of, stop, wait_for
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 TASK = "stack_red_on_blue"
 
 
 @pytest.fixture(scope="module")
-def twin_process(tmp_path_factory):
-    import os
-    import subprocess
-    import threading
-
-    exe = shutil.which("twin_node") or str(Path(sys.executable).with_name("twin_node"))
-    proc = subprocess.Popen(
-        [
-            exe,
-            "--ros-args",
-            "-p",
-            f"task:={TASK}",
-            "-p",
-            f"start_id:={TASK}/official/2",
-            "-p",
-            "real_time_factor:=3.0",
-            "-p",
-            "camera_rate_hz:=5.0",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=dict(os.environ),
-    )
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+def twin_process():
+    proc, lines = launch_twin(TASK, f"{TASK}/official/2", real_time_factor=3.0, camera_rate_hz=5.0)
     yield proc, lines
     stop(proc)
 

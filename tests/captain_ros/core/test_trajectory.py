@@ -1,8 +1,7 @@
 import numpy as np
 import pytest
 
-from captain_ros.core.trajectory import JointTrajectory, TrajectoryError
-from captain_ros.twin.controller import TrajectoryFollower
+from captain_ros.core.trajectory import JointTrajectory, TrajectoryError, TrajectoryFollower
 
 JOINTS = ("a", "b")
 LO, HI = np.array([-1.0, -1.0]), np.array([1.0, 1.0])

@@ -1,4 +1,3 @@
-import numpy as np
 import pytest
 
 from captain_ros.core.kinematics import Kinematics
@@ -23,12 +22,3 @@ def twin():
 @pytest.fixture
 def harness(twin, kinematics):
     return Harness(TwinBackend(twin), load_config(), kinematics)
-
-
-def cube_yaw_deg(twin) -> float:
-    r = twin.reader.rotation("red_cube")
-    return float(np.degrees(np.arctan2(r[1, 0], r[0, 0])))
-
-
-def above(point, dz: float) -> list[float]:
-    return [float(point[0]), float(point[1]), float(point[2] + dz)]

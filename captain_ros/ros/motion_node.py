@@ -1,0 +1,260 @@
+"""motion_node: the harness core as a ROS 2 node, driving a ros2_control arm (or twin_node).
+
+  /harness/move_to      captain_interfaces/action/MoveTo     feedback every few periods; cancel holds the arm
+  /harness/call         captain_interfaces/srv/HarnessCall   any capability by name, JSON keyword arguments
+  /harness/receipts     captain_interfaces/msg/CallResult    every result, whichever way it was called
+  /harness/stop         std_srvs/Trigger                     halt within one control period; motions refused
+  /harness/resume       std_srvs/Trigger                     accept motions again
+  /harness/new_episode  std_srvs/Trigger                     fresh budgets, log and gate (message: episode id)
+  /agent/heartbeat      std_msgs/Empty                       the agent is alive (watchdog; see `watchdog`)
+
+It serves once the arm's joint states arrive. Calls run one at a time (one arm); stop, resume and
+cancel never wait for a running call. The core never raises: every failure is a CallResult with
+its category, also on the receipts topic.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import rclpy
+import yaml
+from rcl_interfaces.msg import ParameterDescriptor
+from rclpy.action import ActionServer, CancelResponse, GoalResponse
+from rclpy.callback_groups import ReentrantCallbackGroup
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.node import Node
+from std_msgs.msg import Empty
+from std_srvs.srv import Trigger
+
+from captain_interfaces.action import MoveTo
+from captain_interfaces.msg import CallResult as CallResultMsg
+from captain_interfaces.srv import HarnessCall
+from captain_ros.core.contract import CallResult, FailureCategory
+from captain_ros.harness.backend import BackendError
+from captain_ros.harness.config import load_config
+from captain_ros.harness.harness import Harness
+from captain_ros.harness.motion import MotionProgress, Watchdog
+from captain_ros.paths import config_path
+from captain_ros.ros.convert import call_result_to_msg
+from captain_ros.ros.ros2_control_backend import Ros2ControlBackend
+from captain_ros.twin import robot
+
+FEEDBACK_EVERY_S = 0.05
+
+
+def move_to_kwargs(goal: MoveTo.Goal) -> dict:
+    """MoveTo goal -> move_to keyword arguments (zeros and empty strings mean 'the default')."""
+    kwargs: dict = {}
+    if goal.target_kind == MoveTo.Goal.TARGET_POSE:
+        frame = goal.pose.header.frame_id
+        if frame not in ("", robot.BASE_FRAME):
+            raise ValueError(f"pose.header.frame_id must be '' or '{robot.BASE_FRAME}', got '{frame}'")
+        p, o = goal.pose.pose.position, goal.pose.pose.orientation
+        kwargs["pose"] = {"position": [p.x, p.y, p.z], "quaternion": [o.x, o.y, o.z, o.w]}
+    elif goal.target_kind == MoveTo.Goal.TARGET_JAW:
+        kwargs["gripper"] = goal.jaw_command or goal.jaw_opening_m
+    else:
+        raise ValueError(f"target_kind must be TARGET_POSE (0) or TARGET_JAW (1), got {goal.target_kind}")
+    if goal.mode:
+        kwargs["mode"] = goal.mode
+    for name in ("speed_mps", "duration_s", "force_limit_n"):
+        if getattr(goal, name) != 0.0:
+            kwargs[name] = getattr(goal, name)
+    return kwargs
+
+
+class MotionNode(Node):
+    def __init__(self) -> None:
+        super().__init__("motion")
+        describe = ParameterDescriptor
+        self.declare_parameter(
+            "robot_config", str(config_path("robot.yaml")), describe(description="robot.yaml: topic and action names")
+        )
+        self.declare_parameter("safety_config", str(config_path("safety.yaml")), describe(description="safety limits"))
+        self.declare_parameter(
+            "harness_config", str(config_path("harness.yaml")), describe(description="motion, budget and gate settings")
+        )
+        self.declare_parameter(
+            "control_period_s", 0.01, describe(description="monitoring period; the joint-state period of the arm")
+        )
+        self.declare_parameter(
+            "state_timeout_s", 0.5, describe(description="a joint state older than this (wall time) = link lost")
+        )
+        self.declare_parameter(
+            "watchdog", True, describe(description="hold the arm when /agent/heartbeat and calls go silent")
+        )
+        param = self.get_parameter
+        interfaces = yaml.safe_load(Path(param("robot_config").value).read_text())["interfaces"]
+        self.config = load_config(Path(param("safety_config").value), Path(param("harness_config").value))
+        self.backend = Ros2ControlBackend(
+            self,
+            interfaces,
+            control_period_s=float(param("control_period_s").value),
+            state_timeout_s=float(param("state_timeout_s").value),
+        )
+        self.watchdog = Watchdog(self.config.safety.watchdog_timeout_s) if param("watchdog").value else None
+        self.harness: Harness | None = None
+        self._busy = threading.Lock()
+        self._goal = None  # the MoveTo goal being executed
+        self._last_feedback = 0.0
+        self.receipts = self.create_publisher(CallResultMsg, "/harness/receipts", 50)
+
+    def connect(self, timeout_s: float = 30.0) -> None:
+        """Wait for the arm's joint states, then start serving (the executor must already spin)."""
+        state = self.backend.wait_for_state(timeout_s)
+        self.harness = Harness(self.backend, self.config, watchdog=self.watchdog)
+        self.harness.on_progress = self._feedback
+        self.harness.new_episode(uuid.uuid4().hex)
+        # serve only now: clients that wait for these services wait for a connected arm
+        group = ReentrantCallbackGroup()
+        self.create_service(HarnessCall, "/harness/call", self._on_call, callback_group=group)
+        self.create_service(Trigger, "/harness/stop", self._on_stop, callback_group=group)
+        self.create_service(Trigger, "/harness/resume", self._on_resume, callback_group=group)
+        self.create_service(Trigger, "/harness/new_episode", self._on_new_episode, callback_group=group)
+        self.create_subscription(Empty, "/agent/heartbeat", self._on_heartbeat, 10, callback_group=group)
+        self._action = ActionServer(
+            self,
+            MoveTo,
+            "/harness/move_to",
+            execute_callback=self._execute_move_to,
+            goal_callback=lambda _goal: GoalResponse.ACCEPT,
+            cancel_callback=self._on_cancel,
+            callback_group=group,
+        )
+        self.get_logger().info(
+            f"harness ready on {self.backend.name}: tcp at {np.round(self.harness.kin.forward(state.q_rad)[0], 3)} m, "
+            f"episode {self.harness.episode_id}, watchdog {'on' if self.watchdog else 'off'}"
+        )
+
+    # ------------------------------------------------------------------------------ calls
+    def run(self, capability: str, kwargs: dict, call_id: str = "") -> CallResult:
+        """One harness call, serialized with all others; published on the receipts topic."""
+        if not self._busy.acquire(timeout=120.0):
+            result = CallResult.fail(capability, FailureCategory.TIMEOUT, "another call held the arm for 120 s")
+        else:
+            try:
+                if self.watchdog is not None:
+                    self.watchdog.feed()
+                result = self.harness.call(capability, **kwargs)
+            finally:
+                self._busy.release()
+        if call_id:
+            result.call_id = call_id
+        self.receipts.publish(call_result_to_msg(result, time.time()))
+        text = result.receipt or f"{capability}: {result.failure_category.value}: {result.message}"
+        if result.success:  # rclpy forbids one logging call site from changing severity
+            self.get_logger().info(text)
+        else:
+            self.get_logger().warning(text)
+        return result
+
+    def _on_call(self, request: HarnessCall.Request, response: HarnessCall.Response) -> HarnessCall.Response:
+        try:
+            kwargs = json.loads(request.args_json or "{}")
+            if not isinstance(kwargs, dict):
+                raise ValueError(f"args_json must be a JSON object, got {type(kwargs).__name__}")
+        except ValueError as exc:
+            result = CallResult.fail(request.capability, FailureCategory.INVALID_ARGUMENT, f"bad args_json: {exc}")
+            self.receipts.publish(call_result_to_msg(result, time.time()))
+        else:
+            result = self.run(request.capability, kwargs, request.call_id)
+        response.result = call_result_to_msg(result, time.time())
+        return response
+
+    # ------------------------------------------------------------------------------ MoveTo action
+    def _execute_move_to(self, goal_handle) -> MoveTo.Result:
+        try:
+            kwargs = move_to_kwargs(goal_handle.request)
+        except ValueError as exc:
+            result = CallResult.fail("move_to", FailureCategory.INVALID_ARGUMENT, str(exc))
+            self.receipts.publish(call_result_to_msg(result, time.time()))
+        else:
+            self._goal = goal_handle
+            try:
+                result = self.run("move_to", kwargs, goal_handle.request.call_id)
+            finally:
+                self._goal = None
+        if result.success:
+            goal_handle.succeed()
+        elif result.failure_category is FailureCategory.CANCELED and goal_handle.is_cancel_requested:
+            goal_handle.canceled()
+        else:
+            goal_handle.abort()
+        return MoveTo.Result(result=call_result_to_msg(result, time.time()))
+
+    def _on_cancel(self, goal_handle) -> CancelResponse:
+        if self._goal is goal_handle:
+            self.harness.cancel()
+        return CancelResponse.ACCEPT
+
+    def _feedback(self, progress: MotionProgress) -> None:
+        goal, now = self._goal, time.monotonic()
+        if goal is None or now - self._last_feedback < FEEDBACK_EVERY_S:
+            return
+        self._last_feedback = now
+        goal.publish_feedback(MoveTo.Feedback(**vars(progress)))  # same field names, same units
+
+    # ------------------------------------------------------------------------------ safety services
+    def _on_stop(self, _request, response: Trigger.Response) -> Trigger.Response:
+        self.harness.stop()  # the running motion holds at its next control period
+        if not self._busy.locked():
+            try:
+                self.backend.hold()
+            except BackendError as exc:
+                response.success, response.message = False, f"stop requested but hold failed: {exc}"
+                return response
+        self.get_logger().warning("STOP: motions refused until /harness/resume")
+        response.success, response.message = True, "stopped: the arm holds; call /harness/resume to continue"
+        return response
+
+    def _on_resume(self, _request, response: Trigger.Response) -> Trigger.Response:
+        self.harness.resume()
+        self.get_logger().info("resumed: motions accepted")
+        response.success, response.message = True, "resumed"
+        return response
+
+    def _on_new_episode(self, _request, response: Trigger.Response) -> Trigger.Response:
+        if not self._busy.acquire(timeout=5.0):
+            response.success, response.message = False, "a call is running; try again when it has finished"
+            return response
+        try:
+            self.harness.new_episode(uuid.uuid4().hex)
+        finally:
+            self._busy.release()
+        response.success, response.message = True, self.harness.episode_id
+        return response
+
+    def _on_heartbeat(self, _msg: Empty) -> None:
+        if self.watchdog is not None:
+            self.watchdog.feed()
+
+
+def main(args: list[str] | None = None) -> None:
+    try:
+        with rclpy.init(args=args):
+            node = MotionNode()
+            executor = MultiThreadedExecutor(num_threads=4)
+            executor.add_node(node)
+            spinner = threading.Thread(target=executor.spin, daemon=True)
+            spinner.start()
+            try:
+                node.connect()
+                spinner.join()
+            except BackendError as exc:
+                node.get_logger().fatal(str(exc))
+                raise SystemExit(1) from None
+            finally:
+                executor.shutdown()
+                node.destroy_node()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+
+
+if __name__ == "__main__":
+    main()

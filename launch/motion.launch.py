@@ -1,0 +1,56 @@
+"""The motion node: the harness core driving a ros2_control arm (or twin_node) through
+/joint_states, the wrist wrench topic and the arm's FollowJointTrajectory action. Included by
+sim_twin.launch.py and real_arm.launch.py; on its own:
+
+    ros2 launch captain_ros motion.launch.py watchdog:=false
+"""
+
+from launch.actions import DeclareLaunchArgument
+from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
+from launch_ros.actions import Node
+from launch_ros.substitutions import FindPackageShare
+
+from launch import LaunchDescription
+
+
+def generate_launch_description() -> LaunchDescription:
+    args = [
+        DeclareLaunchArgument(
+            "robot_config",
+            default_value=PathJoinSubstitution([FindPackageShare("captain_ros"), "config", "robot.yaml"]),
+            description="robot description, frames and the controller's action, topic and wrench names",
+        ),
+        DeclareLaunchArgument(
+            "safety_config",
+            default_value=PathJoinSubstitution([FindPackageShare("captain_ros"), "config", "safety.yaml"]),
+            description="workspace box, speed and force limits, watchdog; review before every deployment",
+        ),
+        DeclareLaunchArgument(
+            "harness_config",
+            default_value=PathJoinSubstitution([FindPackageShare("captain_ros"), "config", "harness.yaml"]),
+            description="motion, budget and completion-gate settings of the harness",
+        ),
+        DeclareLaunchArgument(
+            "watchdog",
+            default_value="true",
+            description="hold the arm when the agent's /agent/heartbeat and calls go silent",
+        ),
+        DeclareLaunchArgument(
+            "control_period_s",
+            default_value="0.01",
+            description="force-monitoring period: the period of the arm's /joint_states",
+        ),
+    ]
+    motion = Node(
+        package="captain_ros",
+        executable="motion_node",
+        name="motion",
+        output="screen",
+        parameters=[
+            {
+                name: LaunchConfiguration(name)
+                for name in ("robot_config", "safety_config", "harness_config", "watchdog", "control_period_s")
+            }
+        ],
+    )
+    return LaunchDescription([*args, motion])

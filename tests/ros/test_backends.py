@@ -1,0 +1,226 @@
+"""The same behavioural tests on both arm backends: the twin in-process, and the ros2_control backend
+driving twin_node (a separate process) over DDS through FollowJointTrajectory, the controller's
+trajectory topic, /joint_states and the wrist wrench topic, exactly as it would drive hardware.
+Ground truth (object poses, task success) comes from the twin itself, never through the harness."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from captain_interfaces.srv import GetPrivilegedSnapshot, ResetEpisode
+from captain_ros.core.contract import RECEIPT_MAX_CHARS, FailureCategory
+from captain_ros.core.kinematics import Kinematics
+from captain_ros.harness.config import load_config
+from captain_ros.harness.harness import Harness
+from captain_ros.harness.twin_backend import TwinBackend
+from captain_ros.paths import config_path
+from captain_ros.twin import robot
+from captain_ros.twin.sim import Twin
+
+from .helpers import launch_twin, result_of, stop, wait_for
+
+pytestmark = [pytest.mark.ros, pytest.mark.slow]
+TASK = "put_red_cube_in_bowl"
+START = f"{TASK}/official/0"
+
+
+@dataclass
+class Arm:
+    harness: Harness
+    object_position: Callable[[str], np.ndarray]  # ground truth, for choosing targets
+    solved: Callable[[], bool]
+
+    def q(self) -> np.ndarray:
+        return self.harness.backend.read_state().q_rad
+
+
+@pytest.fixture(scope="module")
+def kinematics():
+    return Kinematics()
+
+
+@pytest.fixture(scope="module")
+def twin_node_process():
+    proc, lines = launch_twin(TASK, START, real_time_factor=1.0, camera_rate_hz=0.0)
+    yield proc, lines
+    stop(proc)
+
+
+def _twin_arm(kinematics) -> Arm:
+    twin = Twin(TASK)
+    twin.reset(START)
+    harness = Harness(TwinBackend(twin), load_config(), kinematics)
+    return Arm(harness, twin.reader.position, twin.success)
+
+
+def _ros2_control_arm(request, kinematics) -> Arm:
+    import yaml
+
+    from captain_ros.ros.ros2_control_backend import Ros2ControlBackend
+
+    _, lines = request.getfixturevalue("twin_node_process")
+    node = request.getfixturevalue("client_node")
+    reset = node.create_client(ResetEpisode, "/twin/reset")
+    snapshot = node.create_client(GetPrivilegedSnapshot, "/twin/training_only/privileged_snapshot")
+    if not reset.wait_for_service(timeout_sec=60):
+        raise RuntimeError("twin_node did not come up:\n" + "".join(lines))
+    assert snapshot.wait_for_service(timeout_sec=20)
+    answer = result_of(reset.call_async(ResetEpisode.Request(task=TASK, start_id=START)), 30)
+    assert answer.success, answer.message
+    interfaces = yaml.safe_load(config_path("robot.yaml").read_text())["interfaces"]
+    backend = Ros2ControlBackend(node, interfaces)
+    reset_time = backend.wait_for_state(30).time_s
+    wait_for(lambda: backend.read_state().time_s > reset_time + 0.05, 10, "joint states after the reset")
+
+    def snap():
+        return result_of(snapshot.call_async(GetPrivilegedSnapshot.Request()), 10).snapshot
+
+    def position(name: str) -> np.ndarray:
+        s = snap()
+        p = s.object_poses[list(s.object_names).index(name)].position
+        return np.array([p.x, p.y, p.z])
+
+    harness = Harness(backend, load_config(), kinematics)
+    return Arm(harness, position, lambda: snap().task_success)
+
+
+@pytest.fixture(params=["twin", "ros2_control"])
+def arm(request, kinematics) -> Iterator[Arm]:
+    arm = _twin_arm(kinematics) if request.param == "twin" else _ros2_control_arm(request, kinematics)
+    yield arm
+    arm.harness.backend.close()
+
+
+def above(point, dz: float) -> list[float]:
+    return [float(point[0]), float(point[1]), float(point[2] + dz)]
+
+
+def test_pick_and_place_solves_the_task(arm):
+    cube, bowl = arm.object_position("red_cube"), arm.object_position("black_bowl")
+    calls = [
+        ("move_to", {"pose": {"position": above(cube, 0.12), "yaw_deg": 0}}),
+        ("move_to", {"pose": {"position": above(cube, 0.0225), "yaw_deg": 0}}),
+        ("move_to", {"gripper": "close"}),
+        ("move_to", {"pose": {"position": above(cube, 0.15), "yaw_deg": 0}, "mode": "manipulation"}),
+        ("move_to", {"pose": {"position": above(bowl, 0.15), "yaw_deg": 0}, "mode": "manipulation"}),
+        ("move_to", {"pose": {"position": above(bowl, 0.06), "yaw_deg": 0}}),
+        ("release", {}),
+        ("move_to", {"gripper": "open"}),
+        ("recover", {"distance_m": 0.05}),
+    ]
+    for name, kwargs in calls:
+        result = arm.harness.call(name, **kwargs)
+        assert result.success, (name, result.message)
+        assert len(result.receipt) <= RECEIPT_MAX_CHARS and result.receipt.startswith(name)
+    assert arm.solved()
+    assert not arm.harness.call("gripper_state").value["holding_object"]
+    assert arm.harness.budget.actions_used == len(calls)
+
+
+def test_move_reaches_the_target_and_records_what_was_commanded(arm):
+    result = arm.harness.call("move_to", pose={"position": [0.4, 0.1, 0.3], "yaw_deg": 30})
+    assert result.success and result.value["distance_to_target_m"] < 0.003
+    assert "target_reached after" in result.receipt and "jaw 80->80 mm" in result.receipt
+    trace = arm.harness.motions[-1].outcome.trace
+    assert len(trace) > 10
+    # the commanded setpoints stay inside the joint limits and end at the measured pose
+    lower, upper = robot.arm_limits_rad()
+    commanded = np.array([row.q_cmd_rad for row in trace])
+    assert np.all(commanded >= lower - 1e-9) and np.all(commanded <= upper + 1e-9)
+    np.testing.assert_allclose(commanded[-1], trace[-1].q_rad, atol=0.01)
+    page = arm.harness.call("read_motion_trajectory", page=0)
+    assert page.success and page.value["rows"][0]["t_s"] >= 0
+
+
+def test_guarded_descent_stops_at_first_contact_with_the_table(arm):
+    assert arm.harness.call("move_to", pose={"position": [0.68, 0.02, 0.08], "yaw_deg": 0}).success
+    result = arm.harness.call("move_to", pose={"position": [0.68, 0.02, 0.0], "yaw_deg": 0}, speed_mps=0.05)
+    assert result.failure_category is FailureCategory.CONTACT_STOP and result.executed
+    assert "contact" in result.receipt
+    # fingertips are 8 mm below the TCP: the TCP stops within 5 mm of fingertip-table contact
+    fingertips = robot.gripper_geometry().fingertips_below_tcp_m
+    assert result.value["tcp_position_m"][2] == pytest.approx(fingertips, abs=0.005)
+
+
+def test_manipulation_mode_tolerates_load_until_the_force_limit(arm):
+    assert arm.harness.call("move_to", pose={"position": [0.68, 0.02, 0.05], "yaw_deg": 0}).success
+    result = arm.harness.call(
+        "move_to",
+        pose={"position": [0.68, 0.02, 0.0], "yaw_deg": 0},
+        mode="manipulation",
+        force_limit_n=15.0,
+        speed_mps=0.02,
+    )
+    assert result.failure_category is FailureCategory.FORCE_LIMIT
+    assert 15.0 < result.value["peak_force_n"] < 40.0
+
+
+def _at_progress(harness: Harness, fraction: float, action: Callable[[], None]) -> None:
+    """Press a button (cancel, stop) when the running motion is `fraction` done."""
+    fired = []
+
+    def hook(progress):
+        if progress.progress >= fraction and not fired:
+            fired.append(progress)
+            action()
+
+    harness.on_progress = hook
+
+
+def _settles(arm: Arm) -> np.ndarray:
+    """Wait a few control periods and check the arm is at rest; returns where it is."""
+    backend = arm.harness.backend
+    for _ in range(round(0.2 / backend.control_period_s)):
+        backend.wait_period()
+    state = backend.read_state()
+    assert np.abs(state.qd_radps).max() < 0.02
+    return state.q_rad
+
+
+def test_cancel_holds_the_arm_where_it_is(arm):
+    _at_progress(arm.harness, 0.4, arm.harness.cancel)
+    result = arm.harness.call("move_to", pose={"position": [0.45, 0.2, 0.25], "yaw_deg": 0})
+    assert result.failure_category is FailureCategory.CANCELED and result.executed
+    assert result.value["distance_to_target_m"] > 0.03
+    held = _settles(arm)
+    np.testing.assert_allclose(arm.harness.backend.commanded()[1], 0.0, atol=1e-9)
+    np.testing.assert_allclose(held, arm.q(), atol=1e-3)
+
+
+def test_stop_service_halts_and_refuses_motion_until_resume(arm):
+    _at_progress(arm.harness, 0.3, arm.harness.stop)
+    first = arm.harness.call("move_to", pose={"position": [0.45, -0.2, 0.25], "yaw_deg": 0})
+    assert first.failure_category is FailureCategory.SAFETY_STOP and first.executed
+    arm.harness.on_progress = None
+    q0 = _settles(arm)
+    refused = arm.harness.call("move_to", pose={"position": [0.4, 0.0, 0.3], "yaw_deg": 0})
+    assert refused.failure_category is FailureCategory.SAFETY_STOP and not refused.executed
+    assert "resume" in refused.message
+    np.testing.assert_allclose(arm.q(), q0, atol=1e-3)
+    arm.harness.resume()
+    assert arm.harness.call("move_to", pose={"position": [0.4, 0.0, 0.3], "yaw_deg": 0}).success
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "category", "words"),
+    [
+        ({"pose": {"position": [0.4, math.nan, 0.3], "yaw_deg": 0}}, FailureCategory.INVALID_ARGUMENT, "finite"),
+        ({"pose": {"position": [0.4, 0.0, 0.3], "quaternion": [1, 1, 0, 0]}}, FailureCategory.INVALID_ARGUMENT, "unit"),
+        ({"pose": {"position": [0.4, 0.0], "yaw_deg": 0}}, FailureCategory.INVALID_ARGUMENT, "3"),
+        ({"pose": {"position": [1.2, 0.0, 0.3], "yaw_deg": 0}}, FailureCategory.WORKSPACE_LIMIT, "workspace"),
+        ({"pose": {"position": [0.16, 0.0, 0.02], "yaw_deg": 0}}, FailureCategory.UNREACHABLE, "IK"),
+        ({"gripper": "wide"}, FailureCategory.INVALID_ARGUMENT, "open"),
+    ],
+)
+def test_bad_targets_move_nothing(arm, kwargs, category, words):
+    q0 = arm.q()
+    result = arm.harness.call("move_to", **kwargs)
+    assert result.failure_category is category and not result.executed
+    assert words in result.message
+    _settles(arm)
+    np.testing.assert_allclose(arm.q(), q0, atol=1e-3)

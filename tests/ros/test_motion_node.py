@@ -1,0 +1,168 @@
+"""motion_node over DDS: twin_node and motion_node in their own processes, this test as the agent.
+MoveTo with feedback and cancel, HarnessCall, the receipts topic, stop/resume, the heartbeat
+watchdog and new episodes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from action_msgs.msg import GoalStatus
+from rclpy.action import ActionClient
+from std_msgs.msg import Empty
+from std_srvs.srv import Trigger
+
+from captain_interfaces.action import MoveTo
+from captain_interfaces.msg import CallResult as CallResultMsg
+from captain_interfaces.srv import HarnessCall
+
+from .helpers import launch_twin, result_of, stop, wait_for
+
+pytestmark = [pytest.mark.ros, pytest.mark.slow]
+TASK = "put_red_cube_in_bowl"
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    import os
+    import subprocess
+    import threading
+
+    twin, twin_lines = launch_twin(TASK, f"{TASK}/official/0", real_time_factor=1.0, camera_rate_hz=0.0)
+    exe = shutil.which("motion_node") or str(Path(sys.executable).with_name("motion_node"))
+    motion = subprocess.Popen([exe], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(motion.stdout), daemon=True).start()
+    yield lines, twin_lines
+    stop(motion)
+    stop(twin)
+
+
+@dataclass
+class Agent:
+    node: object
+    call: Callable[..., CallResultMsg]  # call("capability", **kwargs) through /harness/call
+    trigger: Callable[[str], Trigger.Response]  # trigger("stop" | "resume" | "new_episode")
+    move: ActionClient  # /harness/move_to
+    receipts: list[CallResultMsg]
+    beating: list[bool]  # set beating[0] = False to silence the heartbeat
+
+
+@pytest.fixture
+def agent(nodes, client_node) -> Agent:
+    """The test as the agent: heartbeats at 10 Hz, the harness services, and every receipt."""
+    node = client_node
+    heartbeat = node.create_publisher(Empty, "/agent/heartbeat", 10)
+    beating = [True]
+    node.create_timer(0.1, lambda: beating[0] and heartbeat.publish(Empty()))
+    receipts: list[CallResultMsg] = []
+    node.create_subscription(CallResultMsg, "/harness/receipts", receipts.append, 50)
+    call = node.create_client(HarnessCall, "/harness/call")
+    if not call.wait_for_service(timeout_sec=60):
+        raise RuntimeError("motion_node did not come up:\n" + "".join(nodes[0]) + "".join(nodes[1]))
+    services = {name: node.create_client(Trigger, f"/harness/{name}") for name in ("stop", "resume", "new_episode")}
+    for client in services.values():
+        assert client.wait_for_service(timeout_sec=20)
+    move = ActionClient(node, MoveTo, "/harness/move_to")
+    assert move.wait_for_server(timeout_sec=20)
+    assert result_of(services["new_episode"].call_async(Trigger.Request()), 10).success
+
+    def harness(capability: str, **kwargs) -> CallResultMsg:
+        request = HarnessCall.Request(capability=capability, args_json=json.dumps(kwargs))
+        return result_of(call.call_async(request), 60).result
+
+    def trigger(name: str) -> Trigger.Response:
+        return result_of(services[name].call_async(Trigger.Request()), 10)
+
+    return Agent(node, harness, trigger, move, receipts, beating)
+
+
+def _pose_goal(x: float, y: float, z: float, **fields) -> MoveTo.Goal:
+    goal = MoveTo.Goal(target_kind=MoveTo.Goal.TARGET_POSE, **fields)
+    goal.pose.pose.position.x, goal.pose.pose.position.y, goal.pose.pose.position.z = x, y, z
+    goal.pose.pose.orientation.x, goal.pose.pose.orientation.w = 1.0, 0.0  # fingers down
+    return goal
+
+
+def _run(move: ActionClient, goal: MoveTo.Goal, cancel_after_s: float | None = None):
+    feedback = []
+    handle = result_of(move.send_goal_async(goal, feedback_callback=lambda m: feedback.append(m.feedback)), 10)
+    assert handle.accepted
+    if cancel_after_s is not None:
+        time.sleep(cancel_after_s)
+        result_of(handle.cancel_goal_async(), 10)
+    wrapped = result_of(handle.get_result_async(), 60)
+    return wrapped.status, wrapped.result.result, feedback
+
+
+def test_calls_return_results_and_every_receipt_is_published(agent):
+    state = agent.call("get_robot_state")
+    assert state.success and state.receipt.startswith("get_robot_state: tcp")
+    assert json.loads(state.value_json)["jaw_opening_m"] == pytest.approx(0.08, abs=0.002)
+    bad_json = result_of(
+        agent.node.create_client(HarnessCall, "/harness/call").call_async(
+            HarnessCall.Request(capability="get_robot_state", args_json="{not json")
+        ),
+        10,
+    ).result
+    assert bad_json.failure_category == "invalid_argument" and "args_json" in bad_json.message
+    unknown = agent.call("teleport", where="moon")
+    assert unknown.failure_category == "invalid_argument" and "unknown capability" in unknown.message
+    wait_for(lambda: len(agent.receipts) >= 3, 10, "three receipts")
+    assert [r.capability for r in agent.receipts[-3:]] == ["get_robot_state", "get_robot_state", "teleport"]
+    assert agent.receipts[-3].budget.requests_limit == 60
+
+
+def test_move_to_action_gives_feedback_and_a_call_result(agent):
+    status, result, feedback = _run(agent.move, _pose_goal(0.45, 0.05, 0.35, speed_mps=0.15))
+    assert status == GoalStatus.STATUS_SUCCEEDED and result.success and result.executed
+    assert "target_reached" in result.receipt and result.budget.actions_used >= 1
+    assert len(feedback) >= 3 and feedback[-1].progress > feedback[0].progress
+    assert feedback[-1].executed_distance_m > 0.05
+    jaw_status, jaw, _ = _run(agent.move, MoveTo.Goal(target_kind=MoveTo.Goal.TARGET_JAW, jaw_opening_m=0.04))
+    assert jaw_status == GoalStatus.STATUS_SUCCEEDED and "jaw closed 80->40 mm" in jaw.receipt
+    assert json.loads(agent.call("gripper_state").value_json)["opening_m"] == pytest.approx(0.04, abs=0.002)
+
+
+def test_cancel_and_bad_goals(agent):
+    move = agent.move
+    status, result, _ = _run(move, _pose_goal(0.45, -0.25, 0.25, speed_mps=0.05), cancel_after_s=1.5)
+    assert status == GoalStatus.STATUS_CANCELED and result.failure_category == "canceled" and result.executed
+    wrong_frame = _pose_goal(0.45, 0.0, 0.3)
+    wrong_frame.pose.header.frame_id = "map"
+    status, result, _ = _run(move, wrong_frame)
+    assert status == GoalStatus.STATUS_ABORTED and result.failure_category == "invalid_argument"
+    assert "frame_id" in result.message
+    status, result, _ = _run(move, MoveTo.Goal(target_kind=7))
+    assert result.failure_category == "invalid_argument" and "target_kind" in result.message
+    outside = _run(move, _pose_goal(1.5, 0.0, 0.3))[1]
+    assert outside.failure_category == "workspace_limit" and not outside.executed
+
+
+def test_stop_service_halts_motion_and_refuses_more_until_resume(agent):
+    handle = result_of(agent.move.send_goal_async(_pose_goal(0.5, 0.2, 0.3, speed_mps=0.05)), 10)
+    time.sleep(1.5)
+    assert agent.trigger("stop").success
+    stopped = result_of(handle.get_result_async(), 30).result.result
+    assert stopped.failure_category == "safety_stop" and stopped.executed
+    refused = agent.call("move_to", pose={"position": [0.45, 0.0, 0.3], "yaw_deg": 0})
+    assert refused.failure_category == "safety_stop" and not refused.executed
+    assert agent.trigger("resume").success
+    assert agent.call("move_to", pose={"position": [0.45, 0.0, 0.3], "yaw_deg": 0}).success
+
+
+def test_watchdog_holds_the_arm_when_the_agent_goes_silent(agent):
+    agent.beating[0] = False  # the agent dies: no more heartbeats
+    status, result, _ = _run(agent.move, _pose_goal(0.45, 0.25, 0.2, speed_mps=0.05))
+    assert status == GoalStatus.STATUS_ABORTED and result.failure_category == "safety_stop"
+    assert "watchdog" in result.message
+    agent.beating[0] = True
+    episode = agent.trigger("new_episode")
+    assert episode.success and len(episode.message) == 32
+    assert agent.call("get_robot_state").budget.actions_used == 0
