@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from captain_ros.core.trajectory import JointTrajectory
+from captain_ros.perception.observation import CameraImage
 
 
 class BackendError(RuntimeError):
@@ -70,6 +71,10 @@ class ArmBackend(ABC):
     @abstractmethod
     def wait_period(self) -> None:
         """Let one control period pass (simulate it, or wait for it)."""
+
+    def capture(self, cameras: tuple[str, ...]) -> dict[str, CameraImage]:
+        """Aligned RGB-D images of the named cameras, now. Raises BackendError when there are none."""
+        raise BackendError(f"the {self.name} backend has no cameras")
 
     def resync(self) -> None:  # noqa: B027 - only backends with a world that can be reset need it
         """The world was reset under the backend (a new episode): hold wherever the arm is now."""

@@ -32,6 +32,8 @@ from captain_ros.harness.motion import (
     StopSignal,
     Watchdog,
 )
+from captain_ros.perception.observation import PerceptionError
+from captain_ros.perception.perception import Perception
 from captain_ros.twin import robot
 
 FRAMES = {
@@ -93,6 +95,7 @@ class Harness:
         self.stopped = False  # set by the stop service; cleared by resume()
         self.on_progress: Callable[[MotionProgress], None] | None = None  # e.g. the MoveTo action's feedback
         self._clock = clock
+        self.perception = Perception(self.kin, self._capture)
         self.new_episode()
 
     # ------------------------------------------------------------------------------ episode
@@ -106,6 +109,7 @@ class Harness:
         self.motions: list[MotionRecord] = []
         self.log = EpisodeLog()
         self.backend.resync()
+        self.perception.new_episode()
         self.jaw_command_m = self.backend.read_state().jaw_opening_m
 
     def note_request(self) -> None:
@@ -130,16 +134,16 @@ class Harness:
         """Run one capability by name. Never raises."""
         t0 = time.monotonic()
         self.budget.wall_time_used_s = self._clock() - self._t0
-        handler = getattr(self, f"_{capability}", None) if capability in CAPABILITY_BY_NAME else None
+        handler = self._handler(capability)
         try:
             if handler is None:
-                known = ", ".join(sorted(n for n in CAPABILITY_BY_NAME if hasattr(self, f"_{n}")))
+                known = ", ".join(sorted(n for n in CAPABILITY_BY_NAME if self._handler(n)))
                 raise A.ArgumentError(f"unknown capability {capability!r}; this harness serves: {known}")
             A.no_extra(capability, kwargs, set(inspect.signature(handler).parameters))
             result = handler(**kwargs)
         except A.ArgumentError as exc:
             result = CallResult.fail(capability, FailureCategory.INVALID_ARGUMENT, str(exc))
-        except PlanError as exc:
+        except (PlanError, PerceptionError) as exc:
             result = CallResult.fail(capability, exc.category, str(exc))
         except BackendError as exc:
             result = CallResult.fail(capability, FailureCategory.BACKEND_ERROR, str(exc))
@@ -156,7 +160,19 @@ class Harness:
         result.duration_s = time.monotonic() - t0
         result.frame_id = robot.BASE_FRAME
         self.log.calls.append((capability, result.success))
+        if result.executed:  # the scene may have changed: earlier observations are stale
+            self.perception.scene_changed()
         return result
+
+    def _handler(self, capability: str) -> Callable[..., CallResult] | None:
+        if capability not in CAPABILITY_BY_NAME:
+            return None
+        return getattr(self, f"_{capability}", None) or getattr(self.perception, f"_{capability}", None)
+
+    def _capture(self, cameras: tuple[str, ...]):
+        images = self.backend.capture(cameras)
+        state = self.backend.read_state()
+        return state.time_s, images, state.q_rad, state.jaw_opening_m
 
     def _physical(self, capability: str) -> None:
         """Budget and safety gate for a physical action whose arguments are valid."""

@@ -7,6 +7,7 @@ import numpy as np
 
 from captain_ros.core.trajectory import JointTrajectory
 from captain_ros.harness.backend import ArmBackend, ArmState, BackendError
+from captain_ros.perception.observation import CameraImage
 from captain_ros.twin.controller import TwinControllers
 from captain_ros.twin.sim import SimulationFault, Twin
 
@@ -51,6 +52,9 @@ class TwinBackend(ArmBackend):
         trajectory = self.controllers.jaw_trajectory(opening_m, duration_s)
         self.controllers.gripper.start(trajectory, self.twin.time_s)
         return 2.0 * float(trajectory.positions[-1, 0])
+
+    def capture(self, cameras: tuple[str, ...]) -> dict[str, CameraImage]:
+        return {name: CameraImage(**vars(frame)) for name, frame in self.twin.observe(cameras).items()}
 
     def resync(self) -> None:
         self.controllers = TwinControllers(self.twin)

@@ -83,6 +83,31 @@ class CameraRig:
             rotation,
         )
 
+    def render_body_ids(self, data: mujoco.MjData, camera: str) -> np.ndarray:
+        """EVALUATION ONLY (ground-truth masks for benchmarks): the body id seen at each pixel, -1 where
+        no geom is hit. Never used by perception."""
+        self._gl.make_current()
+        self._camera.fixedcamid = self.model.cam(camera).id
+        mujoco.mjv_updateScene(
+            self.model, data, self._option, self._perturb, self._camera, mujoco.mjtCatBit.mjCAT_ALL, self._scene
+        )
+        self._scene.flags[mujoco.mjtRndFlag.mjRND_SEGMENT] = 1
+        self._scene.flags[mujoco.mjtRndFlag.mjRND_IDCOLOR] = 1
+        try:
+            mujoco.mjr_render(self._viewport, self._scene, self._context)
+            mujoco.mjr_readPixels(self._rgb, None, self._viewport, self._context)
+        finally:
+            self._scene.flags[mujoco.mjtRndFlag.mjRND_SEGMENT] = 0
+            self._scene.flags[mujoco.mjtRndFlag.mjRND_IDCOLOR] = 0
+        rgb = np.flipud(self._rgb).astype(np.int64)
+        segid = rgb[..., 0] + rgb[..., 1] * 256 + rgb[..., 2] * 65536 - 1  # index into the scene's geoms
+        body_of_segid = np.full(self._scene.ngeom + 1, -1, dtype=np.int64)
+        for i in range(self._scene.ngeom):
+            g = self._scene.geoms[i]
+            if g.objtype == mujoco.mjtObj.mjOBJ_GEOM:
+                body_of_segid[i] = self.model.geom_bodyid[g.objid]
+        return np.where((segid >= 0) & (segid < self._scene.ngeom), body_of_segid[np.clip(segid, 0, None)], -1)
+
     def close(self) -> None:
         if self._gl is not None:
             self._context.free()

@@ -1,0 +1,130 @@
+"""Perception through the harness API on the twin: observe, segment, mark_point, select_detection,
+measure_object_geometry, measure_image_points; staleness; bad input for every argument."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from captain_ros.core.contract import RECEIPT_MAX_CHARS, FailureCategory
+
+from .conftest import pixel_of
+
+
+def true_center(twin, name: str) -> np.ndarray:
+    spec = next(o for o in twin.task.objects if o.name == name)
+    return twin.reader.position(name) + twin.reader.rotation(name) @ np.array([0, 0, spec.size_m[2] / 2])
+
+
+def test_segment_and_measure_find_the_objects_in_metres(harness, twin):
+    obs = harness.call("observe")
+    assert obs.success and obs.value["observation_handle"] == "obs-1"
+    assert set(obs.value["cameras"]) == {"head", "wrist"}
+    cube = harness.call("segment", text="the red cube")
+    assert cube.success and cube.value["detections"][0]["named"] == "red cube"
+    bowl = harness.call("segment", text="black bowl")
+    geometry = harness.call(
+        "measure_object_geometry",
+        object=cube.value["detections"][0]["detection_id"],
+        destination=bowl.value["detections"][0]["detection_id"],
+    )
+    assert geometry.success and len(geometry.receipt) <= RECEIPT_MAX_CHARS
+    v = geometry.value
+    np.testing.assert_allclose(v["center_m"], true_center(twin, "red_cube"), atol=0.005)
+    np.testing.assert_allclose(v["extents_m"], [0.045, 0.045, 0.045], atol=0.005)
+    assert v["kind"] == "cube" and not v["open_top"]
+    dest = v["destination"]
+    assert dest["kind"] == "bowl" and dest["open_top"] and not dest["center_inside_footprint"]
+    expected = true_center(twin, "black_bowl")[:2] - true_center(twin, "red_cube")[:2]
+    np.testing.assert_allclose(dest["offset_xy_m"], expected, atol=0.005)
+    assert "offset" in geometry.receipt and "outside footprint" in geometry.receipt
+
+
+def test_mark_point_and_select_detection(harness, twin):
+    harness.call("observe", cameras=["head"])
+    u, v = pixel_of(twin, "red_cube")
+    mark = harness.call("mark_point", observation_handle="obs-1", camera="head", u=u, v=v, label="red cube")
+    assert mark.success, mark.message
+    np.testing.assert_allclose(mark.value["position_m"], true_center(twin, "red_cube"), atol=0.005)
+    cubes = harness.call("segment", text="cube")
+    ids = [d["detection_id"] for d in cubes.value["detections"]]
+    assert len(ids) == 2  # red and green
+    chosen = harness.call("select_detection", candidates=ids, evidence=mark.value["detection_id"])
+    assert chosen.success and chosen.value["label"] == "cube"
+    np.testing.assert_allclose(chosen.value["position_m"], mark.value["position_m"], atol=0.002)
+    gu, gv = pixel_of(twin, "green_cube")
+    green = harness.call("mark_point", u=gu, v=gv)
+    miss = harness.call(
+        "select_detection", candidates=[chosen.value["detection_id"]], evidence=green.value["detection_id"]
+    )
+    assert miss.failure_category is FailureCategory.NOT_FOUND and "outside every candidate mask" in miss.message
+    point = harness.call("mark_point", u=u, v=v, granularity="point")
+    assert point.success and point.value["mask_pixels"] < mark.value["mask_pixels"]
+    pts = harness.call("measure_image_points", points=[[u, v], [0.5, 0.98]])
+    assert pts.success and pts.value["points"][0]["height_above_table_m"] > 0.03
+
+
+def test_observations_and_detections_go_stale_after_a_physical_action(harness):
+    harness.call("observe")
+    det = harness.call("segment", text="green cube").value["detections"][0]["detection_id"]
+    assert harness.call("move_to", gripper=0.06).success
+    stale = harness.call("measure_object_geometry", object=det)
+    assert stale.failure_category is FailureCategory.STALE_OBSERVATION and "observe() again" in stale.message
+    again = harness.call("segment", text="green cube", observation_handle="obs-1")
+    assert again.failure_category is FailureCategory.STALE_OBSERVATION
+    harness.call("observe")
+    assert harness.call("segment", text="green cube").success  # the newest observation by default
+
+
+@pytest.mark.parametrize(
+    ("capability", "kwargs", "category", "words"),
+    [
+        ("segment", {"text": ""}, FailureCategory.INVALID_ARGUMENT, "text"),
+        ("segment", {"text": 3}, FailureCategory.INVALID_ARGUMENT, "text"),
+        ("segment", {"text": "purple cup"}, FailureCategory.NOT_FOUND, "seen: "),
+        ("segment", {"text": "cube", "camera": "left"}, FailureCategory.INVALID_ARGUMENT, "camera"),
+        ("segment", {"text": "cube", "observation_handle": "obs-9"}, FailureCategory.INVALID_ARGUMENT, "unknown"),
+        ("mark_point", {"u": 1.5, "v": 0.5}, FailureCategory.INVALID_ARGUMENT, "u must be <= 1"),
+        ("mark_point", {"u": float("nan"), "v": 0.5}, FailureCategory.INVALID_ARGUMENT, "finite"),
+        ("mark_point", {"u": 0.5}, FailureCategory.INVALID_ARGUMENT, "needs u and v"),
+        ("mark_point", {"u": 0.5, "v": 0.97}, FailureCategory.NOT_FOUND, "table (background)"),
+        ("mark_point", {"u": 0.5, "v": 0.02}, FailureCategory.NOT_FOUND, "on the robot"),
+        ("mark_point", {"u": 0.5, "v": 0.5, "granularity": "atom"}, FailureCategory.INVALID_ARGUMENT, "granularity"),
+        ("mark_point", {"u": 0.5, "v": 0.5, "label": 7}, FailureCategory.INVALID_ARGUMENT, "label"),
+        ("measure_object_geometry", {"object": "det-99"}, FailureCategory.INVALID_ARGUMENT, "unknown detection"),
+        ("measure_object_geometry", {"object": None}, FailureCategory.INVALID_ARGUMENT, "detection id"),
+        ("measure_object_geometry", {"object": "det-1", "shape": "torus"}, FailureCategory.INVALID_ARGUMENT, "shape"),
+        ("select_detection", {"candidates": [], "evidence": "det-1"}, FailureCategory.INVALID_ARGUMENT, "candidates"),
+        ("measure_image_points", {"points": [[0.5]]}, FailureCategory.INVALID_ARGUMENT, "2 numbers"),
+        ("measure_image_points", {"points": "all"}, FailureCategory.INVALID_ARGUMENT, "points"),
+        ("observe", {"cameras": ["thermal"]}, FailureCategory.INVALID_ARGUMENT, "cameras"),
+        ("observe", {"cameras": []}, FailureCategory.INVALID_ARGUMENT, "non-empty"),
+    ],
+)
+def test_bad_perception_input_is_refused_clearly(harness, capability, kwargs, category, words):
+    assert harness.call("observe").success
+    result = harness.call(capability, **kwargs)
+    assert result.failure_category is category, result.message
+    assert words in result.message
+
+
+def test_perception_before_any_observation(harness):
+    result = harness.call("segment", text="red cube")
+    assert result.failure_category is FailureCategory.INVALID_ARGUMENT and "observe()" in result.message
+
+
+def test_pixels_without_depth_are_reported(harness, twin):
+    """A real sensor leaves holes (0 or NaN depth): marking or measuring there says so."""
+    images = harness.backend.capture(("head",))
+    head = images["head"]
+    depth = head.depth_m.copy()
+    depth[:100] = 0.0
+    depth[100:120] = np.nan
+    holes = {"head": replace(head, depth_m=depth)}
+    state = harness.backend.read_state()
+    obs = harness.perception.store.add(state.time_s, holes, state.q_rad, state.jaw_opening_m)
+    for v in (0.05, 0.21):
+        result = harness.call("mark_point", observation_handle=obs.handle, u=0.5, v=v)
+        assert result.failure_category is FailureCategory.NO_DEPTH and "no depth" in result.message
+    points = harness.call("measure_image_points", observation_handle=obs.handle, points=[[0.5, 0.05]])
+    assert points.failure_category is FailureCategory.NO_DEPTH
