@@ -144,6 +144,14 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+class CallFailure(Exception):
+    """A capability failed in a known way; the call returns a result with `category` and this message."""
+
+    def __init__(self, category: FailureCategory, message: str):
+        super().__init__(message)
+        self.category = category
+
+
 def new_call_id() -> str:
     return uuid.uuid4().hex
 

@@ -9,11 +9,15 @@ from typing import Any
 import numpy as np
 from scipy.spatial.transform import Rotation
 
+from captain_ros.core.contract import CallFailure, FailureCategory
 from captain_ros.core.kinematics import top_down_rotation
 
 
-class ArgumentError(ValueError):
-    """Bad input from the policy: becomes failure category invalid_argument; nothing moves."""
+class ArgumentError(CallFailure, ValueError):
+    """Bad input from the policy: failure category invalid_argument; nothing moves."""
+
+    def __init__(self, message: str):
+        super().__init__(FailureCategory.INVALID_ARGUMENT, message)
 
 
 def number(name: str, value: Any, *, lo: float | None = None, hi: float | None = None) -> float:

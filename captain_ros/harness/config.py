@@ -66,14 +66,23 @@ class GateConfig:
 
 
 @dataclass(frozen=True)
+class PerceptionConfig:
+    segmenter: str = "builtin"  # builtin | http
+    segment_url: str = ""  # text-prompted segmentation server (segmenter: http)
+    pointing_url: str = ""  # pointing model server; empty: point() falls back to segment()
+    http_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True)
 class HarnessConfig:
     safety: SafetyConfig = SafetyConfig()
     motion: MotionConfig = MotionConfig()
     budgets: BudgetConfig = BudgetConfig()
     gate: GateConfig = GateConfig()
+    perception: PerceptionConfig = PerceptionConfig()
 
 
-def _section(cls: type, raw: Any, where: str) -> Any:
+def _section(cls: type, raw: Any, where: str) -> Any:  # noqa: PLR0912 - one check per value type
     if raw is None:
         return cls()
     if not isinstance(raw, dict):
@@ -86,6 +95,11 @@ def _section(cls: type, raw: Any, where: str) -> Any:
     for key, given in raw.items():
         default = getattr(cls(), key)
         value = given
+        if isinstance(default, str):
+            if not isinstance(given, str):
+                raise ConfigError(f"{where}.{key}: must be a string, got {given!r}")
+            values[key] = given
+            continue
         if isinstance(default, tuple):
             if not (isinstance(given, list) and len(given) == len(default)):
                 raise ConfigError(f"{where}.{key}: must be a list of {len(default)} numbers")
@@ -124,7 +138,11 @@ def load_config(safety_path: Path | None = None, harness_path: Path | None = Non
         motion=_section(MotionConfig, h.get("motion"), f"{harness_path.name}: motion"),
         budgets=_section(BudgetConfig, h.get("budgets"), f"{harness_path.name}: budgets"),
         gate=_section(GateConfig, h.get("gate"), f"{harness_path.name}: gate"),
+        perception=_section(PerceptionConfig, h.get("perception"), f"{harness_path.name}: perception"),
     )
+    p = config.perception
+    if p.segmenter not in ("builtin", "http") or (p.segmenter == "http" and not p.segment_url):
+        raise ConfigError(f"{harness_path.name}: perception.segmenter must be builtin, or http with a segment_url")
     s = config.safety
     if np.any(np.asarray(s.workspace_min_m) >= np.asarray(s.workspace_max_m)):
         raise ConfigError(f"{safety_path.name}: workspace_min_m must be below workspace_max_m on every axis")

@@ -7,10 +7,8 @@ action budget once their arguments are valid, whether or not the motion then suc
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,8 +18,9 @@ import numpy as np
 from captain_ros.core.contract import CAPABILITY_BY_NAME, Budget, CallResult, FailureCategory
 from captain_ros.core.kinematics import Kinematics
 from captain_ros.harness import args as A  # noqa: N812 - A.number(...) reads as "argument"
-from captain_ros.harness.backend import ArmBackend, BackendError
+from captain_ros.harness.backend import ArmBackend
 from captain_ros.harness.config import HarnessConfig
+from captain_ros.harness.dispatch import dispatch
 from captain_ros.harness.motion import (
     Executor,
     MotionOutcome,
@@ -32,7 +31,6 @@ from captain_ros.harness.motion import (
     StopSignal,
     Watchdog,
 )
-from captain_ros.perception.observation import PerceptionError
 from captain_ros.perception.perception import Perception
 from captain_ros.twin import robot
 
@@ -95,7 +93,7 @@ class Harness:
         self.stopped = False  # set by the stop service; cleared by resume()
         self.on_progress: Callable[[MotionProgress], None] | None = None  # e.g. the MoveTo action's feedback
         self._clock = clock
-        self.perception = Perception(self.kin, self._capture)
+        self.perception = Perception(self.kin, self._capture, config.perception)
         self.new_episode()
 
     # ------------------------------------------------------------------------------ episode
@@ -132,37 +130,19 @@ class Harness:
     # ------------------------------------------------------------------------------ dispatch
     def call(self, capability: str, **kwargs: Any) -> CallResult:
         """Run one capability by name. Never raises."""
-        t0 = time.monotonic()
         self.budget.wall_time_used_s = self._clock() - self._t0
-        handler = self._handler(capability)
-        try:
-            if handler is None:
-                known = ", ".join(sorted(n for n in CAPABILITY_BY_NAME if self._handler(n)))
-                raise A.ArgumentError(f"unknown capability {capability!r}; this harness serves: {known}")
-            A.no_extra(capability, kwargs, set(inspect.signature(handler).parameters))
-            result = handler(**kwargs)
-        except A.ArgumentError as exc:
-            result = CallResult.fail(capability, FailureCategory.INVALID_ARGUMENT, str(exc))
-        except (PlanError, PerceptionError) as exc:
-            result = CallResult.fail(capability, exc.category, str(exc))
-        except BackendError as exc:
-            result = CallResult.fail(capability, FailureCategory.BACKEND_ERROR, str(exc))
-        except Exception as exc:
-            result = CallResult.fail(
-                capability,
-                FailureCategory.BACKEND_ERROR,
-                f"internal error {type(exc).__name__}: {exc}",
-                diagnostics={"traceback": traceback.format_exc(limit=5)},
-            )
+        result = dispatch(capability, kwargs, self._handler(capability), self.capabilities())
         self.budget.wall_time_used_s = self._clock() - self._t0
         result.budget = Budget(**vars(self.budget))
         result.episode_id = self.episode_id
-        result.duration_s = time.monotonic() - t0
         result.frame_id = robot.BASE_FRAME
         self.log.calls.append((capability, result.success))
         if result.executed:  # the scene may have changed: earlier observations are stale
             self.perception.scene_changed()
         return result
+
+    def capabilities(self) -> list[str]:
+        return [name for name in CAPABILITY_BY_NAME if self._handler(name) is not None]
 
     def _handler(self, capability: str) -> Callable[..., CallResult] | None:
         if capability not in CAPABILITY_BY_NAME:

@@ -18,7 +18,7 @@ from enum import StrEnum
 import mujoco
 import numpy as np
 
-from captain_ros.core.contract import FailureCategory
+from captain_ros.core.contract import CallFailure, FailureCategory
 from captain_ros.core.kinematics import Kinematics
 from captain_ros.core.trajectory import JointTrajectory
 from captain_ros.harness.backend import ArmBackend, ArmState, BackendError
@@ -52,12 +52,8 @@ STOP_CATEGORY = {
 }
 
 
-class PlanError(Exception):
+class PlanError(CallFailure):
     """The motion cannot be executed; nothing moved."""
-
-    def __init__(self, category: FailureCategory, message: str):
-        super().__init__(message)
-        self.category = category
 
 
 class StopSignal:

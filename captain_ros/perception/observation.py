@@ -8,15 +8,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from captain_ros.core.contract import FailureCategory
+from captain_ros.core.contract import CallFailure, FailureCategory
 
 
-class PerceptionError(Exception):
-    """A perception call failed; `category` is one of the closed failure categories."""
-
-    def __init__(self, category: FailureCategory, message: str):
-        super().__init__(message)
-        self.category = category
+class PerceptionError(CallFailure):
+    """A perception call failed (nothing found, no depth, stale observation, ...)."""
 
 
 @dataclass(frozen=True)

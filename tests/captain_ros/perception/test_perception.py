@@ -128,3 +128,66 @@ def test_pixels_without_depth_are_reported(harness, twin):
         assert result.failure_category is FailureCategory.NO_DEPTH and "no depth" in result.message
     points = harness.call("measure_image_points", observation_handle=obs.handle, points=[[0.5, 0.05]])
     assert points.failure_category is FailureCategory.NO_DEPTH
+
+
+def test_point_contact_release_track_and_compare(harness, twin):
+    harness.call("observe")
+    point = harness.call("point", text="red cube")
+    assert point.success and "segmenter" in point.value["source"]
+    np.testing.assert_allclose(point.value["position_m"], true_center(twin, "red_cube"), atol=0.005)
+    cube = point.value["detection_id"]
+    bowl = harness.call("segment", text="black bowl").value["detections"][0]["detection_id"]
+    above = {"position": point.value["position_m"], "yaw_deg": 0}
+    grasp = harness.call("inspect_contact_geometry", object=cube, pose=above, jaw_opening_m=0.08)
+    assert grasp.success and grasp.value["graspable"] and grasp.value["fits_between_pads"]
+    assert 0.044 < grasp.value["width_along_jaw_m"] < 0.065  # a 4.5 cm cube, turned a little
+    narrow = harness.call("inspect_contact_geometry", object=cube, pose=above, jaw_opening_m=0.03)
+    assert not narrow.value["graspable"] and not narrow.value["fits_between_pads"]
+    centred = harness.call("inspect_release_geometry", object=cube, destination=bowl)
+    assert centred.value["footprint_inside"] and centred.value["signed_clearance_m"] > 0.02
+    bowl_xy = harness.call("measure_object_geometry", object=bowl).value["center_m"][:2]
+    off = harness.call(
+        "inspect_release_geometry", object=cube, destination=bowl, position=[bowl_xy[0] + 0.07, bowl_xy[1]]
+    )
+    assert not off.value["footprint_inside"] and off.value["signed_clearance_m"] < 0
+    # carry the cube 6 cm, then follow it into a new observation
+    p = true_center(twin, "red_cube")
+    yaw = float(np.degrees(np.arctan2(*twin.reader.rotation("red_cube")[[1, 0], 0])))
+    for kwargs in (
+        {"pose": {"position": [p[0], p[1], 0.12], "yaw_deg": yaw}},
+        {"pose": {"position": [p[0], p[1], 0.0225], "yaw_deg": yaw}},
+        {"gripper": "close"},
+        {"pose": {"position": [p[0], p[1] - 0.06, 0.06], "yaw_deg": yaw}, "mode": "manipulation"},
+        {"pose": {"position": [p[0], p[1] - 0.06, 0.024], "yaw_deg": yaw}, "mode": "manipulation"},
+        {"gripper": "open"},
+        {"pose": {"position": [p[0], p[1] - 0.06, 0.2], "yaw_deg": yaw}},
+    ):
+        assert harness.call("move_to", **kwargs).success
+    moved_by = true_center(twin, "red_cube") - p
+    assert np.linalg.norm(moved_by) > 0.01
+    harness.call("observe")
+    tracked = harness.call("track_target", detection=cube)
+    assert tracked.success, tracked.message
+    np.testing.assert_allclose(tracked.value["displacement_m"], moved_by, atol=0.006)
+    compare = harness.call("compare_object_observations", before=cube, after=tracked.value["detection_id"])
+    assert compare.value["moved"] and compare.value["distance_m"] == pytest.approx(np.linalg.norm(moved_by), abs=0.006)
+
+
+@pytest.mark.parametrize(
+    ("capability", "kwargs", "words"),
+    [
+        ("point", {"text": ""}, "text"),
+        ("track_target", {"detection": "det-404"}, "unknown detection"),
+        ("compare_object_observations", {"before": "det-1", "after": 5}, "detection id"),
+        ("inspect_contact_geometry", {"object": "det-1", "jaw_opening_m": 0.5}, "jaw_opening_m"),
+        ("inspect_contact_geometry", {"object": "det-1", "pose": {"position": [0, 0]}}, "position"),
+        ("inspect_release_geometry", {"object": "det-1", "destination": "det-1", "position": "here"}, "position"),
+        ("inspect_release_geometry", {"object": "det-1"}, "destination"),
+    ],
+)
+def test_bad_measurement_input(harness, capability, kwargs, words):
+    harness.call("observe")
+    assert harness.call("segment", text="red cube").success  # det-1
+    result = harness.call(capability, **kwargs)
+    assert result.failure_category is FailureCategory.INVALID_ARGUMENT, result.message
+    assert words in result.message
