@@ -22,6 +22,7 @@ def share_tree(folder: str) -> list[tuple[str, list[str]]]:
 NODES = {
     "twin_node": "captain_ros.ros.twin_node:main",
     "motion_node": "captain_ros.ros.motion_node:main",
+    "perception_node": "captain_ros.ros.perception_node:main",
 }
 
 setup(

@@ -1,8 +1,8 @@
 """The stack on a physical arm driven through ros2_control: robot_state_publisher with the project's
-URDF, the motion node (guarded motion through the arm's joint_trajectory_controller, the wrist
-F/T topic and /joint_states) and the monitor; the agent node is added by the issue that builds it.
-The arm's own bring-up (ros2_control controller manager, camera drivers) is started by the
-robot's vendor launch, not here.
+URDF, the harness nodes (guarded motion through the arm's joint_trajectory_controller, the wrist
+F/T topic and /joint_states; perception from the RGB-D cameras) and the monitor; the agent node
+is added by the issue that builds it. The arm's own bring-up (ros2_control controller manager,
+camera drivers) is started by the robot's vendor launch, not here.
 
     ros2 launch captain_ros real_arm.launch.py
 """
@@ -32,9 +32,9 @@ def generate_launch_description() -> LaunchDescription:
         parameters=[{"robot_description": description}],
         output="screen",
     )
-    motion = IncludeLaunchDescription(
+    harness = IncludeLaunchDescription(
         PythonLaunchDescriptionSource(
-            PathJoinSubstitution([FindPackageShare("captain_ros"), "launch", "motion.launch.py"])
+            PathJoinSubstitution([FindPackageShare("captain_ros"), "launch", "harness.launch.py"])
         ),
     )  # its arguments (robot_config, safety_config, watchdog, ...) pass through: real_arm.launch.py watchdog:=true
     monitor = IncludeLaunchDescription(
@@ -43,4 +43,4 @@ def generate_launch_description() -> LaunchDescription:
         ),
         condition=IfCondition(LaunchConfiguration("use_rviz")),
     )
-    return LaunchDescription([*args, state_publisher, motion, monitor])
+    return LaunchDescription([*args, state_publisher, harness, monitor])

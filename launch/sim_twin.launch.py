@@ -1,6 +1,6 @@
-"""The stack on the MuJoCo twin: the twin (a ros2_control-style arm with RGB-D cameras), the motion
-node (the harness core driving it through ros2_control interfaces, exactly as on a real arm) and
-the monitor; the agent node is added by the issue that builds it.
+"""The stack on the MuJoCo twin: the twin (a ros2_control-style arm with RGB-D cameras), the harness
+nodes (motion through ros2_control interfaces exactly as on a real arm, perception from its cameras)
+and the monitor; the agent node is added by the issue that builds it.
 
     ros2 launch captain_ros sim_twin.launch.py task:=open_drawer start_id:=open_drawer/wide/4
 """
@@ -68,9 +68,9 @@ def generate_launch_description() -> LaunchDescription:
             },
         ],
     )
-    motion = IncludeLaunchDescription(
+    harness = IncludeLaunchDescription(
         PythonLaunchDescriptionSource(
-            PathJoinSubstitution([FindPackageShare("captain_ros"), "launch", "motion.launch.py"])
+            PathJoinSubstitution([FindPackageShare("captain_ros"), "launch", "harness.launch.py"])
         ),
         launch_arguments={
             "robot_config": LaunchConfiguration("robot_config"),
@@ -84,4 +84,4 @@ def generate_launch_description() -> LaunchDescription:
         launch_arguments={"use_sim_time": "true"}.items(),
         condition=IfCondition(LaunchConfiguration("use_rviz")),
     )
-    return LaunchDescription([*args, twin, motion, monitor])
+    return LaunchDescription([*args, twin, harness, monitor])

@@ -110,6 +110,11 @@ class Harness:
         self.perception.new_episode()
         self.jaw_command_m = self.backend.read_state().jaw_opening_m
 
+    def note_external_call(self, capability: str, success: bool) -> None:
+        """A call served elsewhere (the perception node) that the completion gate should see."""
+        if capability in CAPABILITY_BY_NAME and not CAPABILITY_BY_NAME[capability].physical:
+            self.log.calls.append((capability, success))
+
     def note_request(self) -> None:
         """The agent issued one model request (counted against the request budget)."""
         self.budget.requests_used += 1

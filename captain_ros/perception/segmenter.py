@@ -53,7 +53,7 @@ def object_pixels(cloud: CameraCloud) -> np.ndarray:
     h = cloud.height_m
     valid = np.isfinite(h)
     mask = valid & (h > OBJECT_MIN_HEIGHT_M) & (h < MAX_HEIGHT_M) & ~cloud.robot
-    depth = np.where(valid, cloud.image.depth_m, np.inf)
+    depth = np.where(valid, cloud.image.depth_m, 1e6)  # no depth: far away (finite, so differences are defined)
     far = np.zeros_like(mask)
     for axis in (0, 1):
         a = np.take(depth, np.arange(depth.shape[axis] - 1), axis=axis)

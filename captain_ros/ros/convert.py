@@ -5,6 +5,11 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
+from builtin_interfaces.msg import Time
+from geometry_msgs.msg import Pose
+from scipy.spatial.transform import Rotation
+from sensor_msgs.msg import CameraInfo, Image
 from std_msgs.msg import Header
 
 from captain_interfaces.msg import Budget as BudgetMsg
@@ -86,3 +91,48 @@ def call_result_from_msg(msg: CallResultMsg) -> CallResult:
             episode_id=msg.episode_id,
             executed=msg.executed,
         )
+
+
+def stamp_msg(t_s: float) -> Time:
+    sec = math.floor(t_s)
+    return Time(sec=sec, nanosec=int((t_s - sec) * 1e9))
+
+
+def pose_msg(position: np.ndarray, quaternion_wxyz: np.ndarray) -> Pose:
+    p = Pose()
+    p.position.x, p.position.y, p.position.z = map(float, position)
+    p.orientation.w, p.orientation.x, p.orientation.y, p.orientation.z = map(float, quaternion_wxyz)
+    return p
+
+
+def quat_wxyz(mat: np.ndarray) -> np.ndarray:
+    """Rotation matrix -> quaternion (w, x, y, z)."""
+    x, y, z, w = Rotation.from_matrix(np.asarray(mat, dtype=float).reshape(3, 3)).as_quat()
+    return np.array([w, x, y, z])
+
+
+def image_msg(header: Header, array: np.ndarray, encoding: str) -> Image:
+    """A sensor_msgs/Image of a C-contiguous (H, W[, C]) little-endian array."""
+    h, w = array.shape[:2]
+    return Image(
+        header=header,
+        height=h,
+        width=w,
+        encoding=encoding,
+        is_bigendian=0,
+        step=array.strides[0],
+        data=np.ascontiguousarray(array).tobytes(),
+    )
+
+
+def camera_info(frame, header: Header) -> CameraInfo:
+    """`frame`: anything with K (3, 3) and depth_m (H, W), e.g. a twin CameraFrame or a perception CameraImage."""
+    """Pinhole calibration in sensor_msgs/CameraInfo conventions (no distortion; P = [K | 0])."""
+    h, w = frame.depth_m.shape
+    k = frame.K
+    info = CameraInfo(header=header, height=h, width=w, distortion_model="plumb_bob")
+    info.d = [0.0] * 5
+    info.k = [float(v) for v in k.ravel()]
+    info.r = [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+    info.p = [float(k[0, 0]), 0.0, float(k[0, 2]), 0.0, 0.0, float(k[1, 1]), float(k[1, 2]), 0.0, 0.0, 0.0, 1.0, 0.0]
+    return info

@@ -118,6 +118,8 @@ class MotionNode(Node):
         self.create_service(Trigger, "/harness/resume", self._on_resume, callback_group=group)
         self.create_service(Trigger, "/harness/new_episode", self._on_new_episode, callback_group=group)
         self.create_subscription(Empty, "/agent/heartbeat", self._on_heartbeat, 10, callback_group=group)
+        # perception runs in the perception node: its results count as verification for the completion gate
+        self.create_subscription(CallResultMsg, "/harness/receipts", self._on_receipt, 50, callback_group=group)
         self._action = ActionServer(
             self,
             MoveTo,
@@ -229,6 +231,10 @@ class MotionNode(Node):
             self._busy.release()
         response.success, response.message = True, self.harness.episode_id
         return response
+
+    def _on_receipt(self, msg: CallResultMsg) -> None:
+        if hasattr(self.harness.perception, f"_{msg.capability}"):  # never our own (motion) results
+            self.harness.note_external_call(msg.capability, msg.success)
 
     def _on_heartbeat(self, _msg: Empty) -> None:
         if self.watchdog is not None:

@@ -162,6 +162,11 @@ class Ros2ControlBackend(ArmBackend):
         mirror.update(self.read_state().time_s)
         return mirror.desired_q.copy(), mirror.desired_qd.copy()
 
+    def capture(self, cameras: tuple[str, ...]) -> dict:
+        raise BackendError(
+            "cameras are served by the perception node: call perception capabilities on /perception/call"
+        )
+
     def resync(self) -> None:
         self._mirror_or_fail().hold(self.read_state().q_rad)
 

@@ -19,24 +19,20 @@ Topic names come from config/robot.yaml; parameters from config/twin.yaml.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 import uuid
 from pathlib import Path
 
-import mujoco
 import numpy as np
 import rclpy
 import yaml
-from builtin_interfaces.msg import Time
 from control_msgs.action import FollowJointTrajectory
-from geometry_msgs.msg import Pose, TransformStamped, WrenchStamped
+from geometry_msgs.msg import TransformStamped, WrenchStamped
 from rcl_interfaces.msg import FloatingPointRange, ParameterDescriptor
 from rclpy._rclpy_pybind11 import RCLError
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from rosgraph_msgs.msg import Clock
@@ -50,6 +46,8 @@ from captain_interfaces.msg import PrivilegedSnapshot
 from captain_interfaces.srv import GetPrivilegedSnapshot, ResetEpisode
 from captain_ros.core.trajectory import JointTrajectory, TrajectoryError, duration_to_s
 from captain_ros.paths import config_path
+from captain_ros.ros.convert import camera_info, image_msg, pose_msg, quat_wxyz, stamp_msg
+from captain_ros.ros.spin import spin
 from captain_ros.twin import robot
 from captain_ros.twin.cameras import CameraFrame
 from captain_ros.twin.controller import TwinControllers
@@ -61,24 +59,6 @@ from captain_ros.twin.tasks import TaskError, default_suite, get_task
 DEFAULT_GOAL_TOLERANCE = 0.02  # rad (arm) / m (finger) when a goal gives none
 DEFAULT_GOAL_TIME_TOLERANCE_S = 1.0
 ACTION_MONITOR_RATE_HZ = 20.0  # goal checks and feedback, joint_trajectory_controller's default
-
-
-def _stamp(t_s: float) -> Time:
-    sec = math.floor(t_s)
-    return Time(sec=sec, nanosec=int((t_s - sec) * 1e9))
-
-
-def _pose(position: np.ndarray, quat_wxyz: np.ndarray) -> Pose:
-    p = Pose()
-    p.position.x, p.position.y, p.position.z = map(float, position)
-    p.orientation.w, p.orientation.x, p.orientation.y, p.orientation.z = map(float, quat_wxyz)
-    return p
-
-
-def _mat_to_quat(mat: np.ndarray) -> np.ndarray:
-    q = np.zeros(4)
-    mujoco.mju_mat2Quat(q, np.asarray(mat, dtype=float).ravel())
-    return q
 
 
 class TwinNode(Node):
@@ -225,7 +205,7 @@ class TwinNode(Node):
                 except (SimulationFault, FloatingPointError) as exc:
                     fault = str(exc)
         msg = PrivilegedSnapshot(episode_id=self.episode_id, request_index=request.request_index)
-        msg.header.stamp = _stamp(self.twin.time_s)
+        msg.header.stamp = stamp_msg(self.twin.time_s)
         if snap is None:
             msg.unstable, msg.fault_message = True, fault
             response.success, response.message, response.snapshot = False, fault, msg
@@ -233,7 +213,7 @@ class TwinNode(Node):
         msg.task, msg.start_id = snap.task, snap.start_id
         msg.feature_names, msg.features = list(FEATURE_NAMES), [float(v) for v in snap.features]
         msg.object_names = list(snap.object_poses)
-        msg.object_poses = [_pose(np.array(p), np.array(q)) for p, q in snap.object_poses.values()]
+        msg.object_poses = [pose_msg(np.array(p), np.array(q)) for p, q in snap.object_poses.values()]
         msg.joint_names, msg.joint_positions = list(snap.joint_positions), list(snap.joint_positions.values())
         msg.task_success, msg.subgoals_reached = snap.success, list(snap.subgoals_reached)
         response.success, response.snapshot = True, msg
@@ -313,7 +293,7 @@ class TwinNode(Node):
                 result.error_code = FollowJointTrajectory.Result.INVALID_GOAL
                 result.error_string = "preempted by a newer trajectory or a reset"
                 return result
-            feedback.header.stamp = _stamp(now)
+            feedback.header.stamp = stamp_msg(now)
             feedback.desired = JointTrajectoryPoint(positions=desired.tolist())
             feedback.actual = JointTrajectoryPoint(positions=measured.tolist())
             feedback.error = JointTrajectoryPoint(positions=(desired - measured).tolist())
@@ -388,7 +368,7 @@ class TwinNode(Node):
                 time.sleep(ahead)
 
     def _publish_state(self, twin: Twin) -> None:
-        stamp = _stamp(twin.time_s)
+        stamp = stamp_msg(twin.time_s)
         self.clock_pub.publish(Clock(clock=stamp))
         d, m = twin.data, twin.model
         names = [*robot.ARM_JOINTS, *robot.FINGER_JOINTS]
@@ -411,7 +391,7 @@ class TwinNode(Node):
 
     def _publish_tf(self, twin: Twin) -> None:
         """Every robot link and the cameras' actual (calibrated) optical frames, relative to the base."""
-        stamp = _stamp(twin.time_s)
+        stamp = stamp_msg(twin.time_s)
         m, d = twin.model, twin.data
         transforms = []
 
@@ -429,11 +409,11 @@ class TwinNode(Node):
                 add(name, d.xpos[b], d.xquat[b])
         for cam, frame in robot.CAMERA_FRAMES.items():
             cid = m.cam(cam).id
-            add(frame, d.cam_xpos[cid], _mat_to_quat(d.cam_xmat[cid].reshape(3, 3) @ np.diag([1.0, -1.0, -1.0])))
+            add(frame, d.cam_xpos[cid], quat_wxyz(d.cam_xmat[cid].reshape(3, 3) @ np.diag([1.0, -1.0, -1.0])))
         self.tf_pub.publish(TFMessage(transforms=transforms))
 
     def _publish_cameras(self, frames: dict[str, CameraFrame], now: float) -> None:
-        stamp = _stamp(now)
+        stamp = stamp_msg(now)
         for cam, frame in frames.items():
             pubs = self.camera_pubs.get(cam)
             if pubs is None:
@@ -455,44 +435,8 @@ class TwinNode(Node):
         super().destroy_node()
 
 
-def image_msg(header: Header, array: np.ndarray, encoding: str) -> Image:
-    """A sensor_msgs/Image of a C-contiguous (H, W[, C]) little-endian array."""
-    h, w = array.shape[:2]
-    return Image(
-        header=header,
-        height=h,
-        width=w,
-        encoding=encoding,
-        is_bigendian=0,
-        step=array.strides[0],
-        data=np.ascontiguousarray(array).tobytes(),
-    )
-
-
-def camera_info(frame: CameraFrame, header: Header) -> CameraInfo:
-    """Pinhole calibration in sensor_msgs/CameraInfo conventions (no distortion; P = [K | 0])."""
-    h, w = frame.depth_m.shape
-    k = frame.K
-    info = CameraInfo(header=header, height=h, width=w, distortion_model="plumb_bob")
-    info.d = [0.0] * 5
-    info.k = [float(v) for v in k.ravel()]
-    info.r = [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]
-    info.p = [float(k[0, 0]), 0.0, float(k[0, 2]), 0.0, 0.0, float(k[1, 1]), float(k[1, 2]), 0.0, 0.0, 0.0, 1.0, 0.0]
-    return info
-
-
 def main(args: list[str] | None = None) -> None:
-    try:
-        with rclpy.init(args=args):
-            node = TwinNode()
-            executor = MultiThreadedExecutor(num_threads=4)
-            executor.add_node(node)
-            try:
-                executor.spin()
-            finally:
-                node.destroy_node()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
+    spin(TwinNode, args)
 
 
 if __name__ == "__main__":

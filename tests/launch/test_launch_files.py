@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH_FILES = sorted((ROOT / "launch").glob("*.launch.py"))
-REQUIRED = {"sim_twin.launch.py", "real_arm.launch.py", "motion.launch.py", "agent.launch.py", "monitor.launch.py"}
+REQUIRED = {"sim_twin.launch.py", "real_arm.launch.py", "harness.launch.py", "agent.launch.py", "monitor.launch.py"}
 
 
 def console_scripts() -> set[str]:

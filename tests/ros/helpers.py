@@ -33,19 +33,25 @@ def stop(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-def launch_twin(task: str, start_id: str, real_time_factor: float, camera_rate_hz: float) -> tuple:
-    """twin_node in its own process; returns (process, output lines collected in the background)."""
-    exe = shutil.which("twin_node") or str(Path(sys.executable).with_name("twin_node"))
-    params = {
-        "task": task,
-        "start_id": start_id,
-        "real_time_factor": real_time_factor,
-        "camera_rate_hz": camera_rate_hz,
-    }
+def launch_node(executable: str, *params: tuple[str, object]) -> tuple[subprocess.Popen, list[str]]:
+    """A node's console script in its own process with `-p name:=value` parameters; returns the process
+    and its output lines (collected in the background)."""
+    exe = shutil.which(executable) or str(Path(sys.executable).with_name(executable))
     args = [exe, "--ros-args"]
-    for name, value in params.items():
+    for name, value in params:
         args += ["-p", f"{name}:={value}"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
     return proc, lines
+
+
+def launch_twin(task: str, start_id: str, real_time_factor: float, camera_rate_hz: float) -> tuple:
+    """twin_node in its own process; returns (process, output lines)."""
+    return launch_node(
+        "twin_node",
+        ("task", task),
+        ("start_id", start_id),
+        ("real_time_factor", real_time_factor),
+        ("camera_rate_hz", camera_rate_hz),
+    )

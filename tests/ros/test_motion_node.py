@@ -5,12 +5,9 @@ watchdog and new episodes."""
 from __future__ import annotations
 
 import json
-import shutil
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from action_msgs.msg import GoalStatus
@@ -22,7 +19,7 @@ from captain_interfaces.action import MoveTo
 from captain_interfaces.msg import CallResult as CallResultMsg
 from captain_interfaces.srv import HarnessCall
 
-from .helpers import launch_twin, result_of, stop, wait_for
+from .helpers import launch_node, launch_twin, result_of, stop, wait_for
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 TASK = "put_red_cube_in_bowl"
@@ -30,17 +27,10 @@ TASK = "put_red_cube_in_bowl"
 
 @pytest.fixture(scope="module")
 def nodes():
-    import os
-    import subprocess
-    import threading
-
     twin, twin_lines = launch_twin(TASK, f"{TASK}/official/0", real_time_factor=1.0, camera_rate_hz=0.0)
-    exe = shutil.which("motion_node") or str(Path(sys.executable).with_name("motion_node"))
-    motion = subprocess.Popen([exe], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(motion.stdout), daemon=True).start()
+    proc, lines = launch_node("motion_node")
     yield lines, twin_lines
-    stop(motion)
+    stop(proc)
     stop(twin)
 
 

@@ -167,3 +167,11 @@ def test_backend_failure_is_reported_never_raised(twin, kinematics):
     harness = Harness(_Broken(twin), load_config(), kinematics)
     result = harness.call("move_to", pose={"position": [0.4, 0.0, 0.3], "yaw_deg": 0})
     assert result.failure_category is FailureCategory.BACKEND_ERROR and "link to the controller lost" in result.message
+
+
+def test_verification_served_elsewhere_counts_for_the_gate(harness):
+    """The motion node feeds the perception node's receipts in: an observation there is verification."""
+    harness.call("move_to", pose={"position": [0.4, 0.0, 0.3], "yaw_deg": 0})
+    harness.note_external_call("move_to", True)  # physical calls from elsewhere are ignored
+    harness.note_external_call("observe", True)
+    assert harness.call("finish").success

@@ -1,8 +1,8 @@
-"""The motion node: the harness core driving a ros2_control arm (or twin_node) through
-/joint_states, the wrist wrench topic and the arm's FollowJointTrajectory action. Included by
-sim_twin.launch.py and real_arm.launch.py; on its own:
+"""The harness services: the motion node (guarded motion through /joint_states, the wrist wrench
+topic and the arm's FollowJointTrajectory action) and the perception node (RGB-D cameras, built-in
+or HTTP segmentation). Included by sim_twin.launch.py and real_arm.launch.py; on its own:
 
-    ros2 launch captain_ros motion.launch.py watchdog:=false
+    ros2 launch captain_ros harness.launch.py watchdog:=false
 """
 
 from launch.actions import DeclareLaunchArgument
@@ -28,7 +28,7 @@ def generate_launch_description() -> LaunchDescription:
         DeclareLaunchArgument(
             "harness_config",
             default_value=PathJoinSubstitution([FindPackageShare("captain_ros"), "config", "harness.yaml"]),
-            description="motion, budget and completion-gate settings of the harness",
+            description="motion, budget, completion-gate and perception (segmenter, pointing server) settings",
         ),
         DeclareLaunchArgument(
             "watchdog",
@@ -53,4 +53,11 @@ def generate_launch_description() -> LaunchDescription:
             }
         ],
     )
-    return LaunchDescription([*args, motion])
+    perception = Node(
+        package="captain_ros",
+        executable="perception_node",
+        name="perception",
+        output="screen",
+        parameters=[{name: LaunchConfiguration(name) for name in ("robot_config", "harness_config")}],
+    )
+    return LaunchDescription([*args, motion, perception])

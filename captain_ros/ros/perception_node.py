@@ -1,0 +1,263 @@
+"""perception_node: the perception capabilities over ROS, from any RGB-D cameras (twin or real).
+
+In:  <cam> color + aligned depth images and CameraInfo (names from config/robot.yaml), /joint_states,
+     /tf (camera optical frames relative to the base; the URDF's frames when none is published),
+     /harness/receipts (an executed physical action makes earlier observations stale).
+Out: /perception/call            captain_interfaces/srv/HarnessCall    observe, segment, point, mark_point,
+                                 select_detection, track_target, measure_object_geometry, measure_image_points,
+                                 inspect_contact_geometry, inspect_release_geometry, compare_object_observations
+     /perception/get_observation captain_interfaces/srv/GetObservation the images of an observation handle
+     /harness/receipts           captain_interfaces/msg/CallResult     every result
+Segmentation is the built-in RGB-D segmenter unless harness.yaml names an HTTP server. The simulator's
+ground truth is never used here.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import defaultdict, deque
+from pathlib import Path
+
+import numpy as np
+import yaml
+from geometry_msgs.msg import PoseStamped
+from rcl_interfaces.msg import ParameterDescriptor
+from rclpy.callback_groups import ReentrantCallbackGroup
+from rclpy.node import Node
+from sensor_msgs.msg import CameraInfo, Image, JointState
+from std_msgs.msg import Header
+from tf2_msgs.msg import TFMessage
+
+from captain_interfaces.msg import CallResult as CallResultMsg
+from captain_interfaces.msg import Observation as ObservationMsg
+from captain_interfaces.srv import GetObservation, HarnessCall
+from captain_ros.core.contract import CAPABILITY_BY_NAME, CallResult, FailureCategory
+from captain_ros.core.kinematics import Kinematics
+from captain_ros.harness.backend import BackendError
+from captain_ros.harness.config import load_config
+from captain_ros.harness.dispatch import dispatch
+from captain_ros.paths import config_path
+from captain_ros.perception.observation import CameraImage, PerceptionError
+from captain_ros.perception.perception import Perception
+from captain_ros.ros.convert import call_result_to_msg, camera_info, image_msg, pose_msg, quat_wxyz, stamp_msg
+from captain_ros.ros.spin import spin
+from captain_ros.twin import robot
+
+STALE_AFTER_S = 2.0  # wall seconds: older camera or joint messages are not a current observation
+SYNC_TOLERANCE_S = 0.02  # colour and depth stamps must agree this well
+HISTORY = 4  # messages kept per stream for pairing
+JOINT_HISTORY = 200  # 2 s of joint states at 100 Hz
+
+
+def image_to_array(msg: Image) -> np.ndarray:
+    """rgb8/bgr8 -> (H, W, 3) uint8 RGB; 32FC1 (m) or 16UC1 (mm) -> (H, W) float32 metres."""
+    raw = bytes(msg.data)
+    if msg.encoding in ("rgb8", "bgr8"):
+        rgb = (
+            np.frombuffer(raw, np.uint8)
+            .reshape(msg.height, msg.step)[:, : msg.width * 3]
+            .reshape(msg.height, msg.width, 3)
+        )
+        return rgb[..., ::-1].copy() if msg.encoding == "bgr8" else rgb.copy()
+    if msg.encoding == "32FC1":
+        dtype = ">f4" if msg.is_bigendian else "<f4"
+        return np.frombuffer(raw, dtype).reshape(msg.height, msg.step // 4)[:, : msg.width].astype(np.float32)
+    if msg.encoding in ("16UC1", "mono16"):
+        dtype = ">u2" if msg.is_bigendian else "<u2"
+        mm = np.frombuffer(raw, dtype).reshape(msg.height, msg.step // 2)[:, : msg.width]
+        return mm.astype(np.float32) / 1000.0
+    raise BackendError(f"unsupported image encoding {msg.encoding!r} (rgb8, bgr8, 32FC1, 16UC1)")
+
+
+def _seconds(stamp) -> float:
+    return stamp.sec + stamp.nanosec * 1e-9
+
+
+def _quat_to_mat(x: float, y: float, z: float, w: float) -> np.ndarray:
+    return np.array(
+        [
+            [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
+            [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
+            [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
+        ]
+    )
+
+
+class PerceptionNode(Node):
+    def __init__(self) -> None:
+        super().__init__("perception")
+        self.declare_parameter(
+            "robot_config", str(config_path("robot.yaml")), ParameterDescriptor(description="camera topic names")
+        )
+        self.declare_parameter(
+            "harness_config",
+            str(config_path("harness.yaml")),
+            ParameterDescriptor(description="perception section: segmenter and pointing servers"),
+        )
+        interfaces = yaml.safe_load(Path(self.get_parameter("robot_config").value).read_text())["interfaces"]
+        config = load_config(harness_path=Path(self.get_parameter("harness_config").value))
+        self.kin = Kinematics()
+        self.perception = Perception(self.kin, self._capture, config.perception)
+        self._lock = threading.Lock()  # one call at a time (the observation store is not thread-safe)
+        # (camera, kind) -> the last few (msg, wall time): colour and depth are paired by stamp, as
+        # message_filters' approximate-time policy would
+        self._latest: dict[tuple[str, str], deque] = defaultdict(lambda: deque(maxlen=HISTORY))
+        self._latest[("", "joints")] = deque(maxlen=JOINT_HISTORY)  # to find the arm's pose at an image's stamp
+        # cameras on the arm take their pose from the kinematics at the image's time; fixed ones from /tf
+        self._on_arm = {
+            cam: not np.allclose(self.kin.forward(robot.HOME_Q_RAD, f)[0], self.kin.forward(np.zeros(7), f)[0])
+            for cam, f in robot.CAMERA_FRAMES.items()
+        }
+        self._tf: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        group = ReentrantCallbackGroup()
+        for cam, topics in interfaces["cameras"].items():
+            for kind, topic, msg_type in (
+                ("color", topics["color_topic"], Image),
+                ("depth", topics["depth_topic"], Image),
+                ("info", topics["info_topic"], CameraInfo),
+            ):
+                self.create_subscription(
+                    msg_type, topic, lambda m, c=cam, k=kind: self._store(c, k, m), 2, callback_group=group
+                )
+        self.create_subscription(
+            JointState,
+            interfaces["joint_states_topic"],
+            lambda m: self._store("", "joints", m),
+            10,
+            callback_group=group,
+        )
+        self.create_subscription(TFMessage, "/tf", self._on_tf, 10, callback_group=group)
+        self.create_subscription(CallResultMsg, "/harness/receipts", self._on_receipt, 50, callback_group=group)
+        self.receipts = self.create_publisher(CallResultMsg, "/harness/receipts", 50)
+        self.create_service(HarnessCall, "/perception/call", self._on_call, callback_group=group)
+        self.create_service(GetObservation, "/perception/get_observation", self._on_get, callback_group=group)
+        segmenter = config.perception.segment_url if config.perception.segmenter == "http" else "built-in RGB-D"
+        self.get_logger().info(f"perception ready: segmenter {segmenter}, cameras {', '.join(interfaces['cameras'])}")
+
+    # ------------------------------------------------------------------------------ inputs
+    def _store(self, camera: str, kind: str, msg) -> None:
+        self._latest[(camera, kind)].append((msg, time.monotonic()))
+
+    def _on_tf(self, msg: TFMessage) -> None:
+        for t in msg.transforms:
+            if t.header.frame_id == robot.BASE_FRAME and t.child_frame_id in robot.CAMERA_FRAMES.values():
+                r, p = t.transform.rotation, t.transform.translation
+                self._tf[t.child_frame_id] = (np.array([p.x, p.y, p.z]), _quat_to_mat(r.x, r.y, r.z, r.w))
+
+    def _on_receipt(self, msg: CallResultMsg) -> None:
+        if msg.executed and CAPABILITY_BY_NAME.get(msg.capability) and CAPABILITY_BY_NAME[msg.capability].physical:
+            self.perception.scene_changed()
+
+    def _fresh(self, camera: str, kind: str) -> list:
+        """Recent messages of one stream, newest first; raises when there are none or the stream went quiet."""
+        history = list(self._latest.get((camera, kind), ()))
+        if not history:
+            raise BackendError(f"no {kind} message from the {camera or 'arm'} yet")
+        age = time.monotonic() - history[-1][1]
+        if age > STALE_AFTER_S:
+            raise BackendError(f"the last {kind} message of {camera or 'the arm'} is {age:.1f} s old")
+        return [msg for msg, _ in reversed(history)]
+
+    @staticmethod
+    def _pair(camera: str, colors: list, depths: list) -> tuple:
+        """The newest colour and depth images taken at the same time (within SYNC_TOLERANCE_S)."""
+        for color in colors:
+            t_color = _seconds(color.header.stamp)
+            for depth in depths:
+                if abs(_seconds(depth.header.stamp) - t_color) <= SYNC_TOLERANCE_S:
+                    return color, depth, t_color
+        raise BackendError(f"{camera}: no colour and depth image pair within {SYNC_TOLERANCE_S * 1000:.0f} ms")
+
+    def _capture(self, cameras: tuple[str, ...]) -> tuple[float, dict[str, CameraImage], np.ndarray, float]:
+        joint_history = self._fresh("", "joints")
+        images, stamp, q, jaw = {}, 0.0, None, 0.0
+        for cam in cameras:
+            color, depth, t_color = self._pair(cam, self._fresh(cam, "color"), self._fresh(cam, "depth"))
+            info = self._fresh(cam, "info")[0]
+            joints = min(joint_history, key=lambda m: abs(_seconds(m.header.stamp) - t_color))
+            index = {n: i for i, n in enumerate(joints.name)}
+            q_cam = np.array([joints.position[index[j]] for j in robot.ARM_JOINTS])
+            if q is None:  # the observation's robot state: at the first camera's image time
+                q, jaw = q_cam, sum(joints.position[index[j]] for j in robot.FINGER_JOINTS if j in index)
+            frame = robot.CAMERA_FRAMES[cam]
+            static_pose = None if self._on_arm[cam] else self._tf.get(frame)
+            position, rotation = static_pose or self.kin.forward(q_cam, frame)
+            rgb, depth_m = image_to_array(color), image_to_array(depth)
+            if rgb.shape[:2] != depth_m.shape:
+                raise BackendError(f"{cam}: colour {rgb.shape[:2]} and depth {depth_m.shape} are not aligned")
+            K = np.array(info.k, dtype=float).reshape(3, 3)  # noqa: N806 - the usual name
+            images[cam] = CameraImage(cam, rgb, depth_m, K, position, rotation)
+            stamp = max(stamp, t_color)
+        return stamp, images, q, float(jaw)
+
+    # ------------------------------------------------------------------------------ services
+    def _on_call(self, request: HarnessCall.Request, response: HarnessCall.Response) -> HarnessCall.Response:
+        capability = request.capability
+        try:
+            kwargs = json.loads(request.args_json or "{}")
+            if not isinstance(kwargs, dict):
+                raise ValueError(f"args_json must be a JSON object, got {type(kwargs).__name__}")
+        except ValueError as exc:
+            result = CallResult.fail(capability, FailureCategory.INVALID_ARGUMENT, f"bad args_json: {exc}")
+        else:
+            handler = getattr(self.perception, f"_{capability}", None) if capability in CAPABILITY_BY_NAME else None
+            known = [n for n in CAPABILITY_BY_NAME if hasattr(self.perception, f"_{n}")]
+            with self._lock:
+                result = dispatch(capability, kwargs, handler, known)
+        if request.call_id:
+            result.call_id = request.call_id
+        result.episode_id, result.frame_id = request.episode_id, robot.BASE_FRAME
+        msg = call_result_to_msg(result, time.time())
+        self.receipts.publish(msg)
+        text = result.receipt or f"{capability}: {result.failure_category.value}: {result.message}"
+        if result.success:  # rclpy forbids one logging call site from changing severity
+            self.get_logger().info(text)
+        else:
+            self.get_logger().warning(text)
+        response.result = msg
+        return response
+
+    def _on_get(self, request: GetObservation.Request, response: GetObservation.Response) -> GetObservation.Response:
+        store = self.perception.store
+        try:
+            with self._lock:
+                obs = store.latest() if not request.handle else store.get(request.handle, allow_stale=True)
+            if obs is None:
+                raise PerceptionError(FailureCategory.INVALID_ARGUMENT, "no observation yet: call observe first")
+            cameras = list(request.cameras) or list(obs.images)
+            missing = [c for c in cameras if c not in obs.images]
+            if missing:
+                raise PerceptionError(FailureCategory.INVALID_ARGUMENT, f"{obs.handle} has no camera(s) {missing}")
+        except PerceptionError as exc:
+            response.result = call_result_to_msg(CallResult.fail("observe", exc.category, str(exc)), time.time())
+            return response
+        header = Header(stamp=stamp_msg(obs.time_s), frame_id=robot.BASE_FRAME)
+        msg = ObservationMsg(header=header, handle=obs.handle, stale=store.is_stale(obs), cameras=cameras)
+        for cam in cameras:
+            im = obs.images[cam]
+            cam_header = Header(stamp=header.stamp, frame_id=robot.CAMERA_FRAMES[cam])
+            msg.color.append(image_msg(cam_header, im.rgb, "rgb8"))
+            if request.include_depth:
+                msg.depth.append(image_msg(cam_header, im.depth_m.astype("<f4"), "32FC1"))
+            msg.camera_info.append(camera_info(im, cam_header))
+            msg.camera_poses.append(PoseStamped(header=header, pose=pose_msg(im.position_m, quat_wxyz(im.rotation))))
+        msg.joint_state = JointState(header=header, name=list(robot.ARM_JOINTS), position=obs.q_rad.tolist())
+        position, rotation = self.kin.forward(obs.q_rad)
+        msg.ee_pose = pose_msg(position, quat_wxyz(rotation))
+        msg.jaw_opening_m = obs.jaw_opening_m
+        response.observation = msg
+        response.result = call_result_to_msg(
+            CallResult.ok("observe", value={"observation_handle": obs.handle}, receipt=f"observation {obs.handle}"),
+            time.time(),
+        )
+        return response
+
+
+def main(args: list[str] | None = None) -> None:
+    spin(PerceptionNode, args)
+
+
+if __name__ == "__main__":
+    main()

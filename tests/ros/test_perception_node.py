@@ -1,0 +1,97 @@
+"""perception_node over DDS: twin_node (cameras at 5 Hz) and perception_node in their own processes;
+this test drives every perception call through /perception/call, fetches images through
+/perception/get_observation, and makes observations stale with an executed receipt."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from captain_interfaces.msg import CallResult as CallResultMsg
+from captain_interfaces.srv import GetObservation, HarnessCall
+
+from .helpers import launch_node, launch_twin, result_of, stop, wait_for
+
+pytestmark = [pytest.mark.ros, pytest.mark.slow]
+TASK = "put_red_cube_in_bowl"
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    twin, twin_lines = launch_twin(TASK, f"{TASK}/wide/3", real_time_factor=1.0, camera_rate_hz=5.0)
+    proc, lines = launch_node("perception_node")
+    yield lines, twin_lines
+    stop(proc)
+    stop(twin)
+
+
+def test_every_perception_call_over_dds(nodes, client_node):
+    node = client_node
+    call = node.create_client(HarnessCall, "/perception/call")
+    get = node.create_client(GetObservation, "/perception/get_observation")
+    if not call.wait_for_service(timeout_sec=60):
+        raise RuntimeError("perception_node did not come up:\n" + "".join(nodes[0]))
+    assert get.wait_for_service(timeout_sec=20)
+    receipts: list[CallResultMsg] = []
+    node.create_subscription(CallResultMsg, "/harness/receipts", receipts.append, 50)
+    publish = node.create_publisher(CallResultMsg, "/harness/receipts", 10)
+
+    def perceive(capability: str, **kwargs) -> dict:
+        request = HarnessCall.Request(capability=capability, args_json=json.dumps(kwargs))
+        result = result_of(call.call_async(request), 30).result
+        assert result.success, f"{capability}: {result.failure_category}: {result.message}"
+        assert result.receipt.startswith(capability) and len(result.receipt) <= 300
+        return json.loads(result.value_json)
+
+    # the cameras need a moment to publish their first frames
+    wait_for(
+        lambda: (
+            result_of(call.call_async(HarnessCall.Request(capability="observe", args_json="{}")), 30).result.success
+        ),
+        60,
+        "a first observation",
+    )
+    handle = perceive("observe")["observation_handle"]
+    cube = perceive("segment", text="red cube")["detections"][0]
+    bowl = perceive("segment", text="black bowl")["detections"][0]
+    u0, v0, u1, v1 = cube["bbox_px"]
+    mark = perceive("mark_point", observation_handle=handle, camera="head", u=(u0 + u1) / 1022, v=(v0 + v1) / 1022)
+    np.testing.assert_allclose(mark["position_m"], cube["position_m"], atol=0.005)
+    chosen = perceive(
+        "select_detection", candidates=[cube["detection_id"], bowl["detection_id"]], evidence=mark["detection_id"]
+    )
+    assert chosen["detection_id"] == cube["detection_id"]
+    pointed = perceive("point", text="green cube")
+    geometry = perceive("measure_object_geometry", object=cube["detection_id"], destination=bowl["detection_id"])
+    assert geometry["kind"] == "cube" and geometry["destination"]["kind"] == "bowl"
+    np.testing.assert_allclose(geometry["extents_m"], [0.045, 0.045, 0.045], atol=0.005)
+    points = perceive("measure_image_points", points=[[0.5, 0.9], [(u0 + u1) / 1022, (v0 + v1) / 1022]])
+    assert points["points"][1]["height_above_table_m"] > 0.02
+    contact = perceive(
+        "inspect_contact_geometry", object=cube["detection_id"], pose={"position": cube["position_m"], "yaw_deg": 0}
+    )
+    assert contact["fits_between_pads"]
+    release = perceive("inspect_release_geometry", object=cube["detection_id"], destination=bowl["detection_id"])
+    assert release["footprint_inside"]
+    images = result_of(get.call_async(GetObservation.Request(handle=handle, include_depth=True)), 30)
+    assert images.result.success and list(images.observation.cameras) == ["head", "wrist"]
+    assert images.observation.color[0].encoding == "rgb8" and images.observation.depth[0].encoding == "32FC1"
+    assert images.observation.camera_info[0].k[0] > 100
+
+    # the motion node reports an executed move: everything seen before is stale now
+    publish.publish(CallResultMsg(capability="move_to", success=True, executed=True))
+    stale_request = HarnessCall.Request(
+        capability="measure_object_geometry", args_json=json.dumps({"object": pointed["detection_id"]})
+    )
+    wait_for(
+        lambda: result_of(call.call_async(stale_request), 30).result.failure_category == "stale_observation",
+        10,
+        "the stale receipt to take effect",
+    )
+    perceive("observe")
+    tracked = perceive("track_target", detection=cube["detection_id"])
+    compared = perceive("compare_object_observations", before=cube["detection_id"], after=tracked["detection_id"])
+    assert not compared["moved"] and compared["distance_m"] < 0.005
+    wait_for(lambda: {r.capability for r in receipts} >= {"observe", "segment", "track_target"}, 10, "receipts")
