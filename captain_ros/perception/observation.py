@@ -64,6 +64,9 @@ class ObservationStore:
     def is_stale(self, obs: Observation) -> bool:
         return obs.scene_version != self.scene_version
 
+    def all(self) -> list[Observation]:
+        return list(self._observations.values())
+
     def latest(self) -> Observation | None:
         return next(reversed(self._observations.values()), None)
 
@@ -74,7 +77,7 @@ class ObservationStore:
             )
         obs = self._observations.get(handle)
         if obs is None:
-            known = ", ".join(self._observations) or "none yet: call observe()"
+            known = ", ".join(list(self._observations)[-5:]) or "none yet: call observe()"
             raise PerceptionError(
                 FailureCategory.INVALID_ARGUMENT, f"unknown observation handle {handle!r} (known: {known})"
             )

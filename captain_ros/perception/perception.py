@@ -86,7 +86,12 @@ class Perception:
         self.detections: dict[str, Detection] = {}
 
     def scene_changed(self) -> None:
+        """After a physical action: every observation so far is stale. Their point clouds and segments
+        (about 5 MB per camera) are dropped; the images stay, and a cloud is rebuilt if a stale
+        detection is still compared or tracked."""
         self.store.scene_changed()
+        for obs in self.store.all():
+            obs.cache.clear()
 
     # ------------------------------------------------------------------------------ helpers
     def _cloud(self, obs: Observation, camera: str) -> CameraCloud:
@@ -114,7 +119,7 @@ class Perception:
             raise A.ArgumentError(f"{name} must be a detection id like 'det-3', got {value!r}")
         det = self.detections.get(value)
         if det is None:
-            known = ", ".join(self.detections) or "none yet: segment() or mark_point() first"
+            known = ", ".join(list(self.detections)[-10:]) or "none yet: segment() or mark_point() first"
             raise A.ArgumentError(f"unknown detection id {value!r} for {name} (known: {known})")
         if not allow_stale and self.store.is_stale(det.observation):
             raise PerceptionError(
