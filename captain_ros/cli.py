@@ -13,11 +13,17 @@ import sys
 
 def _capabilities(_: argparse.Namespace) -> int:
     from captain_ros.core.contract import CAPABILITIES
+    from captain_ros.perception.perception import Perception
 
-    print(f"{'capability':<28} {'group':<12} {'action':<7} summary")
+    print(f"{'capability':<28} {'group':<12} {'action':<7} {'over ROS':<17} summary")
     for cap in CAPABILITIES:
-        print(f"{cap.name:<28} {cap.group:<12} {'yes' if cap.physical else '':<7} {cap.summary}")
-    print(f"\n{len(CAPABILITIES) - 1} capabilities plus finish(); 'action' ones count against the action budget.")
+        served = "/perception/call" if hasattr(Perception, f"_{cap.name}") else "/harness/call"
+        print(f"{cap.name:<28} {cap.group:<12} {'yes' if cap.physical else '':<7} {served:<17} {cap.summary}")
+    print(
+        f"\n{len(CAPABILITIES) - 1} capabilities plus finish(); 'action' ones count against the action budget."
+        "\nIn-process, Harness.call() serves all of them; over ROS the motion node serves /harness/call (and the"
+        "\nMoveTo action /harness/move_to), the perception node /perception/call."
+    )
     return 0
 
 

@@ -1,0 +1,19 @@
+"""The captain-ros command-line tool."""
+
+from captain_ros.cli import main
+from captain_ros.core.contract import CAPABILITIES, FailureCategory
+
+
+def test_capabilities_lists_every_call_and_where_it_is_served(capsys):
+    assert main(["capabilities"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:] if line.strip()}
+    for cap in CAPABILITIES:
+        assert cap.name in rows
+    assert "/perception/call" in rows["mark_point"] and "/harness/call" in rows["move_to"]
+    assert "yes" in rows["recover"] and "yes" not in rows["observe"]
+
+
+def test_failures_lists_the_closed_set(capsys):
+    assert main(["failures"]) == 0
+    out = capsys.readouterr().out
+    assert all(c.value in out for c in FailureCategory if c.value)
