@@ -236,6 +236,3 @@ class Ros2ControlBackend(ArmBackend):
                 if left <= 0:
                     raise BackendError(f"joint states stopped advancing for {self._timeout} s: link lost")
                 self._cond.wait(left)
-
-    def close(self) -> None:
-        self._arm_action.destroy()
