@@ -8,6 +8,7 @@ Out: /perception/call            captain_interfaces/srv/HarnessCall    observe, 
                                  inspect_contact_geometry, inspect_release_geometry, compare_object_observations
      /perception/get_observation captain_interfaces/srv/GetObservation the images of an observation handle
      /harness/receipts           captain_interfaces/msg/CallResult     every result
+     /captain/markers            visualization_msgs/MarkerArray        detections as labelled boxes (rviz)
 Segmentation is the built-in RGB-D segmenter unless harness.yaml names an HTTP server. The simulator's
 ground truth is never used here.
 """
@@ -29,6 +30,7 @@ from rclpy.node import Node
 from sensor_msgs.msg import CameraInfo, Image, JointState
 from std_msgs.msg import Header
 from tf2_msgs.msg import TFMessage
+from visualization_msgs.msg import Marker, MarkerArray
 
 from captain_interfaces.msg import CallResult as CallResultMsg
 from captain_interfaces.msg import Observation as ObservationMsg
@@ -131,6 +133,7 @@ class PerceptionNode(Node):
         self.create_subscription(TFMessage, "/tf", self._on_tf, 10, callback_group=group)
         self.create_subscription(CallResultMsg, "/harness/receipts", self._on_receipt, 50, callback_group=group)
         self.receipts = self.create_publisher(CallResultMsg, "/harness/receipts", 50)
+        self.markers = self.create_publisher(MarkerArray, "/captain/markers", 10)
         self.create_service(HarnessCall, "/perception/call", self._on_call, callback_group=group)
         self.create_service(GetObservation, "/perception/get_observation", self._on_get, callback_group=group)
         segmenter = config.perception.segment_url if config.perception.segmenter == "http" else "built-in RGB-D"
@@ -211,6 +214,8 @@ class PerceptionNode(Node):
         result.episode_id, result.frame_id = request.episode_id, robot.BASE_FRAME
         msg = call_result_to_msg(result, time.time())
         self.receipts.publish(msg)
+        if result.success and isinstance(result.value, dict):
+            self._show(capability, result.value)
         text = result.receipt or f"{capability}: {result.failure_category.value}: {result.message}"
         if result.success:  # rclpy forbids one logging call site from changing severity
             self.get_logger().info(text)
@@ -218,6 +223,34 @@ class PerceptionNode(Node):
             self.get_logger().warning(text)
         response.result = msg
         return response
+
+    def _show(self, capability: str, value: dict) -> None:
+        """Detections as boxes with labels in rviz (/captain/markers, namespace 'detections')."""
+        ids = [d["detection_id"] for d in value.get("detections", [])] or (
+            [value["detection_id"]] if "detection_id" in value else []
+        )
+        markers = MarkerArray()
+        if capability == "observe":
+            markers.markers.append(Marker(ns="detections", action=Marker.DELETEALL))
+        for det_id in ids:
+            det = self.perception.detections[det_id]
+            with self._lock:
+                g = self.perception._geometry(det)
+            header = Header(stamp=stamp_msg(det.observation.time_s), frame_id=robot.BASE_FRAME)
+            number = int(det_id.split("-")[1])
+            yaw = np.radians(g.yaw_deg)
+            box = Marker(header=header, ns="detections", id=2 * number, type=Marker.CUBE, action=Marker.ADD)
+            box.pose = pose_msg(g.center_m, np.array([np.cos(yaw / 2), 0.0, 0.0, np.sin(yaw / 2)]))
+            box.scale.x, box.scale.y, box.scale.z = (float(max(v, 0.002)) for v in g.extents_m)
+            box.color.r, box.color.g, box.color.b, box.color.a = 0.1, 0.8, 1.0, 0.35
+            label = Marker(header=header, ns="detections", id=2 * number + 1, type=Marker.TEXT_VIEW_FACING)
+            label.pose = pose_msg(g.center_m + [0.0, 0.0, g.extents_m[2] / 2 + 0.03], np.array([1.0, 0, 0, 0]))
+            label.scale.z = 0.025
+            label.color.r = label.color.g = label.color.b = label.color.a = 1.0
+            label.text = f"{det_id} {det.label}"
+            markers.markers += [box, label]
+        if markers.markers:
+            self.markers.publish(markers)
 
     def _on_get(self, request: GetObservation.Request, response: GetObservation.Response) -> GetObservation.Response:
         store = self.perception.store

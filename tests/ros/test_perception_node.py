@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+from visualization_msgs.msg import MarkerArray
 
 from captain_interfaces.msg import CallResult as CallResultMsg
 from captain_interfaces.srv import GetObservation, HarnessCall
@@ -37,6 +38,8 @@ def test_every_perception_call_over_dds(nodes, client_node):
     receipts: list[CallResultMsg] = []
     node.create_subscription(CallResultMsg, "/harness/receipts", receipts.append, 50)
     publish = node.create_publisher(CallResultMsg, "/harness/receipts", 10)
+    markers: list[MarkerArray] = []
+    node.create_subscription(MarkerArray, "/captain/markers", markers.append, 10)
 
     def perceive(capability: str, **kwargs) -> dict:
         request = HarnessCall.Request(capability=capability, args_json=json.dumps(kwargs))
@@ -95,3 +98,9 @@ def test_every_perception_call_over_dds(nodes, client_node):
     compared = perceive("compare_object_observations", before=cube["detection_id"], after=tracked["detection_id"])
     assert not compared["moved"] and compared["distance_m"] < 0.005
     wait_for(lambda: {r.capability for r in receipts} >= {"observe", "segment", "track_target"}, 10, "receipts")
+    # rviz shows the detections as labelled boxes
+    wait_for(
+        lambda: f"{cube['detection_id']} red cube" in {m.text for a in markers for m in a.markers},
+        10,
+        "the cube's marker",
+    )
