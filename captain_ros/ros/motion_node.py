@@ -7,6 +7,7 @@
   /harness/resume       std_srvs/Trigger                     accept motions again
   /harness/new_episode  std_srvs/Trigger                     fresh budgets, log and gate (message: episode id)
   /agent/heartbeat      std_msgs/Empty                       the agent is alive (watchdog; see `watchdog`)
+  /captain/markers      visualization_msgs/MarkerArray       executed TCP paths (rviz)
 
 It serves once the arm's joint states arrive. Calls run one at a time (one arm); stop, resume and
 cancel never wait for a running call. The core never raises: every failure is a CallResult with
@@ -24,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import rclpy
 import yaml
+from geometry_msgs.msg import Point
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import ReentrantCallbackGroup
@@ -31,6 +33,7 @@ from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.node import Node
 from std_msgs.msg import Empty
 from std_srvs.srv import Trigger
+from visualization_msgs.msg import Marker, MarkerArray
 
 from captain_interfaces.action import MoveTo
 from captain_interfaces.msg import CallResult as CallResultMsg
@@ -104,6 +107,7 @@ class MotionNode(Node):
         self._goal = None  # the MoveTo goal being executed
         self._last_feedback = 0.0
         self.receipts = self.create_publisher(CallResultMsg, "/harness/receipts", 50)
+        self.markers = self.create_publisher(MarkerArray, "/captain/markers", 10)
 
     def connect(self, timeout_s: float = 30.0) -> None:
         """Wait for the arm's joint states, then start serving (the executor must already spin)."""
@@ -149,12 +153,29 @@ class MotionNode(Node):
         if call_id:
             result.call_id = call_id
         self.receipts.publish(call_result_to_msg(result, time.time()))
+        if result.executed and isinstance(result.value, dict) and "motion_id" in result.value:
+            self._show(result)
         text = result.receipt or f"{capability}: {result.failure_category.value}: {result.message}"
         if result.success:  # rclpy forbids one logging call site from changing severity
             self.get_logger().info(text)
         else:
             self.get_logger().warning(text)
         return result
+
+    def _show(self, result: CallResult) -> None:
+        """The executed TCP path of a motion in rviz (/captain/markers, namespace 'motions'): green when it
+        reached its target, orange when it stopped early."""
+        record = self.harness.motions[result.value["motion_id"] - 1]
+        line = Marker(ns="motions", id=record.motion_id, type=Marker.LINE_STRIP, action=Marker.ADD)
+        line.header.frame_id = robot.BASE_FRAME
+        line.points = [
+            Point(x=float(r.tcp_m[0]), y=float(r.tcp_m[1]), z=float(r.tcp_m[2])) for r in record.outcome.trace
+        ]
+        line.scale.x = 0.004
+        line.color.r, line.color.g, line.color.b, line.color.a = (
+            (0.2, 0.9, 0.2, 1.0) if result.success else (1.0, 0.5, 0.0, 1.0)
+        )
+        self.markers.publish(MarkerArray(markers=[line]))
 
     def _on_call(self, request: HarnessCall.Request, response: HarnessCall.Response) -> HarnessCall.Response:
         try:

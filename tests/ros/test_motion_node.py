@@ -14,6 +14,7 @@ from action_msgs.msg import GoalStatus
 from rclpy.action import ActionClient
 from std_msgs.msg import Empty
 from std_srvs.srv import Trigger
+from visualization_msgs.msg import MarkerArray
 
 from captain_interfaces.action import MoveTo
 from captain_interfaces.msg import CallResult as CallResultMsg
@@ -110,11 +111,15 @@ def test_calls_return_results_and_every_receipt_is_published(agent):
 
 
 def test_move_to_action_gives_feedback_and_a_call_result(agent):
+    paths: list[MarkerArray] = []
+    agent.node.create_subscription(MarkerArray, "/captain/markers", paths.append, 10)
     status, result, feedback = _run(agent.move, _pose_goal(0.45, 0.05, 0.35, speed_mps=0.15))
     assert status == GoalStatus.STATUS_SUCCEEDED and result.success and result.executed
     assert "target_reached" in result.receipt and result.budget.actions_used >= 1
     assert len(feedback) >= 3 and feedback[-1].progress > feedback[0].progress
     assert feedback[-1].executed_distance_m > 0.05
+    motion_id = json.loads(result.value_json)["motion_id"]
+    wait_for(lambda: any(m.ns == "motions" and m.id == motion_id for a in paths for m in a.markers), 10, "the path")
     jaw_status, jaw, _ = _run(agent.move, MoveTo.Goal(target_kind=MoveTo.Goal.TARGET_JAW, jaw_opening_m=0.04))
     assert jaw_status == GoalStatus.STATUS_SUCCEEDED and "jaw closed 80->40 mm" in jaw.receipt
     assert json.loads(agent.call("gripper_state").value_json)["opening_m"] == pytest.approx(0.04, abs=0.002)
