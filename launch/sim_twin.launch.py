@@ -45,11 +45,6 @@ def generate_launch_description() -> LaunchDescription:
             default_value=PathJoinSubstitution([FindPackageShare("captain_ros"), "config", "robot.yaml"]),
             description="robot description, frames and controller interface names",
         ),
-        DeclareLaunchArgument(
-            "safety_config",
-            default_value=PathJoinSubstitution([FindPackageShare("captain_ros"), "config", "safety.yaml"]),
-            description="workspace box, speed and force limits, watchdog (used by the harness nodes)",
-        ),
         DeclareLaunchArgument("use_rviz", default_value="true", description="start the rviz2 monitor"),
     ]
     twin = Node(
@@ -72,11 +67,7 @@ def generate_launch_description() -> LaunchDescription:
         PythonLaunchDescriptionSource(
             PathJoinSubstitution([FindPackageShare("captain_ros"), "launch", "harness.launch.py"])
         ),
-        launch_arguments={
-            "robot_config": LaunchConfiguration("robot_config"),
-            "safety_config": LaunchConfiguration("safety_config"),
-        }.items(),
-    )
+    )  # launch configurations reach included files: robot_config here, safety_config etc. declared there
     monitor = IncludeLaunchDescription(
         PythonLaunchDescriptionSource(
             PathJoinSubstitution([FindPackageShare("captain_ros"), "launch", "monitor.launch.py"])
