@@ -82,6 +82,8 @@ def test_every_perception_call_over_dds(nodes, client_node):
     assert images.result.success and list(images.observation.cameras) == ["head", "wrist"]
     assert images.observation.color[0].encoding == "rgb8" and images.observation.depth[0].encoding == "32FC1"
     assert images.observation.camera_info[0].k[0] > 100
+    unknown = result_of(get.call_async(GetObservation.Request(handle="obs-99")), 30).result
+    assert unknown.failure_category == "invalid_argument" and "unknown observation handle" in unknown.message
 
     # the motion node reports an executed move: everything seen before is stale now
     publish.publish(CallResultMsg(capability="move_to", success=True, executed=True))
