@@ -438,5 +438,5 @@ def backend_hold_quietly(backend: ArmBackend) -> None:
     """After a backend error: try to hold the arm; the original error is what gets reported."""
     try:
         backend.hold()
-    except Exception:  # the link may be gone: the controller then holds its last point by itself
+    except Exception:  # the command path may be gone too: the controller then finishes its last goal
         pass

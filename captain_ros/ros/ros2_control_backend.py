@@ -10,7 +10,8 @@ The backend runs its own copy of the controller's interpolation (`TrajectoryFoll
 the arm is being commanded at any time. Periods are paced by the measured state's stamps (sim
 time on the twin, hardware time on a robot), so the harness runs at any real-time factor. A state
 older than `state_timeout_s` (wall clock) means the link is lost: BackendError, reported as
-backend_error; the controller keeps holding its last point.
+backend_error, and the harness then holds: the backend cancels the running goal and commands its last
+setpoint (the state stream may be lost while commands still get through).
 """
 
 from __future__ import annotations
@@ -200,9 +201,12 @@ class Ros2ControlBackend(ArmBackend):
             self._cond.notify_all()
 
     def hold(self, q_rad: np.ndarray | None = None) -> np.ndarray:
-        q = np.clip(
-            self.read_state().q_rad if q_rad is None else np.asarray(q_rad, dtype=float), self.lower, self.upper
-        )
+        if q_rad is None:
+            try:
+                q_rad = self.read_state().q_rad
+            except BackendError:  # no fresh state (link lost): stop at the last setpoint we commanded
+                q_rad = self._mirror_or_fail().desired_q
+        q = np.clip(np.asarray(q_rad, dtype=float), self.lower, self.upper)
         with self._cond:
             # from here on the running goal's abort is ours, and an earlier goal's late failure is superseded
             goal, self._goal, self._goal_failure = self._goal, None, ""

@@ -59,6 +59,7 @@ from captain_ros.twin.tasks import TaskError, default_suite, get_task
 DEFAULT_GOAL_TOLERANCE = 0.02  # rad (arm) / m (finger) when a goal gives none
 DEFAULT_GOAL_TIME_TOLERANCE_S = 1.0
 ACTION_MONITOR_RATE_HZ = 20.0  # goal checks and feedback, joint_trajectory_controller's default
+MAX_LAG_S = 0.1  # falling further behind real time than this drops the lag instead of fast-forwarding
 
 
 class TwinNode(Node):
@@ -366,6 +367,11 @@ class TwinNode(Node):
             ahead = (now - pace["sim0"]) / rtf - (time.monotonic() - pace["wall0"])
             if ahead > 0:
                 time.sleep(ahead)
+            elif ahead < -MAX_LAG_S:  # stalled (CPU starved, paused): carry on from now, never fast-forward
+                self.get_logger().warning(
+                    f"fell {-ahead:.2f} s behind real time; continuing from now", throttle_duration_sec=5.0
+                )
+                pace["wall0"], pace["sim0"] = time.monotonic(), now
 
     def _publish_state(self, twin: Twin) -> None:
         stamp = stamp_msg(twin.time_s)

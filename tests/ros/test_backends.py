@@ -6,6 +6,8 @@ Ground truth (object poses, task success) comes from the twin itself, never thro
 from __future__ import annotations
 
 import math
+import os
+import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -22,7 +24,7 @@ from captain_ros.paths import config_path
 from captain_ros.twin import robot
 from captain_ros.twin.sim import Twin
 
-from .helpers import launch_twin, result_of, stop, wait_for
+from .helpers import LOADED_MACHINE_STATE_TIMEOUT_S, launch_twin, result_of, stop, wait_for
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 TASK = "put_red_cube_in_bowl"
@@ -58,7 +60,7 @@ def _twin_arm(kinematics) -> Arm:
     return Arm(harness, twin.reader.position, twin.success)
 
 
-def _ros2_control_arm(request, kinematics) -> Arm:
+def _ros2_control_arm(request, kinematics, state_timeout_s: float = LOADED_MACHINE_STATE_TIMEOUT_S) -> Arm:
     import yaml
 
     from captain_ros.ros.ros2_control_backend import Ros2ControlBackend
@@ -73,7 +75,7 @@ def _ros2_control_arm(request, kinematics) -> Arm:
     answer = result_of(reset.call_async(ResetEpisode.Request(task=TASK, start_id=START)), 30)
     assert answer.success, answer.message
     interfaces = yaml.safe_load(config_path("robot.yaml").read_text())["interfaces"]
-    backend = Ros2ControlBackend(node, interfaces)
+    backend = Ros2ControlBackend(node, interfaces, state_timeout_s=state_timeout_s)
     reset_time = backend.wait_for_state(30).time_s
     wait_for(lambda: backend.read_state().time_s > reset_time + 0.05, 10, "joint states after the reset")
 
@@ -224,3 +226,33 @@ def test_bad_targets_move_nothing(arm, kwargs, category, words):
     assert words in result.message
     _settles(arm)
     np.testing.assert_allclose(arm.q(), q0, atol=1e-3)
+
+
+def test_lost_joint_states_stop_the_motion_and_cancel_the_goal(request, kinematics):
+    """ros2_control only: the twin process is frozen mid-sweep (SIGSTOP), so joint states stop. The call
+    fails as backend_error ("link lost"), and the running goal is canceled and replaced by a hold at the
+    last setpoint, so once the twin runs again the arm does not carry on to the target."""
+    arm = _ros2_control_arm(request, kinematics, state_timeout_s=1.0)
+    twin_pid = request.getfixturevalue("twin_node_process")[0].pid
+    target = [0.45, 0.25, 0.25]
+    _at_progress(arm.harness, 0.2, lambda: os.kill(twin_pid, signal.SIGSTOP))
+    try:
+        result = arm.harness.call("move_to", pose={"position": target, "yaw_deg": 0})
+    finally:
+        os.kill(twin_pid, signal.SIGCONT)
+    arm.harness.on_progress = None
+    assert result.failure_category is FailureCategory.BACKEND_ERROR and result.executed
+    assert "link lost" in result.message
+    wait_for(lambda: _fresh(arm), 10, "joint states after the twin resumed")
+    _settles(arm)
+    tcp = kinematics.forward(arm.q())[0]
+    assert np.linalg.norm(tcp - np.array(target)) > 0.05
+    arm.harness.backend.close()
+
+
+def _fresh(arm: Arm) -> bool:
+    try:
+        arm.harness.backend.read_state()
+    except Exception:
+        return False
+    return True

@@ -20,7 +20,7 @@ from captain_interfaces.action import MoveTo
 from captain_interfaces.msg import CallResult as CallResultMsg
 from captain_interfaces.srv import HarnessCall
 
-from .helpers import launch_node, launch_twin, result_of, stop, wait_for
+from .helpers import LOADED_MACHINE_STATE_TIMEOUT_S, launch_node, launch_twin, result_of, stop, wait_for
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 TASK = "put_red_cube_in_bowl"
@@ -29,7 +29,7 @@ TASK = "put_red_cube_in_bowl"
 @pytest.fixture(scope="module")
 def nodes():
     twin, twin_lines = launch_twin(TASK, f"{TASK}/official/0", real_time_factor=1.0, camera_rate_hz=0.0)
-    proc, lines = launch_node("motion_node")
+    proc, lines = launch_node("motion_node", ("state_timeout_s", LOADED_MACHINE_STATE_TIMEOUT_S))
     yield lines, twin_lines
     stop(proc)
     stop(twin)
