@@ -65,6 +65,6 @@ def client_node() -> Iterator:
     thread.start()
     yield node
     executor.shutdown()
+    thread.join(timeout=5)
     node.destroy_node()
     rclpy.shutdown(context=context)
-    thread.join(timeout=5)
