@@ -12,6 +12,10 @@ ik_ms_p50                  damped-least-squares IK per top-down pose, with mink 
                            model) measured on the same targets for comparison
 ros_overhead_ratio         the same 10 cm move_to through motion_node's MoveTo action vs the harness core
                            called in-process, both driving twin_node (real time) via ros2_control
+force_limit_overshoot_n    manipulation-mode descents into the table (15 N limit, 2 cm/s): peak force
+                           minus the limit, on the twin backend (checked every 2 ms physics step) and
+                           on the ros2_control backend over DDS (checked at the 100 Hz joint-state
+                           rate, in a client process that the OS may stall)
 
   python bench/motion.py     # prints tables, writes bench/results/motion.json
 """
@@ -157,10 +161,52 @@ def _launch(*args: str) -> subprocess.Popen:
     return subprocess.Popen([exe, *args[1:]], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 
-def bench_ros_overhead(moves: int, kin: Kinematics) -> dict[str, float]:
-    """The same 10 cm move_to, alternately through motion_node's MoveTo action and by calling the harness
-    core in this process; both drive twin_node (real time, its own process) through the ros2_control
-    backend, so the only difference is the ROS layer of the motion node."""
+FORCE_LIMIT_N = 15.0
+FORCE_SPEED_MPS = 0.02
+
+
+def force_limit_overshoots(harness: Harness, spots: list[np.ndarray], desc: str) -> list[float]:
+    """Press into the table in manipulation mode at each spot; returns peak force minus the limit (N)."""
+    overshoots = []
+    for xy in tqdm(spots, desc=desc, unit="run"):
+        above = harness.call("move_to", pose={"position": [*xy, 0.05], "yaw_deg": 0})
+        if not above.success:
+            raise RuntimeError(f"move above {xy}: {above.message}")
+        result = harness.call(
+            "move_to",
+            pose={"position": [*xy, 0.0], "yaw_deg": 0},
+            mode="manipulation",
+            force_limit_n=FORCE_LIMIT_N,
+            speed_mps=FORCE_SPEED_MPS,
+        )
+        if result.value is None or result.value["stop_reason"] != "force_limit":
+            raise RuntimeError(f"the descent at {xy} did not stop at the force limit: {result.receipt}")
+        overshoots.append(result.value["peak_force_n"] - FORCE_LIMIT_N)
+        # straight up off the table: unloading the wrist is no contact, so in manipulation mode too
+        lift = harness.call("move_to", pose={"position": [*xy, 0.05], "yaw_deg": 0}, mode="manipulation")
+        if not lift.success:
+            raise RuntimeError(f"lift at {xy}: {lift.message}")
+    return overshoots
+
+
+def force_spots(runs: int) -> list[np.ndarray]:
+    twin = Twin(TASK)
+    twin.reset(StartId(TASK, "official", 0))
+    rng = np.random.default_rng(1)
+    return [free_spot(twin, rng) for _ in range(runs)]
+
+
+def bench_force_twin(spots: list[np.ndarray], kin: Kinematics) -> list[float]:
+    twin = Twin(TASK)
+    twin.reset(StartId(TASK, "official", 0))
+    return force_limit_overshoots(Harness(TwinBackend(twin), load_config(), kin), spots, "force-limit descents, twin")
+
+
+def bench_ros(moves: int, spots: list[np.ndarray], kin: Kinematics) -> dict:
+    """twin_node (real time, its own process) driven through the ros2_control backend over DDS.
+    Overhead: the same 10 cm move_to, alternately through motion_node's MoveTo action and by calling the
+    harness core in this process, so the only difference is the ROS layer of the motion node.
+    Then force-limit descents with the in-process core on the ros2_control backend."""
     os.environ.setdefault("ROS_DOMAIN_ID", str(151 + os.getpid() % 80))
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
     import rclpy
@@ -173,7 +219,10 @@ def bench_ros_overhead(moves: int, kin: Kinematics) -> dict[str, float]:
     from captain_ros.ros.ros2_control_backend import Ros2ControlBackend
 
     procs = [
-        _launch("twin_node", "--ros-args", "-p", f"task:={TASK}", "-p", "camera_rate_hz:=0.0"),
+        _launch(
+            "twin_node",
+            *("--ros-args", "-p", f"task:={TASK}", "-p", f"start_id:={TASK}/official/0", "-p", "camera_rate_hz:=0.0"),
+        ),
         _launch("motion_node", "--ros-args", "-p", "watchdog:=false"),
     ]
     rclpy.init()
@@ -189,7 +238,7 @@ def bench_ros_overhead(moves: int, kin: Kinematics) -> dict[str, float]:
         if not action.wait_for_server(timeout_sec=60):
             raise RuntimeError("motion_node did not come up")
         targets = [np.array([0.5, -0.05, 0.3]), np.array([0.5, 0.05, 0.3])]
-        harness.call("move_to", pose={"position": list(targets[1]), "yaw_deg": 0})
+        harness.call("move_to", pose={"position": list(targets[0]), "yaw_deg": 0})  # the first timed move goes to 1
         times: dict[str, list[float]] = {"ros": [], "in_process": []}
 
         def through_ros(target: np.ndarray) -> str:
@@ -221,6 +270,8 @@ def bench_ros_overhead(moves: int, kin: Kinematics) -> dict[str, float]:
                 times[way].append(time.perf_counter() - t0)
                 if failure:
                     raise RuntimeError(f"move_to {way} failed: {failure}")
+        backend.resync()
+        overshoots = force_limit_overshoots(harness, spots, "force-limit descents, ros2_control")
     finally:
         executor.shutdown()
         node.destroy_node()
@@ -229,7 +280,12 @@ def bench_ros_overhead(moves: int, kin: Kinematics) -> dict[str, float]:
             proc.terminate()
             proc.wait(10)
     ros, local = np.median(times["ros"]), np.median(times["in_process"])
-    return {"ratio": float(ros / local), "ros_s_p50": float(ros), "in_process_s_p50": float(local)}
+    return {
+        "ratio": float(ros / local),
+        "ros_s_p50": float(ros),
+        "in_process_s_p50": float(local),
+        "overshoots": overshoots,
+    }
 
 
 def bench_ik(samples: int, kin: Kinematics) -> dict[str, float]:
@@ -294,13 +350,17 @@ def main() -> int:
     parser.add_argument("--cancels", type=int, default=20, help="cancel trials (default 20)")
     parser.add_argument("--ik", type=int, default=100, help="IK targets (default 100)")
     parser.add_argument("--ros-moves", type=int, default=10, help="move_to pairs via ROS / in-process (default 10)")
+    parser.add_argument("--force-runs", type=int, default=10, help="force-limit descents per backend (default 10)")
     args = parser.parse_args()
     kin = Kinematics()
     contact = np.array(bench_contact(args.runs, kin))
     sweeps = np.array(bench_sweeps(kin))
     cancels = np.array(bench_cancel(args.cancels, kin))
     ik = bench_ik(args.ik, kin)
-    ros = bench_ros_overhead(args.ros_moves, kin)
+    spots = force_spots(args.force_runs)
+    force_twin = np.array(bench_force_twin(spots, kin))
+    ros = bench_ros(args.ros_moves, spots, kin)
+    force_ros = np.array(ros["overshoots"])
     period_ms = load_config().safety.control_period_s * 1e3
     print_table(
         "Guarded motion on the twin (in-process harness core)",
@@ -335,6 +395,20 @@ def main() -> int:
         ],
     )
     print_table(
+        f"Force-limit overshoot: peak - limit, {len(spots)} descents at {FORCE_SPEED_MPS * 100:.0f} cm/s, limit "
+        f"{FORCE_LIMIT_N:.0f} N",
+        ["backend", "N p50", "N max", "ratio p50"],
+        [
+            ["twin in-process (every 2 ms step)", float(np.median(force_twin)), float(force_twin.max()), 1.0],
+            [
+                "ros2_control over DDS (100 Hz states)",
+                float(np.median(force_ros)),
+                float(force_ros.max()),
+                float(np.median(force_ros) / max(np.median(force_twin), 1e-9)),
+            ],
+        ],
+    )
+    print_table(
         "IK per top-down pose (same targets)",
         ["solver", "ms p50", "converged"],
         [
@@ -362,6 +436,10 @@ def main() -> int:
             "sweep_plan_ms_p50": ik["sweep_plan_ms_p50"],
             "move_to_ros_s_p50": ros["ros_s_p50"],
             "move_to_in_process_s_p50": ros["in_process_s_p50"],
+            "force_limit_overshoot_n_p50": float(np.median(force_twin)),
+            "force_limit_overshoot_n_max": float(force_twin.max()),
+            "ros_force_limit_overshoot_n_p50": float(np.median(force_ros)),
+            "ros_force_limit_overshoot_n_max": float(force_ros.max()),
         },
     )
     return 0

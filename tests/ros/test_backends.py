@@ -158,8 +158,13 @@ def test_manipulation_mode_tolerates_load_until_the_force_limit(arm):
         force_limit_n=15.0,
         speed_mps=0.02,
     )
-    assert result.failure_category is FailureCategory.FORCE_LIMIT
-    assert 15.0 < result.value["peak_force_n"] < 40.0
+    assert result.failure_category is FailureCategory.FORCE_LIMIT and result.value["peak_force_n"] > 15.0
+    np.testing.assert_allclose(arm.harness.backend.commanded()[1], 0.0, atol=1e-9)  # held
+    if arm.harness.backend.name == "mujoco_twin":
+        # checked at every 2 ms physics step, the peak is the table's impact spike (~20 N over the limit at
+        # 2 cm/s). Over DDS it also depends on how promptly the OS runs the client: bench/motion.py measures
+        # that (ros_force_limit_overshoot_n_*) instead of a test asserting timing.
+        assert result.value["peak_force_n"] < 40.0
 
 
 def _at_progress(harness: Harness, fraction: float, action: Callable[[], None]) -> None:
