@@ -17,6 +17,7 @@ import pytest
 from captain_interfaces.srv import GetPrivilegedSnapshot, ResetEpisode
 from captain_ros.core.contract import RECEIPT_MAX_CHARS, FailureCategory
 from captain_ros.core.kinematics import Kinematics
+from captain_ros.harness.backend import BackendError
 from captain_ros.harness.config import load_config
 from captain_ros.harness.harness import Harness
 from captain_ros.harness.twin_backend import TwinBackend
@@ -258,6 +259,6 @@ def test_lost_joint_states_stop_the_motion_and_cancel_the_goal(request, kinemati
 def _fresh(arm: Arm) -> bool:
     try:
         arm.harness.backend.read_state()
-    except Exception:
+    except BackendError:
         return False
     return True
