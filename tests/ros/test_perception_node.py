@@ -1,10 +1,12 @@
-"""perception_node over DDS: twin_node (cameras at 5 Hz) and perception_node in their own processes;
-this test drives every perception call through /perception/call, fetches images through
-/perception/get_observation, and makes observations stale with an executed receipt."""
+"""perception_node over DDS: twin_node (cameras at 5 Hz), perception_node and motion_node in their own
+processes. One test drives every perception call through /perception/call, fetches images through
+/perception/get_observation, and makes observations stale with an executed receipt; another checks that
+the motion node's completion gate counts measurements the perception node made."""
 
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ from visualization_msgs.msg import MarkerArray
 from captain_interfaces.msg import CallResult as CallResultMsg
 from captain_interfaces.srv import GetObservation, HarnessCall
 
-from .helpers import launch_node, launch_twin, result_of, stop, wait_for
+from .helpers import LOADED_MACHINE_STATE_TIMEOUT_S, launch_node, launch_twin, result_of, stop, wait_for
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 TASK = "put_red_cube_in_bowl"
@@ -23,7 +25,11 @@ TASK = "put_red_cube_in_bowl"
 def nodes():
     twin, twin_lines = launch_twin(TASK, f"{TASK}/wide/3", real_time_factor=1.0, camera_rate_hz=5.0)
     proc, lines = launch_node("perception_node")
-    yield lines, twin_lines
+    motion, motion_lines = launch_node(
+        "motion_node", ("watchdog", False), ("state_timeout_s", LOADED_MACHINE_STATE_TIMEOUT_S)
+    )
+    yield lines, twin_lines, motion_lines
+    stop(motion)
     stop(proc)
     stop(twin)
 
@@ -106,3 +112,31 @@ def test_every_perception_call_over_dds(nodes, client_node):
         10,
         "the cube's marker",
     )
+
+
+def test_completion_gate_counts_measurements_made_by_the_perception_node(nodes, client_node):
+    """finish goes to the motion node, the verification to the perception node: the gate sees it through
+    /harness/receipts. With no rejection used yet, an accepted finish is the gate's own verdict."""
+    node = client_node
+    harness = node.create_client(HarnessCall, "/harness/call")
+    perception = node.create_client(HarnessCall, "/perception/call")
+    if not harness.wait_for_service(timeout_sec=60):
+        raise RuntimeError("motion_node did not come up:\n" + "".join(nodes[2]))
+    assert perception.wait_for_service(timeout_sec=60)
+    receipts: list[CallResultMsg] = []
+    node.create_subscription(CallResultMsg, "/harness/receipts", receipts.append, 50)
+
+    def call(client, capability: str, **kwargs) -> CallResultMsg:
+        request = HarnessCall.Request(capability=capability, args_json=json.dumps(kwargs))
+        return result_of(client.call_async(request), 60).result
+
+    moved = call(harness, "move_to", pose={"position": [0.45, 0.0, 0.35], "yaw_deg": 0})
+    assert moved.success and moved.executed, moved.message
+    wait_for(lambda: call(perception, "observe").success, 60, "an observation after the move")
+    wait_for(lambda: any(r.capability == "observe" and r.success for r in receipts), 10, "the observe receipt")
+    finish = call(harness, "finish", note="checked")
+    if not finish.success:  # the receipt can reach the motion node just after the finish request
+        assert "verify the scene" in finish.message, finish.message
+        time.sleep(0.5)  # a bound, not a measurement: one more rejection is left, so this is still the gate
+        finish = call(harness, "finish", note="checked")
+    assert finish.success and json.loads(finish.value_json)["accepted"], finish.message
