@@ -201,22 +201,27 @@ class Ros2ControlBackend(ArmBackend):
             self._cond.notify_all()
 
     def hold(self, q_rad: np.ndarray | None = None) -> np.ndarray:
+        mirror = self._mirror_or_fail()
         if q_rad is None:
             try:
                 q_rad = self.read_state().q_rad
             except BackendError:  # no fresh state (link lost): stop at the last setpoint we commanded
-                q_rad = self._mirror_or_fail().desired_q
+                q_rad = mirror.desired_q
         q = np.clip(np.asarray(q_rad, dtype=float), self.lower, self.upper)
         with self._cond:
             # from here on the running goal's abort is ours, and an earlier goal's late failure is superseded
             goal, self._goal, self._goal_failure = self._goal, None, ""
+        if goal is None and not mirror.desired_qd.any() and np.array_equal(mirror.desired_q, q):
+            # already holding exactly there: a repeated hold message could reach the controller after the
+            # next trajectory goal (topic and action are separate channels) and cut that goal short
+            return q
         point = JointTrajectoryPoint(
             positions=q.tolist(), velocities=[0.0] * 7, time_from_start=_duration(self._period)
         )
         self._arm_topic.publish(JointTrajectoryMsg(joint_names=list(robot.ARM_JOINTS), points=[point]))
         if goal is not None:
             goal.cancel_goal_async()
-        self._mirror_or_fail().hold(q)
+        mirror.hold(q)
         return q
 
     def move_gripper(self, opening_m: float, duration_s: float) -> float:

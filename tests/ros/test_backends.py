@@ -211,7 +211,8 @@ def test_stop_service_halts_and_refuses_motion_until_resume(arm):
     assert "resume" in refused.message
     np.testing.assert_allclose(arm.q(), q0, atol=1e-3)
     arm.harness.resume()
-    assert arm.harness.call("move_to", pose={"position": [0.4, 0.0, 0.3], "yaw_deg": 0}).success
+    again = arm.harness.call("move_to", pose={"position": [0.4, 0.0, 0.3], "yaw_deg": 0})
+    assert again.success, again.message
 
 
 @pytest.mark.parametrize(
