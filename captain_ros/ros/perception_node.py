@@ -49,6 +49,7 @@ from captain_ros.twin import robot
 
 STALE_AFTER_S = 2.0  # wall seconds: older camera or joint messages are not a current observation
 SYNC_TOLERANCE_S = 0.02  # colour and depth stamps must agree this well
+PAIR_WAIT_S = 1.0  # how long observe waits for a matching colour and depth pair to arrive
 HISTORY = 4  # messages kept per stream for pairing
 JOINT_HISTORY = 200  # 2 s of joint states at 100 Hz
 
@@ -121,7 +122,7 @@ class PerceptionNode(Node):
                 ("info", topics["info_topic"], CameraInfo),
             ):
                 self.create_subscription(
-                    msg_type, topic, lambda m, c=cam, k=kind: self._store(c, k, m), 2, callback_group=group
+                    msg_type, topic, lambda m, c=cam, k=kind: self._store(c, k, m), HISTORY, callback_group=group
                 )
         self.create_subscription(
             JointState,
@@ -173,11 +174,23 @@ class PerceptionNode(Node):
                     return color, depth, t_color
         raise BackendError(f"{camera}: no colour and depth image pair within {SYNC_TOLERANCE_S * 1000:.0f} ms")
 
+    def _wait_for_pair(self, camera: str) -> tuple:
+        """A synchronised colour + depth pair; waits up to PAIR_WAIT_S, since one stream can run a frame
+        ahead of the other (the subscriptions keep filling in other executor threads meanwhile)."""
+        deadline = time.monotonic() + PAIR_WAIT_S
+        while True:
+            try:
+                return self._pair(camera, self._fresh(camera, "color"), self._fresh(camera, "depth"))
+            except BackendError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+
     def _capture(self, cameras: tuple[str, ...]) -> tuple[float, dict[str, CameraImage], np.ndarray, float]:
         joint_history = self._fresh("", "joints")
         images, stamp, q, jaw = {}, 0.0, None, 0.0
         for cam in cameras:
-            color, depth, t_color = self._pair(cam, self._fresh(cam, "color"), self._fresh(cam, "depth"))
+            color, depth, t_color = self._wait_for_pair(cam)
             info = self._fresh(cam, "info")[0]
             joints = min(joint_history, key=lambda m: abs(_seconds(m.header.stamp) - t_color))
             index = {n: i for i, n in enumerate(joints.name)}
