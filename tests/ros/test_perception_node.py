@@ -34,6 +34,11 @@ def nodes():
     stop(twin)
 
 
+def _call(client, capability: str, **kwargs) -> CallResultMsg:
+    request = HarnessCall.Request(capability=capability, args_json=json.dumps(kwargs))
+    return result_of(client.call_async(request), 60).result
+
+
 def test_every_perception_call_over_dds(nodes, client_node):
     node = client_node
     call = node.create_client(HarnessCall, "/perception/call")
@@ -48,20 +53,13 @@ def test_every_perception_call_over_dds(nodes, client_node):
     node.create_subscription(MarkerArray, "/captain/markers", markers.append, 10)
 
     def perceive(capability: str, **kwargs) -> dict:
-        request = HarnessCall.Request(capability=capability, args_json=json.dumps(kwargs))
-        result = result_of(call.call_async(request), 30).result
+        result = _call(call, capability, **kwargs)
         assert result.success, f"{capability}: {result.failure_category}: {result.message}"
         assert result.receipt.startswith(capability) and len(result.receipt) <= 300
         return json.loads(result.value_json)
 
     # the cameras need a moment to publish their first frames
-    wait_for(
-        lambda: (
-            result_of(call.call_async(HarnessCall.Request(capability="observe", args_json="{}")), 30).result.success
-        ),
-        60,
-        "a first observation",
-    )
+    wait_for(lambda: _call(call, "observe").success, 60, "a first observation")
     handle = perceive("observe")["observation_handle"]
     cube = perceive("segment", text="red cube")["detections"][0]
     bowl = perceive("segment", text="black bowl")["detections"][0]
@@ -93,11 +91,11 @@ def test_every_perception_call_over_dds(nodes, client_node):
 
     # the motion node reports an executed move: everything seen before is stale now
     publish.publish(CallResultMsg(capability="move_to", success=True, executed=True))
-    stale_request = HarnessCall.Request(
-        capability="measure_object_geometry", args_json=json.dumps({"object": pointed["detection_id"]})
-    )
     wait_for(
-        lambda: result_of(call.call_async(stale_request), 30).result.failure_category == "stale_observation",
+        lambda: (
+            _call(call, "measure_object_geometry", object=pointed["detection_id"]).failure_category
+            == "stale_observation"
+        ),
         10,
         "the stale receipt to take effect",
     )
@@ -126,17 +124,13 @@ def test_completion_gate_counts_measurements_made_by_the_perception_node(nodes, 
     receipts: list[CallResultMsg] = []
     node.create_subscription(CallResultMsg, "/harness/receipts", receipts.append, 50)
 
-    def call(client, capability: str, **kwargs) -> CallResultMsg:
-        request = HarnessCall.Request(capability=capability, args_json=json.dumps(kwargs))
-        return result_of(client.call_async(request), 60).result
-
-    moved = call(harness, "move_to", pose={"position": [0.45, 0.0, 0.35], "yaw_deg": 0})
+    moved = _call(harness, "move_to", pose={"position": [0.45, 0.0, 0.35], "yaw_deg": 0})
     assert moved.success and moved.executed, moved.message
-    wait_for(lambda: call(perception, "observe").success, 60, "an observation after the move")
+    wait_for(lambda: _call(perception, "observe").success, 60, "an observation after the move")
     wait_for(lambda: any(r.capability == "observe" and r.success for r in receipts), 10, "the observe receipt")
-    finish = call(harness, "finish", note="checked")
+    finish = _call(harness, "finish", note="checked")
     if not finish.success:  # the receipt can reach the motion node just after the finish request
         assert "verify the scene" in finish.message, finish.message
         time.sleep(0.5)  # a bound, not a measurement: one more rejection is left, so this is still the gate
-        finish = call(harness, "finish", note="checked")
+        finish = _call(harness, "finish", note="checked")
     assert finish.success and json.loads(finish.value_json)["accepted"], finish.message
