@@ -272,6 +272,11 @@ class Harness:
         for row in reversed(trace):
             step = float(np.linalg.norm(row.tcp_m - previous))
             if travelled + step > distance:
+                # rows can lie far apart (a stalled client): end part-way to this row, at exactly `distance`
+                left = distance - travelled
+                if left >= 0.002:
+                    path.append(path[-1] + (left / step) * (row.q_rad - path[-1]))
+                    travelled = distance
                 break
             if step >= 0.002:
                 path.append(row.q_rad)

@@ -175,3 +175,14 @@ def test_verification_served_elsewhere_counts_for_the_gate(harness):
     harness.note_external_call("move_to", True)  # physical calls from elsewhere are ignored
     harness.note_external_call("observe", True)
     assert harness.call("finish").success
+
+
+def test_recover_reverses_the_exact_distance_even_between_sparse_trace_rows(harness, twin):
+    assert harness.call("move_to", pose={"position": [0.45, 0.0, 0.30], "yaw_deg": 0}).success
+    assert harness.call("move_to", pose={"position": [0.45, 0.0, 0.22], "yaw_deg": 0}).success
+    trace = harness.motions[-1].outcome.trace
+    trace[:] = [trace[0], trace[-1]]  # as if the client had stalled through the whole motion: 8 cm between rows
+    result = harness.call("recover", distance_m=0.03)
+    assert result.success, result.message
+    assert "reversed 3.0 cm" in result.receipt
+    assert twin.tcp_pose()[0][2] == pytest.approx(0.25, abs=0.004)
