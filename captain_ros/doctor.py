@@ -153,5 +153,5 @@ def run_doctor() -> int:
     if failed:
         print(f"\n{len(failed)} check(s) failed: {', '.join(failed)}. `make setup` installs what is missing.")
         return 1
-    print("\nAll checks passed. The agent, twin and harness nodes arrive with the next issues; see README 'Status'.")
+    print("\nAll checks passed. The twin, motion and perception nodes run today; the agent arrives with its issue.")
     return 0
