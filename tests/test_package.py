@@ -8,6 +8,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "src" / "captain_ros"
 ROS_MODULE = re.compile(r"^(rclpy|ament_index_python|tf2_ros|launch|launch_ros|\w+_(msgs|srvs|interfaces))$")
 
 
@@ -33,25 +34,25 @@ def imported_top_level_modules(folder: Path) -> set[str]:
 
 
 def test_captain_ros_manifest():
-    root = manifest(ROOT / "package.xml")
+    root = manifest(PKG / "package.xml")
     assert root.findtext("name") == "captain_ros"
     assert deps(root, "buildtool_depend") == {"ament_python"}
     assert root.find("export/build_type").text == "ament_python"
-    assert (ROOT / "resource" / "captain_ros").is_file()
-    assert "script_dir=$base/lib/captain_ros" in (ROOT / "setup.cfg").read_text()
+    assert (PKG / "resource" / "captain_ros").is_file()
+    assert "script_dir=$base/lib/captain_ros" in (PKG / "setup.cfg").read_text()
 
 
 def test_every_ros_package_the_code_imports_is_declared():
-    declared = deps(manifest(ROOT / "package.xml"), "depend", "exec_depend")
+    declared = deps(manifest(PKG / "package.xml"), "depend", "exec_depend")
     used = set()
     for folder in ("captain_ros", "sim_bridge", "training", "launch"):
-        used |= {m for m in imported_top_level_modules(ROOT / folder) if ROS_MODULE.match(m)}
+        used |= {m for m in imported_top_level_modules(PKG / folder) if ROS_MODULE.match(m)}
     used.discard("tf2_ros")  # its rosdep key is tf2_ros_py
     assert used <= declared, f"missing from package.xml: {sorted(used - declared)}"
 
 
 def test_interface_package_lists_every_interface_file():
-    pkg = ROOT / "captain_interfaces"
+    pkg = ROOT / "src" / "captain_interfaces"
     root = manifest(pkg / "package.xml")
     assert root.find("export/build_type").text == "ament_cmake"
     assert "rosidl_interface_packages" in {el.text for el in root.iter("member_of_group")}
@@ -62,7 +63,7 @@ def test_interface_package_lists_every_interface_file():
 
 
 def test_setup_ships_launch_config_and_urdf():
-    text = (ROOT / "setup.py").read_text()
+    text = (PKG / "setup.py").read_text()
     for folder in ("launch", "config", "urdf"):
         assert f'share_tree("{folder}")' in text
     assert "captain-ros = captain_ros.cli:main" in text

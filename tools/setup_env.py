@@ -41,9 +41,10 @@ DEBIAN_PACKAGES = [
 ]
 # Interface packages built into the venv, in dependency order. The third_party ones are subsets
 # of packages that have no PyPI wheel (a ROS install provides the full ones; colcon skips ours).
-INTERFACE_PACKAGES = ["third_party/control_msgs", "third_party/tf2_msgs", "captain_interfaces"]
+INTERFACE_PACKAGES = ["third_party/control_msgs", "third_party/tf2_msgs", "src/captain_interfaces"]
 MANYLINUX_PYTHON = "/opt/python/cp311-cp311"
 LOGS = ROOT / ".setup-logs"
+PACKAGE = ROOT / "src" / "captain_ros"  # the ament_python package (package.xml, setup.py); captain_interfaces beside it
 
 
 class SetupError(RuntimeError):
@@ -229,6 +230,9 @@ class Setup:
             if self.done(f"interfaces-{pkg}", key):
                 continue
             build = self.stamps / "build" / pkg
+            cache = build / "CMakeCache.txt"
+            if cache.is_file() and f"CMAKE_HOME_DIRECTORY:INTERNAL={src}\n" not in cache.read_text():
+                shutil.rmtree(build)  # configured from another source folder (the package moved): start afresh
             env = self.venv_env()
             env.update(CMAKE_PREFIX_PATH=str(self.venv), AMENT_PREFIX_PATH=str(self.venv))
             hint = (
@@ -263,7 +267,7 @@ class Setup:
             self.mark(f"interfaces-{pkg}", key)
 
     def project(self) -> None:
-        key = digest([ROOT / "setup.py", ROOT / "setup.cfg", ROOT / "package.xml"], extra=str(ROOT))
+        key = digest([PACKAGE / "setup.py", PACKAGE / "setup.cfg", PACKAGE / "package.xml"], extra=str(ROOT))
         if self.done("project", key):
             return
         log("installing captain_ros in editable mode")
@@ -277,7 +281,7 @@ class Setup:
                 "--no-deps",
                 "--no-build-isolation",
                 "-e",
-                str(ROOT),
+                str(PACKAGE),
             ],
             "project",
             "read the pip error above (usually a syntax error in setup.py). Rerun resumes here.",

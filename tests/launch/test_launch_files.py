@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[2] / "src" / "captain_ros"  # the ROS package
 LAUNCH_FILES = sorted((ROOT / "launch").glob("*.launch.py"))
 REQUIRED = {"sim_twin.launch.py", "real_arm.launch.py", "harness.launch.py", "agent.launch.py", "monitor.launch.py"}
 

@@ -4,9 +4,8 @@ by the agent issue; the arguments below are its interface.
     ros2 launch captain_ros agent.launch.py llm_base_url:=http://localhost:8000/v1 model:=<served name>
 """
 
-from launch.actions import DeclareLaunchArgument
-
 from launch import LaunchDescription
+from launch.actions import DeclareLaunchArgument
 
 
 def generate_launch_description() -> LaunchDescription:

@@ -5,14 +5,13 @@ and the monitor; the agent node is added by the issue that builds it.
     ros2 launch captain_ros sim_twin.launch.py task:=open_drawer start_id:=open_drawer/wide/4
 """
 
+from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, IncludeLaunchDescription
 from launch.conditions import IfCondition
 from launch.launch_description_sources import PythonLaunchDescriptionSource
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
-
-from launch import LaunchDescription
 
 
 def generate_launch_description() -> LaunchDescription:

@@ -5,12 +5,11 @@ or HTTP segmentation). Included by sim_twin.launch.py and real_arm.launch.py; on
     ros2 launch captain_ros harness.launch.py watchdog:=false
 """
 
+from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
-
-from launch import LaunchDescription
 
 
 def generate_launch_description() -> LaunchDescription:
