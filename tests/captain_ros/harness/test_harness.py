@@ -186,3 +186,52 @@ def test_recover_reverses_the_exact_distance_even_between_sparse_trace_rows(harn
     assert result.success, result.message
     assert "reversed 3.0 cm" in result.receipt
     assert twin.tcp_pose()[0][2] == pytest.approx(0.25, abs=0.004)
+
+
+def test_an_unknown_capability_name_never_breaks_the_completion_gate(harness):
+    """Issue 9 section 5: a call naming an unknown capability was recorded in the episode log, and every
+    later finish() failed with `internal error KeyError: '<that name>'`."""
+    typo = harness.call("mvoe_to", pose={"position": [0.4, 0.0, 0.3], "yaw_deg": 0})
+    assert typo.failure_category is FailureCategory.INVALID_ARGUMENT and "unknown capability" in typo.message
+    assert not typo.executed
+    harness.note_external_call("teleport", True)  # a receipt from elsewhere naming no capability
+    assert harness.call("move_to", pose={"position": [0.4, 0.0, 0.3], "yaw_deg": 0}).success
+    assert harness.call("get_robot_state").success
+    finish = harness.call("finish")
+    assert finish.success and finish.value["accepted"], finish.message
+
+
+def test_the_completion_gate_reads_any_log_entry_without_failing(harness):
+    """Whatever the log holds (names from older code, other servers, typos), the gate objects or accepts;
+    it never raises."""
+    harness.log.calls += [("teleport", True), ("", False), ("observe", True)]
+    assert harness.gate_objections() == ["no physical action was executed in this episode"]
+    harness.log.calls += [("move_to", True), ("🤖", True)]
+    assert "verify the scene" in harness.gate_objections()[-1]
+    rejected = harness.call("finish")
+    assert rejected.failure_category is FailureCategory.GATE_REJECTED, rejected.message
+
+
+def test_an_argument_named_capability_or_self_is_refused_not_raised(harness):
+    """Found by fuzzing: Harness.call(capability, **kwargs) raised TypeError ('got multiple values for
+    argument capability') for args_json {"capability": ...}, out of the motion node's service callback."""
+    for kwargs in ({"capability": "move_to"}, {"self": 1}):
+        result = harness.call("get_robot_state", **kwargs)
+        assert result.failure_category is FailureCategory.INVALID_ARGUMENT, result.message
+        assert "unexpected arguments" in result.message and next(iter(kwargs)) in result.message
+
+
+def test_an_integer_too_large_for_a_float_is_an_invalid_argument(harness, twin):
+    """Found by fuzzing: JSON integers have no size limit, and float(10**400) raised OverflowError, which
+    came back as an internal backend_error instead of invalid_argument."""
+    q0 = twin.arm_q()
+    for capability, kwargs in (
+        ("hold", {"duration_s": 10**400}),
+        ("move_to", {"gripper": -(10**400)}),
+        ("move_to", {"pose": {"position": [10**400, 0.0, 0.3], "yaw_deg": 0}}),
+    ):
+        result = harness.call(capability, **kwargs)
+        assert result.failure_category is FailureCategory.INVALID_ARGUMENT, result.message
+        assert "must be finite" in result.message and not result.executed
+    np.testing.assert_allclose(twin.arm_q(), q0, atol=1e-9)
+    assert harness.budget.actions_used == 0

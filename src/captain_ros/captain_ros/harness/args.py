@@ -23,7 +23,10 @@ class ArgumentError(CallFailure, ValueError):
 def number(name: str, value: Any, *, lo: float | None = None, hi: float | None = None) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
         raise ArgumentError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:  # an integer beyond any float (JSON allows any number of digits)
+        raise ArgumentError(f"{name} must be finite, got an integer of {int(value).bit_length()} bits") from None
     if not math.isfinite(v):
         raise ArgumentError(f"{name} must be finite, got {v}")
     if lo is not None and v < lo:

@@ -58,6 +58,12 @@ VERIFYING = {
 }
 
 
+def _is_physical(capability: str) -> bool:
+    """Whether a name is a physical action of the contract (False for any other name)."""
+    known = CAPABILITY_BY_NAME.get(capability)
+    return known is not None and known.physical
+
+
 @dataclass
 class MotionRecord:
     motion_id: int
@@ -72,6 +78,12 @@ class EpisodeLog:
     calls: list[tuple[str, bool]] = field(default_factory=list)  # (capability, success)
     finish_rejections: int = 0
     finished: bool = False
+
+    def record(self, capability: str, success: bool) -> None:
+        """Log a call of a capability of the contract. A name outside it ran nothing, moved nothing and
+        verified nothing (its result and receipt still say so), so the gate has nothing to learn from it."""
+        if capability in CAPABILITY_BY_NAME:
+            self.calls.append((capability, success))
 
 
 class Harness:
@@ -112,8 +124,8 @@ class Harness:
 
     def note_external_call(self, capability: str, success: bool) -> None:
         """A call served elsewhere (the perception node) that the completion gate should see."""
-        if capability in CAPABILITY_BY_NAME and not CAPABILITY_BY_NAME[capability].physical:
-            self.log.calls.append((capability, success))
+        if not _is_physical(capability):  # physical actions count only where they ran (here)
+            self.log.record(capability, success)
 
     def note_request(self) -> None:
         """The agent issued one model request (counted against the request budget)."""
@@ -133,15 +145,16 @@ class Harness:
         self.stop_signal.clear()
 
     # ------------------------------------------------------------------------------ dispatch
-    def call(self, capability: str, **kwargs: Any) -> CallResult:
-        """Run one capability by name. Never raises."""
+    def call(self, capability: str, /, **kwargs: Any) -> CallResult:
+        """Run one capability by name. Never raises (`capability` is positional-only, so an argument of
+        that name reaches the handler's validation instead of Python's call machinery)."""
         self.budget.wall_time_used_s = self._clock() - self._t0
         result = dispatch(capability, kwargs, self._handler(capability), self.capabilities())
         self.budget.wall_time_used_s = self._clock() - self._t0
         result.budget = Budget(**vars(self.budget))
         result.episode_id = self.episode_id
         result.frame_id = robot.BASE_FRAME
-        self.log.calls.append((capability, result.success))
+        self.log.record(capability, result.success)
         if result.executed:  # the scene may have changed: earlier observations are stale
             self.perception.scene_changed()
         return result
@@ -577,7 +590,7 @@ class Harness:
     def gate_objections(self) -> list[str]:
         """Objections from the agent's own record: never from simulator state."""
         calls = self.log.calls
-        physical = [i for i, (name, _) in enumerate(calls) if CAPABILITY_BY_NAME[name].physical]
+        physical = [i for i, (name, _) in enumerate(calls) if _is_physical(name)]
         reasons = []
         if not physical:
             reasons.append("no physical action was executed in this episode")
