@@ -16,6 +16,14 @@ def true_center(twin, name: str) -> np.ndarray:
     return twin.reader.position(name) + twin.reader.rotation(name) @ np.array([0, 0, spec.size_m[2] / 2])
 
 
+def seen_center(twin, name: str, camera: str = "head") -> np.ndarray:
+    """Ground truth for tests only: where a perfect measurement through the calibrated camera puts the object's
+    centre (the true centre moved by the start state's calibration error: T_calibrated * T_true^-1)."""
+    p_cal, r_cal = twin.camera_pose(camera)
+    p_true, r_true = twin.true_camera_pose(camera)
+    return r_cal @ r_true.T @ (true_center(twin, name) - p_true) + p_cal
+
+
 def test_segment_and_measure_find_the_objects_in_metres(harness, twin):
     obs = harness.call("observe")
     assert obs.success and obs.value["observation_handle"] == "obs-1"
@@ -30,14 +38,25 @@ def test_segment_and_measure_find_the_objects_in_metres(harness, twin):
     )
     assert geometry.success and len(geometry.receipt) <= RECEIPT_MAX_CHARS
     v = geometry.value
-    np.testing.assert_allclose(v["center_m"], true_center(twin, "red_cube"), atol=0.005)
+    np.testing.assert_allclose(v["center_m"], seen_center(twin, "red_cube"), atol=0.002)
     np.testing.assert_allclose(v["extents_m"], [0.045, 0.045, 0.045], atol=0.005)
     assert v["kind"] == "cube" and not v["open_top"]
     dest = v["destination"]
     assert dest["kind"] == "bowl" and dest["open_top"] and not dest["center_inside_footprint"]
-    expected = true_center(twin, "black_bowl")[:2] - true_center(twin, "red_cube")[:2]
+    expected = seen_center(twin, "black_bowl")[:2] - seen_center(twin, "red_cube")[:2]
     np.testing.assert_allclose(dest["offset_xy_m"], expected, atol=0.005)
     assert "offset" in geometry.receipt and "outside footprint" in geometry.receipt
+
+
+def test_measurements_carry_the_calibration_error_perception_cannot_know(harness, twin):
+    """Perception is given the calibrated camera pose, never the true one: on exact depth it measures where the
+    calibrated camera sees the object, a few millimetres from the truth (this start's head-camera error)."""
+    harness.call("observe")
+    for name in ("red_cube", "green_cube", "black_bowl"):
+        det = harness.call("segment", text=name.replace("_", " ")).value["detections"][0]["detection_id"]
+        center = np.array(harness.call("measure_object_geometry", object=det).value["center_m"])
+        np.testing.assert_allclose(center, seen_center(twin, name), atol=0.0015)
+        assert np.linalg.norm(center - true_center(twin, name)) > 0.002, name
 
 
 def test_mark_point_and_select_detection(harness, twin):
@@ -45,7 +64,7 @@ def test_mark_point_and_select_detection(harness, twin):
     u, v = pixel_of(twin, "red_cube")
     mark = harness.call("mark_point", observation_handle="obs-1", camera="head", u=u, v=v, label="red cube")
     assert mark.success, mark.message
-    np.testing.assert_allclose(mark.value["position_m"], true_center(twin, "red_cube"), atol=0.005)
+    np.testing.assert_allclose(mark.value["position_m"], seen_center(twin, "red_cube"), atol=0.003)
     cubes = harness.call("segment", text="cube")
     ids = [d["detection_id"] for d in cubes.value["detections"]]
     assert len(ids) == 2  # red and green
@@ -134,7 +153,7 @@ def test_point_contact_release_track_and_compare(harness, twin):
     harness.call("observe")
     point = harness.call("point", text="red cube")
     assert point.success and "segmenter" in point.value["source"]
-    np.testing.assert_allclose(point.value["position_m"], true_center(twin, "red_cube"), atol=0.005)
+    np.testing.assert_allclose(point.value["position_m"], seen_center(twin, "red_cube"), atol=0.003)
     cube = point.value["detection_id"]
     bowl = harness.call("segment", text="black bowl").value["detections"][0]["detection_id"]
     above = {"position": point.value["position_m"], "yaw_deg": 0}

@@ -122,3 +122,20 @@ def test_every_task_resets_stably_and_starts_unsolved(task):
         assert not twin.success(), start
         snap = twin.snapshot()
         assert snap.subgoals_reached == ()
+
+
+def test_calibration_errors_are_bit_exact_per_id_nonzero_and_bounded():
+    from captain_ros.twin.start_states import CALIBRATION_ERROR_RANGES, calibration_errors
+
+    task = get_task("put_red_cube_in_bowl")
+    ids = [StartId(task.name, kind, i) for kind in ("official", "wide") for i in range(50)]
+    errors = [calibration_errors(s) for s in ids]
+    assert [calibration_errors(s) for s in ids] == errors  # same id, same error
+    assert make_layout(task, ids[60]).calibration_error == errors[60]  # and the layout carries it
+    for cam, ((t_lo, t_hi), (r_lo, r_hi)) in CALIBRATION_ERROR_RANGES.items():
+        t = np.array([e[cam].translation_m for e in errors])
+        r = np.array([e[cam].rotation_deg for e in errors])
+        assert t.min() >= t_lo and t.max() <= t_hi and r.min() >= r_lo - 1e-9 and r.max() <= r_hi + 1e-9
+        assert len(set(t.round(12))) == len(ids)  # every id its own error, official ones included
+    official = [e["head"].translation_m for e in errors[:50]]
+    assert min(official) > 0  # a real camera is never calibrated exactly

@@ -19,7 +19,8 @@ from captain_ros.twin.scene import IMAGE_SIZE_PX, intrinsics
 
 @dataclass(frozen=True)
 class CameraFrame:
-    """One camera's image pair and calibration. Poses are of the optical frame in the base frame."""
+    """One camera's image pair and calibration. Poses are of the optical frame in the base frame: the
+    rendered (true) pose from `CameraRig.render`, the calibrated one from `Twin.observe`."""
 
     name: str
     rgb: np.ndarray  # (H, W, 3) uint8

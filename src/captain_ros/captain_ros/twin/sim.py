@@ -1,6 +1,10 @@
 """The twin: one task's compiled scene, reset to start states by id, stepped under position
 control, observed through its cameras, and checked for simulation faults.
 
+Cameras are calibrated, not perfect: `observe()` and `camera_pose()` give each camera's calibrated
+pose (what a calibrated robot knows), while the renderer draws from the true pose, which differs by
+the start state's hand-eye calibration error. Only evaluation code asks for `true_camera_pose()`.
+
 A fault (NaN state, exploding contact forces, an object through the table) raises
 `SimulationFault`: an infrastructure failure, never a task outcome.
 """
@@ -8,7 +12,7 @@ A fault (NaN state, exploding contact forces, an object through the table) raise
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mujoco
 import numpy as np
@@ -27,6 +31,7 @@ MAX_CONTACT_FORCE_N = 1.0e4
 MAX_LINEAR_SPEED_MPS = 10.0
 MAX_ANGULAR_SPEED_RADPS = 150.0
 MAX_JOINT_SPEED = 10.0  # arm rad/s, fingers and drawer m/s
+OPTICAL_FROM_MUJOCO = np.diag([1.0, -1.0, -1.0])  # MuJoCo camera (x right, y up, z back) -> optical frame
 THROUGH_TABLE_M = 0.03
 _DIVERGENCE_WARNINGS = (
     mujoco.mjtWarning.mjWARN_BADQPOS,
@@ -50,6 +55,24 @@ def _yaw_quat(yaw: float) -> np.ndarray:
     return np.array([math.cos(yaw / 2), 0.0, 0.0, math.sin(yaw / 2)])
 
 
+def rotvec_matrix(rotvec) -> np.ndarray:
+    """Rotation matrix of a rotation vector (axis times angle, rad)."""
+    r = np.asarray(rotvec, dtype=float)
+    angle = float(np.linalg.norm(r))
+    if angle < 1e-15:
+        return np.eye(3)
+    k = r / angle
+    kx = np.array([[0.0, -k[2], k[1]], [k[2], 0.0, -k[0]], [-k[1], k[0], 0.0]])
+    return np.eye(3) + math.sin(angle) * kx + (1.0 - math.cos(angle)) * kx @ kx
+
+
+def quat_of(rotation: np.ndarray) -> np.ndarray:
+    """Unit quaternion (w, x, y, z) of a rotation matrix."""
+    quat = np.zeros(4)
+    mujoco.mju_mat2Quat(quat, np.ascontiguousarray(rotation, dtype=float).ravel())
+    return quat
+
+
 class Twin:
     def __init__(self, task: str | TaskSpec, physics: PhysicsConfig = PhysicsConfig(), suite=None):
         self.task = task if isinstance(task, TaskSpec) else get_task(task, suite)
@@ -66,7 +89,9 @@ class Twin:
         self._grip_act = m.actuator("gripper_servo").id
         self._movable = [o for o in self.task.objects if o.movable]
         self._movable_ids = np.array([m.body(o.name).id for o in self._movable], dtype=int)
-        self._head_cam = m.cam("head").id
+        self._cams = {cam: m.cam(cam).id for cam in robot.CAMERA_FRAMES}
+        # camera -> calibrated optical-frame pose (position, rotation) in its body's frame, set at reset
+        self._calibrated: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._key_light = m.light("key").id
         self._fill_light = m.light("fill").id
         self._table_geom = m.geom("table").id
@@ -107,6 +132,14 @@ class Twin:
         m, d = self.model, self.data
         for key, value in self._nominal.items():
             getattr(m, key)[:] = value
+        # the model's cameras and lights before mj_resetData: MuJoCo 4 computes the poses of what is fixed to
+        # the world (the head camera, the lights) there and nowhere else, so a change after it never renders
+        self._place_cameras(layout)
+        key_dir = np.asarray(layout.key_light_dir)
+        m.light_dir[self._key_light] = key_dir / np.linalg.norm(key_dir)
+        m.light_diffuse[self._key_light] = layout.key_light_diffuse
+        m.light_diffuse[self._fill_light] = layout.fill_light_diffuse
+        m.geom_rgba[self._table_geom, :3] = layout.table_rgb
         mujoco.mj_resetData(m, d)
         d.qpos[self._arm_qpos] = robot.HOME_Q_RAD
         d.ctrl[self._arm_act] = robot.HOME_Q_RAD
@@ -125,21 +158,6 @@ class Twin:
                 d.mocap_quat[mocap] = _yaw_quat(yaw)
                 d.qpos[m.joint(f"{obj.name}_drawer").qposadr[0]] = layout.drawer_m
             m.geom_rgba[self._object_geoms[obj.name], :3] = layout.object_rgb[obj.name]
-        key_dir = np.asarray(layout.key_light_dir)
-        m.light_dir[self._key_light] = key_dir / np.linalg.norm(key_dir)
-        m.light_diffuse[self._key_light] = layout.key_light_diffuse
-        m.light_diffuse[self._fill_light] = layout.fill_light_diffuse
-        m.cam_pos[self._head_cam] += layout.head_camera_offset_m
-        jitter = np.zeros(4)
-        mujoco.mju_axisAngle2Quat(
-            jitter,
-            np.asarray(layout.head_camera_rotvec_rad) / max(np.linalg.norm(layout.head_camera_rotvec_rad), 1e-12),
-            float(np.linalg.norm(layout.head_camera_rotvec_rad)),
-        )
-        quat = np.zeros(4)
-        mujoco.mju_mulQuat(quat, self._nominal["cam_quat"][self._head_cam], jitter)
-        m.cam_quat[self._head_cam] = quat
-        m.geom_rgba[self._table_geom, :3] = layout.table_rgb
         mujoco.mj_forward(m, d)
         self._warnings = 0
         self.step(round(SETTLE_S / m.opt.timestep))
@@ -149,6 +167,55 @@ class Twin:
             layout.drawer_m if self.task.cabinet else 0.0,
         )
         self.ladder = LadderTracker(self.task)
+
+    def _place_cameras(self, layout: Layout) -> None:
+        """Calibrated pose = the URDF's optical frame moved by the layout's placement (head only); the
+        rendered camera = the calibrated pose moved by the layout's calibration error."""
+        m = self.model
+        for cam, cid in self._cams.items():
+            rot = np.zeros(9)
+            mujoco.mju_quat2Mat(rot, self._nominal["cam_quat"][cid])
+            pos, rot = self._nominal["cam_pos"][cid].copy(), rot.reshape(3, 3) @ OPTICAL_FROM_MUJOCO
+            if cam == "head":
+                pos = pos + rot @ np.asarray(layout.head_camera_offset_m)
+                rot = rot @ rotvec_matrix(layout.head_camera_rotvec_rad)
+            self._calibrated[cam] = (pos, rot)
+            error = layout.calibration_error[cam]
+            m.cam_pos[cid] = pos + rot @ np.asarray(error.offset_m)
+            m.cam_quat[cid] = quat_of(rot @ rotvec_matrix(error.rotvec_rad) @ OPTICAL_FROM_MUJOCO)
+
+    # ------------------------------------------------------------------------------- cameras
+    def camera_pose(self, camera: str) -> tuple[np.ndarray, np.ndarray]:
+        """The camera's optical frame (position, rotation) in the base frame AS CALIBRATED: what the robot
+        knows, and all perception is given. For a camera on the arm it follows the arm's links."""
+        if not self._calibrated:
+            raise RuntimeError("reset the twin before asking for camera poses")
+        body = int(self.model.cam_bodyid[self._cams[camera]])
+        xmat = self.data.xmat[body].reshape(3, 3)
+        pos, rot = self._calibrated[camera]
+        return self.data.xpos[body] + xmat @ pos, xmat @ rot
+
+    def true_camera_pose(self, camera: str) -> tuple[np.ndarray, np.ndarray]:
+        """EVALUATION ONLY: where the rendered camera really is (calibrated pose plus the calibration error).
+        Never handed to perception."""
+        cid = self._cams[camera]
+        return self.data.cam_xpos[cid].copy(), self.data.cam_xmat[cid].reshape(3, 3) @ OPTICAL_FROM_MUJOCO
+
+    def camera_transforms(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Calibrated base-frame poses (position, rotation) of every camera's link and optical frame, by URDF
+        frame name, for /tf: each camera's link moves with its calibrated optical frame."""
+        out = {}
+        for cam, frame in robot.CAMERA_FRAMES.items():
+            body = int(self.model.cam_bodyid[self._cams[cam]])
+            pos, rot = self.camera_pose(cam)
+            # the rigid correction from the URDF's optical frame to the calibrated one, applied to its parent too
+            r_fix = rot @ self.data.xmat[body].reshape(3, 3).T
+            t_fix = pos - r_fix @ self.data.xpos[body]
+            link = int(self.model.body_parentid[body])
+            link_rot = r_fix @ self.data.xmat[link].reshape(3, 3)
+            out[self.model.body(link).name] = (r_fix @ self.data.xpos[link] + t_fix, link_rot)
+            out[frame] = (pos, rot)
+        return out
 
     # ------------------------------------------------------------------------------- control
     def set_arm_command(self, q_rad: np.ndarray) -> None:
@@ -231,9 +298,15 @@ class Twin:
 
     # ------------------------------------------------------------------------------- outputs
     def observe(self, cameras: tuple[str, ...] = ("head", "wrist")) -> dict[str, CameraFrame]:
+        """Images rendered from the true camera poses, labelled with the calibrated ones (as a real
+        camera's images come with its calibration, not with where it really is)."""
         if self._rig is None:
             self._rig = CameraRig(self.model)
-        return {cam: self._rig.render(self.data, cam) for cam in cameras}
+        frames = {}
+        for cam in cameras:
+            position, rotation = self.camera_pose(cam)
+            frames[cam] = replace(self._rig.render(self.data, cam), position_m=position, rotation=rotation)
+        return frames
 
     def success(self) -> bool:
         return success(self.task, self.reader)

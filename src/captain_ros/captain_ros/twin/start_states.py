@@ -2,9 +2,12 @@
 
 An id is `<task>/<kind>/<index>`:
   wide/<0..9999999>   wide-layout randomization: object poses over the whole workspace, lighting,
-                      head-camera pose jitter and colours, all drawn from a generator seeded by
+                      head-camera placement and colours, all drawn from a generator seeded by
                       the SHA-256 of the id;
   official/<0..49>    the task's nominal layout with centimetre noise (LIBERO-style official starts).
+Both kinds also draw each camera's hand-eye calibration error (`calibration_errors`): the robot knows
+the calibrated camera pose (the URDF's, moved by the wide layout's head-camera placement), the rendered
+camera sits a few millimetres and tenths of a degree away from it, as a real calibrated camera does.
 Split: official 11..16 and every wide index ending in 9 are held out for evaluation; training
 tools ask with split "train" and are refused those ids.
 """
@@ -26,6 +29,17 @@ SPLITS = ("train", "eval", "any")
 WORKSPACE_X_M = (0.32, 0.72)
 WORKSPACE_Y_M = (-0.36, 0.36)
 TABLE_COLORS = [(0.62, 0.50, 0.38), (0.55, 0.42, 0.30), (0.70, 0.62, 0.50), (0.50, 0.50, 0.52)]
+# Residual hand-eye / extrinsic calibration error per camera: (translation m, rotation deg), each a
+# uniform magnitude in [lo, hi] about a uniformly random axis, so the error is never zero and bounded.
+# Published RGB-D calibrations on cobots reach 0.93 mm / 0.27 deg (eye-in-hand, structured light,
+# arXiv:2311.01335) and 0.28 mm / 0.25 deg (industrial scanner, arXiv:2407.16041); vendors expect
+# sub-millimetre to millimetre residuals and sub-degree rotation (Zivid's hand-eye guide). A consumer
+# RGB-D camera calibrated on a marker does worse, more so at the head camera's 1 m range: head 1-4 mm
+# and 0.1-0.5 deg (eye-to-hand), wrist 0.5-2 mm and 0.1-0.4 deg (eye-in-hand, close to its target).
+CALIBRATION_ERROR_RANGES = {
+    "head": ((0.001, 0.004), (0.1, 0.5)),
+    "wrist": ((0.0005, 0.002), (0.1, 0.4)),
+}
 
 
 class SplitError(TaskError):
@@ -92,6 +106,40 @@ def sample_start_id(task: str, split: str, rng: np.random.Generator, kind: str =
 
 
 @dataclass(frozen=True)
+class CalibrationError:
+    """Where a camera really is relative to its calibrated pose: a rigid motion expressed in the
+    calibrated optical frame (translate by `offset_m`, rotate by `rotvec_rad`). Known only to the
+    renderer and to evaluation code; perception is given the calibrated pose."""
+
+    offset_m: tuple[float, float, float]
+    rotvec_rad: tuple[float, float, float]
+
+    @property
+    def translation_m(self) -> float:
+        return float(np.linalg.norm(self.offset_m))
+
+    @property
+    def rotation_deg(self) -> float:
+        return math.degrees(float(np.linalg.norm(self.rotvec_rad)))
+
+
+def _random_vector(rng: np.random.Generator, lo: float, hi: float) -> tuple[float, float, float]:
+    axis = rng.normal(size=3)
+    return tuple(float(x) for x in axis / np.linalg.norm(axis) * rng.uniform(lo, hi))
+
+
+def calibration_errors(start: StartId) -> dict[str, CalibrationError]:
+    """Each camera's calibration error, bit-exact from the id (its own generator, so the rest of the
+    layout does not depend on it). Official starts have one too: a real camera is never calibrated exactly."""
+    digest = hashlib.sha256(f"{start}#calibration".encode()).digest()
+    rng = np.random.Generator(np.random.PCG64(int.from_bytes(digest[:8], "little")))
+    return {
+        camera: CalibrationError(_random_vector(rng, *t_m), _random_vector(rng, *np.radians(r_deg)))
+        for camera, (t_m, r_deg) in CALIBRATION_ERROR_RANGES.items()
+    }
+
+
+@dataclass(frozen=True)
 class Layout:
     """Everything a start id determines about the scene."""
 
@@ -100,10 +148,13 @@ class Layout:
     key_light_dir: tuple[float, float, float]
     key_light_diffuse: float
     fill_light_diffuse: float
+    # the head camera's calibrated placement: offset (m, in the URDF's optical frame) and rotation from the
+    # URDF pose; wide layouts move the camera (then calibrate it), official ones keep the URDF pose
     head_camera_offset_m: tuple[float, float, float]
     head_camera_rotvec_rad: tuple[float, float, float]
     object_rgb: dict[str, tuple[float, float, float]]
     table_rgb: tuple[float, float, float]
+    calibration_error: dict[str, CalibrationError]  # camera -> true pose relative to the calibrated one
 
 
 def make_layout(task: TaskSpec, start: StartId) -> Layout:
@@ -129,6 +180,7 @@ def make_layout(task: TaskSpec, start: StartId) -> Layout:
             (0.0, 0.0, 0.0),
             {o.name: COLORS[o.color] for o in task.objects},
             TABLE_COLORS[0],
+            calibration_errors(start),
         )
     poses = _wide_poses(task, rng)
     key_dir = (rng.uniform(-0.35, 0.35), rng.uniform(-0.35, 0.35), -1.0)
@@ -154,6 +206,7 @@ def make_layout(task: TaskSpec, start: StartId) -> Layout:
         rotvec,
         object_rgb,
         TABLE_COLORS[int(rng.integers(len(TABLE_COLORS)))],
+        calibration_errors(start),
     )
 
 
