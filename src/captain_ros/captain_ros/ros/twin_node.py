@@ -396,7 +396,8 @@ class TwinNode(Node):
         self.wrench_pub.publish(msg)
 
     def _publish_tf(self, twin: Twin) -> None:
-        """Every robot link and the cameras' actual (calibrated) optical frames, relative to the base."""
+        """Every robot link, and the cameras' links and optical frames as CALIBRATED (what a calibrated robot
+        publishes; the rendered cameras differ by the start state's calibration error), relative to the base."""
         stamp = stamp_msg(twin.time_s)
         m, d = twin.model, twin.data
         transforms = []
@@ -411,11 +412,10 @@ class TwinNode(Node):
 
         for b in range(1, m.nbody):
             name = m.body(b).name
-            if name.startswith(("panda_", "head_camera_link", "wrist_camera_link")) and name != robot.BASE_FRAME:
+            if name.startswith("panda_") and name != robot.BASE_FRAME:
                 add(name, d.xpos[b], d.xquat[b])
-        for cam, frame in robot.CAMERA_FRAMES.items():
-            cid = m.cam(cam).id
-            add(frame, d.cam_xpos[cid], quat_wxyz(d.cam_xmat[cid].reshape(3, 3) @ np.diag([1.0, -1.0, -1.0])))
+        for frame, (pos, rotation) in twin.camera_transforms().items():
+            add(frame, pos, quat_wxyz(rotation))
         self.tf_pub.publish(TFMessage(transforms=transforms))
 
     def _publish_cameras(self, frames: dict[str, CameraFrame], now: float) -> None:
