@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Twin benchmark: observe latency, physics real-time factor with the arm moving in contact, reset time.
+"""Twin benchmark: render latency, physics real-time factor with the arm moving in contact, reset time.
 
-observe_ms_p50  head + wrist, RGB + metric depth, 512x512, one Twin.observe() call
-                (target <= 60 ms on this 2-core CPU; anchor: CaPtain's 160 ms per observe)
+render_ms_p50   head + wrist, RGB + metric depth, 512x512, one Twin.observe() call: the rendering alone
+                (target <= 60 ms on this 2-core CPU). The observe capability (rendering plus the point
+                clouds and everything else it builds) is timed by bench/perception.py as observe_ms_p50,
+                and that is the figure to compare with CaPtain's 160 ms per observe.
 physics_rtf     simulated / wall time of mj_step while a scripted arm grasps, lifts, carries
                 and sets down objects and sweeps through others (target >= 20x on one core)
 reset_ms_p50    Twin.reset(<wide id>) including the 0.3 s settle
@@ -25,11 +27,11 @@ from captain_ros.core.kinematics import Kinematics, top_down_rotation
 from captain_ros.twin.sim import Twin
 from captain_ros.twin.start_states import StartId
 
-OBSERVE_TARGET_MS, OBSERVE_ANCHOR_MS, RTF_TARGET = 60.0, 160.0, 20.0
+RENDER_TARGET_MS, RTF_TARGET = 60.0, 20.0
 TASKS = ["stack_three_blocks", "put_red_cube_in_bowl", "bowl_between_plate_and_cup_on_plate", "put_cube_in_drawer"]
 
 
-def bench_observe(samples: int) -> list[float]:
+def bench_render(samples: int) -> list[float]:
     times = []
     for i, task in enumerate(TASKS):
         with Twin(task) as twin:
@@ -127,25 +129,25 @@ def bench_physics(episodes: int) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--samples", type=int, default=60, help="observe and reset samples (default 60)")
+    parser.add_argument("--samples", type=int, default=60, help="render and reset samples (default 60)")
     parser.add_argument("--episodes", type=int, default=6, help="scripted physics episodes (default 6)")
     args = parser.parse_args()
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core, as the target says
-    observe = np.array(bench_observe(args.samples)) * 1e3
+    render = np.array(bench_render(args.samples)) * 1e3
     reset = np.array(bench_reset(args.samples)) * 1e3
     phys = bench_physics(args.episodes)
     rtf = phys["sim_s"] / phys["wall_s"]
     contact_frac = phys["contact_steps"] / phys["steps"]
     rows = [
         [
-            "observe (2 cams, RGB+depth, 512^2)",
+            "render (2 cams, RGB+depth, 512^2)",
             "ms p50",
-            float(np.median(observe)),
-            f"<= {OBSERVE_TARGET_MS:.0f}",
-            f"{np.median(observe) / OBSERVE_ANCHOR_MS:.2f} of CaPtain's {OBSERVE_ANCHOR_MS:.0f} ms",
+            float(np.median(render)),
+            f"<= {RENDER_TARGET_MS:.0f}",
+            "rendering only; observe as a whole: bench/perception.py",
         ],
-        ["observe", "ms p90", float(np.percentile(observe, 90)), "", ""],
+        ["render", "ms p90", float(np.percentile(render, 90)), "", ""],
         [
             "physics, arm moving in contact",
             "x real time",
@@ -163,14 +165,12 @@ def main() -> int:
     write_results(
         "twin",
         {
-            "observe_ms_p50": float(np.median(observe)),
+            "render_ms_p50": float(np.median(render)),
             "physics_rtf": rtf,
             "reset_ms_p50": float(np.median(reset)),
         },
         {
-            "observe_ms_p90": float(np.percentile(observe, 90)),
-            "observe_anchor_ms": OBSERVE_ANCHOR_MS,
-            "observe_ratio_to_anchor": float(np.median(observe)) / OBSERVE_ANCHOR_MS,
+            "render_ms_p90": float(np.percentile(render, 90)),
             "physics_contact_step_fraction": contact_frac,
             "physics_sim_s": phys["sim_s"],
             "scripted_lift_success": f"{phys['lifted']}/{phys['picks']}",
