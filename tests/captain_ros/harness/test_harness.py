@@ -5,7 +5,7 @@ is tested on both in tests/ros/test_backends.py."""
 import numpy as np
 import pytest
 
-from captain_ros.core.contract import FailureCategory
+from captain_ros.core.contract import CallResult, FailureCategory
 from captain_ros.harness.backend import BackendError
 from captain_ros.harness.config import load_config
 from captain_ros.harness.harness import Harness
@@ -235,3 +235,29 @@ def test_an_integer_too_large_for_a_float_is_an_invalid_argument(harness, twin):
         assert "must be finite" in result.message and not result.executed
     np.testing.assert_allclose(twin.arm_q(), q0, atol=1e-9)
     assert harness.budget.actions_used == 0
+
+
+def test_text_that_cannot_go_on_the_wire_is_refused(harness):
+    """Found by fuzzing: JSON carries lone surrogates ("\\udc00"); mark_point put such a label into its
+    receipt, which no ROS string (UTF-8) can hold, so publishing the result raised in the node."""
+    assert harness.call("observe").success
+    pointed = harness.call("point", text="red cube")
+    assert pointed.success, pointed.message
+    u, v = pointed.value["uv"]
+    for capability, kwargs, name in (
+        ("mark_point", {"u": u, "v": v, "label": "\udc00"}, "label"),
+        ("segment", {"text": "red cube \udc00"}, "text"),
+        ("measure_image_points", {"points": [[0.5, 0.5]], "camera": ["\ud800"]}, "camera[0]"),
+    ):
+        result = harness.call(capability, **kwargs)
+        assert result.failure_category is FailureCategory.INVALID_ARGUMENT, result.receipt
+        assert result.message.startswith(f"{name} holds a lone surrogate"), result.message
+        result.receipt.encode("utf-8")
+    marked = harness.call("mark_point", u=u, v=v, label="cube ✓")  # any real text is fine
+    assert marked.success and "cube ✓" in marked.receipt
+
+
+def test_receipts_and_messages_are_always_utf8():
+    result = CallResult.fail("segment", FailureCategory.NOT_FOUND, "nothing matches '\udc00'")
+    assert result.message == "nothing matches '\\udc00'" and result.receipt.encode("utf-8")
+    assert CallResult.ok("observe", receipt="observe: \ud800" + "x" * 400).receipt.encode("utf-8")

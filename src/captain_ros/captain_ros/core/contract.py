@@ -144,6 +144,15 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def _wire_text(text: str) -> str:
+    """`text` as valid UTF-8: lone surrogates (which JSON can carry) become backslash escapes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
 class CallFailure(Exception):
     """A capability failed in a known way; the call returns a result with `category` and this message."""
 
@@ -180,6 +189,8 @@ class CallResult:
             raise ValueError(f"a successful result cannot carry failure category {self.failure_category!r}")
         if not self.success and self.failure_category is FailureCategory.NONE:
             raise ValueError("a failed result needs a failure category")
+        # receipts and messages go into UTF-8 string fields: text that cannot be encoded is escaped
+        self.message, self.receipt = _wire_text(self.message), _wire_text(self.receipt)
         if len(self.receipt) > RECEIPT_MAX_CHARS:
             self.receipt = self.receipt[: RECEIPT_MAX_CHARS - 3] + "..."
 
