@@ -13,6 +13,9 @@ from pathlib import Path
 # Link-loss limit for ros2_control backends in tests: CI runs on a shared 2-core machine where a process
 # can stall for longer than the production 0.5 s. Link loss itself is tested by freezing the twin process.
 LOADED_MACHINE_STATE_TIMEOUT_S = 5.0
+# Likewise for the largest gap between the stamps of the latest wrench and joint state that a client accepts
+# (production 0.25 s): a starved client can fall behind on one topic's queue. Late wrenches are tested far later.
+LOADED_MACHINE_WRENCH_LAG_S = 2.0
 
 
 def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition") -> None:

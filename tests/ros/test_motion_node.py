@@ -5,7 +5,6 @@ watchdog and new episodes."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,16 +19,31 @@ from captain_interfaces.action import MoveTo
 from captain_interfaces.msg import CallResult as CallResultMsg
 from captain_interfaces.srv import HarnessCall
 
-from .helpers import LOADED_MACHINE_STATE_TIMEOUT_S, launch_node, launch_twin, result_of, stop, wait_for
+from .helpers import (
+    LOADED_MACHINE_STATE_TIMEOUT_S,
+    LOADED_MACHINE_WRENCH_LAG_S,
+    launch_node,
+    launch_twin,
+    result_of,
+    stop,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 TASK = "put_red_cube_in_bowl"
+WATCHDOG_TIMEOUT_S = 5.0
 
 
 @pytest.fixture(scope="module")
 def nodes():
     twin, twin_lines = launch_twin(TASK, f"{TASK}/official/0", real_time_factor=1.0, camera_rate_hz=0.0)
-    proc, lines = launch_node("motion_node", ("state_timeout_s", LOADED_MACHINE_STATE_TIMEOUT_S))
+    proc, lines = launch_node(
+        "motion_node",
+        ("state_timeout_s", LOADED_MACHINE_STATE_TIMEOUT_S),
+        ("wrench_max_lag_s", LOADED_MACHINE_WRENCH_LAG_S),
+        # a starved test process can miss heartbeats for over a second: only the watchdog test goes silent
+        ("watchdog_timeout_s", WATCHDOG_TIMEOUT_S),
+    )
     yield lines, twin_lines
     stop(proc)
     stop(twin)
@@ -81,14 +95,19 @@ def _pose_goal(x: float, y: float, z: float, **fields) -> MoveTo.Goal:
     return goal
 
 
-def _run(move: ActionClient, goal: MoveTo.Goal, cancel_after_s: float | None = None):
+def _under_way(feedback: list) -> bool:
+    """The motion has begun moving the arm (not only measured its force baseline)."""
+    return bool(feedback) and feedback[-1].executed_distance_m > 0.01
+
+
+def _run(move: ActionClient, goal: MoveTo.Goal, cancel_when_under_way: bool = False):
     feedback = []
     handle = result_of(move.send_goal_async(goal, feedback_callback=lambda m: feedback.append(m.feedback)), 10)
     assert handle.accepted
-    if cancel_after_s is not None:
-        time.sleep(cancel_after_s)
+    if cancel_when_under_way:
+        wait_for(lambda: _under_way(feedback), 60, "the motion to be under way")
         result_of(handle.cancel_goal_async(), 10)
-    wrapped = result_of(handle.get_result_async(), 60)
+    wrapped = result_of(handle.get_result_async(), 120)
     return wrapped.status, wrapped.result.result, feedback
 
 
@@ -113,7 +132,7 @@ def test_calls_return_results_and_every_receipt_is_published(agent):
 def test_move_to_action_gives_feedback_and_a_call_result(agent):
     paths: list[MarkerArray] = []
     agent.node.create_subscription(MarkerArray, "/captain/markers", paths.append, 10)
-    status, result, feedback = _run(agent.move, _pose_goal(0.45, 0.05, 0.35, speed_mps=0.15))
+    status, result, feedback = _run(agent.move, _pose_goal(0.45, 0.05, 0.35, speed_mps=0.1))
     assert status == GoalStatus.STATUS_SUCCEEDED and result.success and result.executed
     assert "target_reached" in result.receipt and result.budget.actions_used >= 1
     assert len(feedback) >= 3 and feedback[-1].progress > feedback[0].progress
@@ -127,7 +146,8 @@ def test_move_to_action_gives_feedback_and_a_call_result(agent):
 
 def test_cancel_and_bad_goals(agent):
     move = agent.move
-    status, result, _ = _run(move, _pose_goal(0.45, -0.25, 0.25, speed_mps=0.05), cancel_after_s=1.5)
+    # slow and long (~20 s): the cancel arrives while it moves however slowly this process is scheduled
+    status, result, _ = _run(move, _pose_goal(0.45, -0.25, 0.25, speed_mps=0.02), cancel_when_under_way=True)
     assert status == GoalStatus.STATUS_CANCELED and result.failure_category == "canceled" and result.executed
     wrong_frame = _pose_goal(0.45, 0.0, 0.3)
     wrong_frame.pose.header.frame_id = "map"
@@ -141,8 +161,10 @@ def test_cancel_and_bad_goals(agent):
 
 
 def test_stop_service_halts_motion_and_refuses_more_until_resume(agent):
-    handle = result_of(agent.move.send_goal_async(_pose_goal(0.5, 0.2, 0.3, speed_mps=0.05)), 10)
-    time.sleep(1.5)
+    feedback = []
+    goal = _pose_goal(0.5, 0.2, 0.3, speed_mps=0.02)
+    handle = result_of(agent.move.send_goal_async(goal, feedback_callback=lambda m: feedback.append(m.feedback)), 10)
+    wait_for(lambda: _under_way(feedback), 60, "the motion to be under way")
     assert agent.trigger("stop").success
     stopped = result_of(handle.get_result_async(), 30).result.result
     assert stopped.failure_category == "safety_stop" and stopped.executed
@@ -154,7 +176,8 @@ def test_stop_service_halts_motion_and_refuses_more_until_resume(agent):
 
 def test_watchdog_holds_the_arm_when_the_agent_goes_silent(agent):
     agent.beating[0] = False  # the agent dies: no more heartbeats
-    status, result, _ = _run(agent.move, _pose_goal(0.45, 0.25, 0.2, speed_mps=0.05))
+    # a ~25 s motion: the watchdog (5 s without a heartbeat or a call) stops it long before it could end
+    status, result, _ = _run(agent.move, _pose_goal(0.45, 0.25, 0.2, speed_mps=0.02))
     assert status == GoalStatus.STATUS_ABORTED and result.failure_category == "safety_stop"
     assert "watchdog" in result.message
     agent.beating[0] = True

@@ -22,6 +22,14 @@ class BackendError(RuntimeError):
     """The backend cannot serve (simulator fault, lost link, driver error): infrastructure, not the task."""
 
 
+class ArmReflexStop(BackendError):
+    """The arm's own force reflex stopped the motion (a task outcome, like the harness's force limit)."""
+
+    def __init__(self, message: str, force_n: float = 0.0):
+        super().__init__(message)
+        self.force_n = force_n
+
+
 @dataclass(frozen=True)
 class ArmState:
     time_s: float
@@ -43,8 +51,10 @@ class ArmBackend(ABC):
         """Period at which the state is read and the force is monitored."""
 
     @abstractmethod
-    def read_state(self) -> ArmState:
-        """The latest measured state. Raises BackendError when there is none or it is stale."""
+    def read_state(self, require_force: bool = True) -> ArmState:
+        """The latest measured state. Raises BackendError when there is none or it is stale, and, unless the
+        caller does not use the force (`require_force=False`: its force and torque are then NaN when force
+        sensing is unavailable), when the wrench is missing, stale or unusable: force sensing fails closed."""
 
     @abstractmethod
     def follow(self, trajectory: JointTrajectory) -> None:
@@ -66,11 +76,18 @@ class ArmBackend(ABC):
         the target actually sent after clipping. `hold_gripper` stops it where it is."""
 
     def hold_gripper(self) -> float:
-        return self.move_gripper(self.read_state().jaw_opening_m, 0.0)
+        return self.move_gripper(self.read_state(require_force=False).jaw_opening_m, 0.0)
 
     @abstractmethod
     def wait_period(self) -> None:
         """Let one control period pass (simulate it, or wait for it)."""
+
+    def set_force_reflex(self, threshold_n: float) -> bool:
+        """Set the arm's own force reflex (the vendor's collision/force threshold, acting in the arm's control
+        loop) for the motions that follow; 0 switches it off. Returns False when this arm's reflex cannot be
+        set from here (the harness monitor is then the only force stop). Raises BackendError when it can be
+        but the arm did not accept it."""
+        return False
 
     def capture(self, cameras: tuple[str, ...]) -> dict[str, CameraImage]:
         """Aligned RGB-D images of the named cameras, now. Raises BackendError when there are none."""

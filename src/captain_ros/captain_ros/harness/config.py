@@ -26,6 +26,7 @@ class SafetyConfig:
     default_tcp_speed_mps: float = 0.10
     max_joint_speed_radps: float = 1.0
     force_limit_n: float = 40.0
+    arm_reflex_force_n: float = 40.0
     contact_threshold_n: float = 3.0
     control_period_s: float = 0.002
     watchdog_timeout_s: float = 1.0
@@ -146,6 +147,8 @@ def load_config(safety_path: Path | None = None, harness_path: Path | None = Non
     s = config.safety
     if np.any(np.asarray(s.workspace_min_m) >= np.asarray(s.workspace_max_m)):
         raise ConfigError(f"{safety_path.name}: workspace_min_m must be below workspace_max_m on every axis")
+    if s.arm_reflex_force_n > 0 and s.arm_reflex_force_n < s.contact_threshold_n:
+        raise ConfigError(f"{safety_path.name}: arm_reflex_force_n must be 0 (off) or at least contact_threshold_n")
     if s.default_tcp_speed_mps > s.max_tcp_speed_mps or s.contact_threshold_n > s.force_limit_n:
         raise ConfigError(
             f"{safety_path.name}: default speed above the limit, or contact threshold above the force limit"

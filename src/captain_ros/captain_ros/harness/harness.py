@@ -120,7 +120,7 @@ class Harness:
         self.log = EpisodeLog()
         self.backend.resync()
         self.perception.new_episode()
-        self.jaw_command_m = self.backend.read_state().jaw_opening_m
+        self.jaw_command_m = self.backend.read_state(require_force=False).jaw_opening_m
 
     def note_external_call(self, capability: str, success: bool) -> None:
         """A call served elsewhere (the perception node) that the completion gate should see."""
@@ -169,7 +169,7 @@ class Harness:
 
     def _capture(self, cameras: tuple[str, ...]):
         images = self.backend.capture(cameras)
-        state = self.backend.read_state()
+        state = self.backend.read_state(require_force=False)
         return state.time_s, images, state.q_rad, state.jaw_opening_m
 
     def _physical(self, capability: str) -> None:
@@ -315,7 +315,7 @@ class Harness:
 
     def _release(self, opening_m: Any = None) -> CallResult:
         motion_cfg = self.config.motion
-        current = self.backend.read_state().jaw_opening_m
+        current = self.backend.read_state(require_force=False).jaw_opening_m
         bound = min(current + motion_cfg.release_max_opening_m, robot.max_jaw_opening_m())
         target = bound if opening_m is None else A.number("opening_m", opening_m, lo=0.0, hi=bound)
         if target < current:
@@ -326,18 +326,18 @@ class Harness:
     def _jaw(self, capability: str, target_m: float) -> CallResult:
         """Move the jaw to target_m at the gripper speed, then let it settle (closes onto objects)."""
         motion_cfg = self.config.motion
-        start = self.backend.read_state()
+        start = self.backend.read_state(require_force=False)
         before = start.jaw_opening_m
         ramp_s = abs(target_m - self.jaw_command_m) / motion_cfg.gripper_speed_mps
         self.jaw_command_m = self.backend.move_gripper(target_m, ramp_s)
         stopped = None
-        while self.backend.read_state().time_s - start.time_s < ramp_s + motion_cfg.gripper_settle_s:
+        while self.backend.read_state(require_force=False).time_s - start.time_s < ramp_s + motion_cfg.gripper_settle_s:
             if self.stop_signal.is_set():
                 stopped = self.stop_signal.reason
                 self.jaw_command_m = self.backend.hold_gripper()
                 break
             self.backend.wait_period()
-        after = self.backend.read_state().jaw_opening_m
+        after = self.backend.read_state(require_force=False).jaw_opening_m
         holding = target_m < after - 0.002 and after > motion_cfg.grasp_min_width_m
         value = {
             "jaw_before_m": round(before, 4),
@@ -404,7 +404,7 @@ class Harness:
         position, rotation = A.pose("pose", pose)
         speed = None if speed_mps is None else A.number("speed_mps", speed_mps, lo=1e-3, hi=safety.max_tcp_speed_mps)
         duration = None if duration_s is None else A.number("duration_s", duration_s, lo=0.0, hi=60.0)
-        state = self.backend.read_state()
+        state = self.backend.read_state(require_force=False)
         return self.planner.plan_pose(
             state.q_rad, position, rotation, speed_mps=speed, duration_s=duration, jaw_opening_m=state.jaw_opening_m
         )
@@ -477,7 +477,7 @@ class Harness:
         return CallResult.ok("get_robot_state", value=value, receipt=receipt)
 
     def _gripper_state(self) -> CallResult:
-        opening = self.backend.read_state().jaw_opening_m
+        opening = self.backend.read_state(require_force=False).jaw_opening_m
         holding = self.jaw_command_m < opening - 0.002 and opening > self.config.motion.grasp_min_width_m
         value = {
             "opening_m": round(opening, 4),
@@ -546,7 +546,7 @@ class Harness:
         name = FRAMES[A.choice("frame", frame, tuple(FRAMES))]
         if name == robot.BASE_FRAME:
             return np.zeros(3), np.eye(3)
-        return self.kin.forward(self.backend.read_state().q_rad, name)
+        return self.kin.forward(self.backend.read_state(require_force=False).q_rad, name)
 
     def _transform_pose(
         self, pose: Any = None, from_frame: str = "base", to_frame: str = "base", offset_m: Any = None
@@ -600,7 +600,7 @@ class Harness:
             reasons.append(f"the last physical action ({calls[last][0]}) failed and nothing was re-checked since")
         if not any(name in VERIFYING and ok for name, ok in calls[last + 1 :]):
             reasons.append("no observation or measurement after the last physical action: verify the scene first")
-        opening = self.backend.read_state().jaw_opening_m
+        opening = self.backend.read_state(require_force=False).jaw_opening_m
         if self.jaw_command_m < opening - 0.002 and opening > self.config.motion.grasp_min_width_m:
             reasons.append("the gripper is still holding an object")
         return reasons

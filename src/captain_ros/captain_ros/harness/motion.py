@@ -3,7 +3,10 @@ speed limits) and guarded execution with per-control-period force monitoring.
 
 Force monitoring compares the wrist force with the baseline measured just before the motion,
 rotated with the hand, so a payload's weight and the hand's own weight are not mistaken for
-contact when the hand turns.
+contact when the hand turns. Before each motion the arm's own force reflex (where the backend can
+set it) is set to what this monitor would stop at: the contact threshold for guarded motions, the
+force limit otherwise. The reflex stops the arm in its own control loop, whatever this process is
+doing; this monitor is the second layer.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import numpy as np
 from captain_ros.core.contract import CallFailure, FailureCategory
 from captain_ros.core.kinematics import Kinematics
 from captain_ros.core.trajectory import JointTrajectory
-from captain_ros.harness.backend import ArmBackend, ArmState, BackendError
+from captain_ros.core.wrench import external_force_n
+from captain_ros.harness.backend import ArmBackend, ArmReflexStop, ArmState, BackendError
 from captain_ros.harness.config import HarnessConfig
 from captain_ros.twin import robot
 
@@ -327,9 +331,7 @@ class Executor:
         return np.mean(forces, axis=0), self.kin.forward(state.q_rad, robot.HAND_FRAME)[1]
 
     def contact_force(self, state: ArmState, f0: np.ndarray, r0: np.ndarray) -> float:
-        r = self.kin.forward(state.q_rad, robot.HAND_FRAME)[1]
-        expected = r.T @ (r0 @ f0)
-        return float(np.linalg.norm(state.force_n - expected))
+        return external_force_n(state.force_n, self.kin.forward(state.q_rad, robot.HAND_FRAME)[1], f0, r0)
 
     def execute(
         self,
@@ -342,10 +344,40 @@ class Executor:
         watchdog: Watchdog | None = None,
         on_progress: Callable[[MotionProgress], None] | None = None,
     ) -> MotionOutcome:
+        """Run `plan` with the arm's reflex lowered to this motion's stop force, then restore the arm's idle
+        reflex (config: arm_reflex_force_n), so a grasp or a wait after a guarded motion cannot trip it."""
+        try:
+            return self._execute(
+                backend,
+                plan,
+                guarded=guarded,
+                force_limit_n=force_limit_n,
+                stop=stop,
+                watchdog=watchdog,
+                on_progress=on_progress,
+            )
+        finally:
+            try:
+                backend.set_force_reflex(self.config.safety.arm_reflex_force_n)
+            except BackendError:
+                pass  # the arm keeps this motion's threshold; the next motion sets its own or fails clearly
+
+    def _execute(
+        self,
+        backend: ArmBackend,
+        plan: SweepPlan,
+        *,
+        guarded: bool,
+        force_limit_n: float,
+        stop: StopSignal,
+        watchdog: Watchdog | None,
+        on_progress: Callable[[MotionProgress], None] | None,
+    ) -> MotionOutcome:
         safety, motion = self.config.safety, self.config.motion
         try:
             f0, r0 = self.baseline(backend)
             start = backend.read_state()
+            backend.set_force_reflex(safety.contact_threshold_n if guarded else force_limit_n)
         except BackendError as exc:
             return self._error(exc)
         start_tcp = self.kin.forward(start.q_rad)[0]
@@ -368,7 +400,14 @@ class Executor:
                     reason = StopReason.WATCHDOG
                     message = f"watchdog: no heartbeat for {watchdog.silent_for_s():.1f} s; holding"
                     break
-                backend.wait_period()
+                try:
+                    backend.wait_period()
+                except ArmReflexStop as exc:  # the arm stopped itself, within its own control period
+                    peak = max(peak, exc.force_n)
+                    backend.hold()
+                    reason = StopReason.CONTACT if guarded else StopReason.FORCE_LIMIT
+                    message = f"{'contact' if guarded else 'force limit'}: the arm's {exc}"
+                    break
                 state = backend.read_state()
                 force = self.contact_force(state, f0, r0)
                 peak = max(peak, force)
@@ -408,7 +447,10 @@ class Executor:
                     )
                     break
             # let the hold settle one period so the reported end state is at rest
-            backend.wait_period()
+            try:
+                backend.wait_period()
+            except ArmReflexStop:
+                pass  # the stop's own deceleration tripped it: the arm holds either way, the outcome stands
             state = backend.read_state()
         except BackendError as exc:
             backend_hold_quietly(backend)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from captain_ros.core.trajectory import JointTrajectory
-from captain_ros.harness.backend import ArmBackend, ArmState, BackendError
+from captain_ros.harness.backend import ArmBackend, ArmReflexStop, ArmState, BackendError
 from captain_ros.perception.observation import CameraImage
 from captain_ros.twin.controller import TwinControllers
 from captain_ros.twin.sim import SimulationFault, Twin
@@ -15,7 +15,8 @@ from captain_ros.twin.sim import SimulationFault, Twin
 class TwinBackend(ArmBackend):
     name = "mujoco_twin"
 
-    def __init__(self, twin: Twin, control_period_s: float = 0.002):
+    def __init__(self, twin: Twin, control_period_s: float = 0.002, reflex_threshold_n: float = 0.0):
+        """`reflex_threshold_n`: the arm's force reflex until the harness sets it per motion (0: off)."""
         self.twin = twin
         steps = control_period_s / twin.model.opt.timestep
         if steps < 1 or abs(steps - round(steps)) > 1e-9:
@@ -25,20 +26,20 @@ class TwinBackend(ArmBackend):
             )
         self._steps = round(steps)
         self._period = control_period_s
-        self.controllers = TwinControllers(twin)
+        self.controllers = TwinControllers(twin, reflex_threshold_n)
 
     @property
     def control_period_s(self) -> float:
         return self._period
 
-    def read_state(self) -> ArmState:
+    def read_state(self, require_force: bool = True) -> ArmState:  # the simulated sensor never fails
         w = self.twin.wrist_wrench()
         return ArmState(
             self.twin.time_s, self.twin.arm_q(), self.twin.arm_qd(), self.twin.jaw_opening_m(), w.force_n, w.torque_nm
         )
 
     def follow(self, trajectory: JointTrajectory) -> None:
-        self.controllers.arm.start(trajectory, self.twin.time_s)
+        self.controllers.start_motion(trajectory, self.twin.time_s)
 
     def hold(self, q_rad: np.ndarray | None = None) -> np.ndarray:
         self.controllers.arm.hold(self.twin.arm_q() if q_rad is None else q_rad)
@@ -56,11 +57,17 @@ class TwinBackend(ArmBackend):
     def capture(self, cameras: tuple[str, ...]) -> dict[str, CameraImage]:
         return {name: CameraImage(**vars(frame)) for name, frame in self.twin.observe(cameras).items()}
 
+    def set_force_reflex(self, threshold_n: float) -> bool:
+        self.controllers.reflex.threshold_n = threshold_n
+        return True
+
     def resync(self) -> None:
-        self.controllers = TwinControllers(self.twin)
+        self.controllers = TwinControllers(self.twin, self.controllers.reflex.threshold_n)
 
     def wait_period(self) -> None:
         try:
-            self.controllers.step(self.twin, self._steps)
+            trip = self.controllers.step(self.twin, self._steps)
         except SimulationFault as exc:
             raise BackendError(f"simulation fault: {exc}") from exc
+        if trip is not None:
+            raise ArmReflexStop(trip.message, trip.force_n)

@@ -1,6 +1,8 @@
 """The real-arm backend: drives any ros2_control arm through its standard interfaces.
 
-In:  sensor_msgs/JointState (joint_state_broadcaster), geometry_msgs/WrenchStamped (the wrist F/T).
+In:  sensor_msgs/JointState (joint_state_broadcaster), geometry_msgs/WrenchStamped (the wrist F/T, or the
+     vendor's external-wrench estimate) in any frame of the arm's description: it is expressed in the hand
+     frame the harness assumes, from the message's own frame.
 Out: control_msgs/action/FollowJointTrajectory to the arm's joint_trajectory_controller: each sweep
      is sent whole, so the controller interpolates it at its own rate and nothing depends on this
      process keeping up. Stops go out on the controller's JointTrajectory topic (one point, zero
@@ -12,10 +14,17 @@ time on the twin, hardware time on a robot), so the harness runs at any real-tim
 older than `state_timeout_s` (wall clock) means the link is lost: BackendError, reported as
 backend_error, and the harness then holds: the backend cancels the running goal and commands its last
 setpoint (the state stream may be lost while commands still get through).
+Force sensing fails closed the same way: no wrench yet, a wrench older than `state_timeout_s`, one whose
+stamp is more than `wrench_max_lag_s` away from the joint states', or one in a frame the description does
+not have is a BackendError, so a silent or misconfigured sensor refuses motion and stops a running one
+instead of reading as 0 N.
+Where robot.yaml names it (`force_reflex`), the arm's own force reflex is set before each motion through
+that node's parameter service; a goal the controller aborts because the reflex fired is an ArmReflexStop.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -23,6 +32,8 @@ import numpy as np
 from builtin_interfaces.msg import Duration
 from control_msgs.action import FollowJointTrajectory
 from geometry_msgs.msg import WrenchStamped
+from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
+from rcl_interfaces.srv import SetParameters
 from rclpy.action import ActionClient
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.node import Node
@@ -30,9 +41,13 @@ from sensor_msgs.msg import JointState
 from trajectory_msgs.msg import JointTrajectory as JointTrajectoryMsg
 from trajectory_msgs.msg import JointTrajectoryPoint
 
+from captain_ros.core.kinematics import Kinematics
 from captain_ros.core.trajectory import JointTrajectory, TrajectoryFollower
-from captain_ros.harness.backend import ArmBackend, ArmState, BackendError
+from captain_ros.core.wrench import REFLEX_ABORT_PREFIX, change_frame
+from captain_ros.harness.backend import ArmBackend, ArmReflexStop, ArmState, BackendError
 from captain_ros.twin import robot
+
+REFLEX_FORCE = re.compile(r"external force ([0-9.]+) N")
 
 
 def _duration(seconds: float) -> Duration:
@@ -40,7 +55,7 @@ def _duration(seconds: float) -> Duration:
     return Duration(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)
 
 
-def _stamp_s(msg: JointState) -> float:
+def _stamp_s(msg: JointState | WrenchStamped) -> float:
     return msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9
 
 
@@ -70,27 +85,43 @@ class Ros2ControlBackend(ArmBackend):
         control_period_s: float = 0.01,
         state_timeout_s: float = 0.5,
         server_timeout_s: float = 5.0,
+        wrench_max_lag_s: float = 0.25,
     ):
         """`node` must be spun by an executor in another thread (the backend waits on its callbacks)."""
         self.node = node
         self._period = control_period_s
         self._timeout = state_timeout_s
         self._server_timeout = server_timeout_s
+        self._wrench_max_lag = wrench_max_lag_s
         self._cond = threading.Condition()
         self._joints: JointState | None = None
         self._joints_wall = 0.0
-        self._wrench = np.zeros(6)
+        self._wrench: WrenchStamped | None = None  # none until the sensor speaks: motion is refused until then
+        self._wrench_wall = 0.0
+        self._wrench_topic = interfaces["wrench_topic"]
+        self._kin = Kinematics()  # expresses wrenches in the hand frame; guarded by _kin_lock
+        self._kin_lock = threading.Lock()
+        self._frames = {self._kin.model.body(b).name for b in range(1, self._kin.model.nbody)}
         self.lower, self.upper = robot.arm_limits_rad()
         finger = robot.joint_limits()[robot.FINGER_JOINTS[0]]
         self._finger_range = (finger.lower, finger.upper)
         self._mirror: TrajectoryFollower | None = None
         self._goal = None  # the running FollowJointTrajectory goal handle
         self._goal_failure = ""  # set when the controller aborts a goal we did not stop ourselves
+        self._reflex_stop = ""  # set when the controller aborted a goal because the arm's force reflex fired
         group = ReentrantCallbackGroup()
         node.create_subscription(
             JointState, interfaces["joint_states_topic"], self._on_joints, 10, callback_group=group
         )
-        node.create_subscription(WrenchStamped, interfaces["wrench_topic"], self._on_wrench, 10, callback_group=group)
+        node.create_subscription(WrenchStamped, self._wrench_topic, self._on_wrench, 10, callback_group=group)
+        reflex = interfaces.get("force_reflex") or {}
+        self._reflex_parameter = reflex.get("parameter", "")
+        self._reflex_client = (
+            node.create_client(SetParameters, reflex["parameter_service"], callback_group=group)
+            if reflex.get("parameter_service")
+            else None
+        )
+        self._reflex_n: float | None = None  # the threshold the arm last accepted
         self._action_name = interfaces["trajectory_action"]
         self._arm_action = ActionClient(node, FollowJointTrajectory, self._action_name, callback_group=group)
         self._arm_topic = node.create_publisher(JointTrajectoryMsg, interfaces["trajectory_topic"], 10)
@@ -105,9 +136,8 @@ class Ros2ControlBackend(ArmBackend):
             self._cond.notify_all()
 
     def _on_wrench(self, msg: WrenchStamped) -> None:
-        f, t = msg.wrench.force, msg.wrench.torque
         with self._cond:
-            self._wrench = np.array([f.x, f.y, f.z, t.x, t.y, t.z])
+            self._wrench, self._wrench_wall = msg, time.monotonic()
 
     # ------------------------------------------------------------------------------ state
     @property
@@ -115,7 +145,8 @@ class Ros2ControlBackend(ArmBackend):
         return self._period
 
     def wait_for_state(self, timeout_s: float = 10.0) -> ArmState:
-        """Block until the first joint state arrives; then the backend holds wherever the arm is."""
+        """Block until the first joint state arrives; then the backend holds wherever the arm is. The state
+        returned may lack the force (NaN) when the wrench has not arrived: read_state() then refuses."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while self._joints is None:
@@ -123,16 +154,17 @@ class Ros2ControlBackend(ArmBackend):
                 if left <= 0:
                     raise BackendError(f"no joint states within {timeout_s:.0f} s: is the arm (or twin) running?")
                 self._cond.wait(left)
-        state = self.read_state()
+        state = self.read_state(require_force=False)
         self._mirror = TrajectoryFollower(robot.ARM_JOINTS, self.lower, self.upper, state.q_rad)
         return state
 
-    def read_state(self) -> ArmState:
+    def read_state(self, require_force: bool = True) -> ArmState:
         with self._cond:
-            msg, wall, wrench = self._joints, self._joints_wall, self._wrench.copy()
+            msg, wall, wrench, wrench_wall = self._joints, self._joints_wall, self._wrench, self._wrench_wall
         if msg is None:
             raise BackendError("no joint state received yet")
-        age = time.monotonic() - wall
+        now = time.monotonic()
+        age = now - wall
         if age > self._timeout:
             raise BackendError(f"the last joint state is {age:.2f} s old (limit {self._timeout} s): link lost")
         index = {n: i for i, n in enumerate(msg.name)}
@@ -144,14 +176,51 @@ class Ros2ControlBackend(ArmBackend):
         jaw = sum(float(pos[index[j]]) for j in robot.FINGER_JOINTS if j in index)
         if robot.FINGER_JOINTS[1] not in index and robot.FINGER_JOINTS[0] in index:
             jaw *= 2.0  # a mimic finger not reported: symmetric jaw
-        return ArmState(
-            _stamp_s(msg),
-            pos[arm].copy(),
-            vel[arm].copy() if len(vel) == len(pos) else np.zeros(7),
-            jaw,
-            wrench[:3],
-            wrench[3:],
-        )
+        q = pos[arm].copy()
+        try:
+            force, torque = self._hand_wrench(wrench, now - wrench_wall, _stamp_s(msg), q)
+        except BackendError:
+            if require_force:
+                raise
+            force = torque = np.full(3, np.nan)
+        return ArmState(_stamp_s(msg), q, vel[arm].copy() if len(vel) == len(pos) else np.zeros(7), jaw, force, torque)
+
+    def _hand_wrench(
+        self, msg: WrenchStamped | None, age_s: float, joints_stamp_s: float, q: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The latest wrench in the hand frame, or BackendError when force sensing cannot be trusted."""
+        topic = self._wrench_topic
+        if msg is None:
+            raise BackendError(
+                f"no wrench received on {topic}: without force sensing motions are refused "
+                "(is the force/torque sensor broadcaster running, on that topic?)"
+            )
+        if age_s > self._timeout:
+            raise BackendError(
+                f"the last wrench on {topic} is {age_s:.2f} s old (limit {self._timeout} s): force sensing lost"
+            )
+        lag = joints_stamp_s - _stamp_s(msg)
+        if abs(lag) > self._wrench_max_lag:
+            raise BackendError(
+                f"the wrench on {topic} is stamped {lag:+.3f} s from the joint states (limit "
+                f"{self._wrench_max_lag} s): stale force data"
+            )
+        frame = msg.header.frame_id
+        f, t = msg.wrench.force, msg.wrench.torque
+        force, torque = np.array([f.x, f.y, f.z]), np.array([t.x, t.y, t.z])
+        if not (np.all(np.isfinite(force)) and np.all(np.isfinite(torque))):
+            raise BackendError(f"the wrench on {topic} is not finite: force sensing failed")
+        if frame == robot.HAND_FRAME:
+            return force, torque
+        if frame not in self._frames:
+            raise BackendError(
+                f"the wrench on {topic} is in frame '{frame}', which the arm's description does not have "
+                f"(expected {robot.HAND_FRAME} or another link of the arm): cannot use it"
+            )
+        with self._kin_lock:
+            p_hand, r_hand = self._kin.forward(q, robot.HAND_FRAME)
+            p_frame, r_frame = self._kin.forward(q, frame)
+        return change_frame(force, torque, r_hand.T @ r_frame, r_hand.T @ (p_frame - p_hand))
 
     def _mirror_or_fail(self) -> TrajectoryFollower:
         if self._mirror is None:
@@ -160,7 +229,7 @@ class Ros2ControlBackend(ArmBackend):
 
     def commanded(self) -> tuple[np.ndarray, np.ndarray]:
         mirror = self._mirror_or_fail()
-        mirror.update(self.read_state().time_s)
+        mirror.update(self.read_state(require_force=False).time_s)
         return mirror.desired_q.copy(), mirror.desired_qd.copy()
 
     def capture(self, cameras: tuple[str, ...]) -> dict:
@@ -169,7 +238,29 @@ class Ros2ControlBackend(ArmBackend):
         )
 
     def resync(self) -> None:
-        self._mirror_or_fail().hold(self.read_state().q_rad)
+        self._mirror_or_fail().hold(self.read_state(require_force=False).q_rad)
+
+    def set_force_reflex(self, threshold_n: float) -> bool:
+        if self._reflex_client is None:
+            return False
+        if self._reflex_n == threshold_n:
+            return True
+        service = self._reflex_client.srv_name
+        if not self._reflex_client.wait_for_service(timeout_sec=self._server_timeout):
+            raise BackendError(f"the arm's force reflex cannot be set: {service} is not available")
+        value = ParameterValue(type=ParameterType.PARAMETER_DOUBLE, double_value=float(threshold_n))
+        done = threading.Event()
+        future = self._reflex_client.call_async(
+            SetParameters.Request(parameters=[Parameter(name=self._reflex_parameter, value=value)])
+        )
+        future.add_done_callback(lambda _f: done.set())
+        if not done.wait(self._server_timeout):
+            raise BackendError(f"the arm's force reflex cannot be set: {service} did not answer")
+        result = future.result().results[0]
+        if not result.successful:
+            raise BackendError(f"the arm refused force reflex {threshold_n} N: {result.reason}")
+        self._reflex_n = threshold_n
+        return True
 
     # ------------------------------------------------------------------------------ commands
     def follow(self, trajectory: JointTrajectory) -> None:
@@ -187,7 +278,7 @@ class Ros2ControlBackend(ArmBackend):
         with self._cond:
             self._goal, self._goal_failure = handle, ""
         handle.get_result_async().add_done_callback(lambda f, h=handle: self._on_result(h, f))
-        mirror.start(trajectory, self.read_state().time_s)
+        mirror.start(trajectory, self.read_state(require_force=False).time_s)
 
     def _on_result(self, handle, future) -> None:
         response = future.result()
@@ -196,7 +287,9 @@ class Ros2ControlBackend(ArmBackend):
             if self._goal is not handle:
                 return  # a goal we stopped or replaced ourselves
             self._goal = None
-            if result is not None and result.error_code != FollowJointTrajectory.Result.SUCCESSFUL:
+            if result is not None and result.error_string.startswith(REFLEX_ABORT_PREFIX):
+                self._reflex_stop = result.error_string
+            elif result is not None and result.error_code != FollowJointTrajectory.Result.SUCCESSFUL:
                 self._goal_failure = f"error {result.error_code}: {result.error_string or 'no error string'}"
             self._cond.notify_all()
 
@@ -204,13 +297,13 @@ class Ros2ControlBackend(ArmBackend):
         mirror = self._mirror_or_fail()
         if q_rad is None:
             try:
-                q_rad = self.read_state().q_rad
+                q_rad = self.read_state(require_force=False).q_rad
             except BackendError:  # no fresh state (link lost): stop at the last setpoint we commanded
                 q_rad = mirror.desired_q
         q = np.clip(np.asarray(q_rad, dtype=float), self.lower, self.upper)
         with self._cond:
             # from here on the running goal's abort is ours, and an earlier goal's late failure is superseded
-            goal, self._goal, self._goal_failure = self._goal, None, ""
+            goal, self._goal, self._goal_failure, self._reflex_stop = self._goal, None, "", ""
         if goal is None and not mirror.desired_qd.any() and np.array_equal(mirror.desired_q, q):
             # already holding exactly there: a repeated hold message could reach the controller after the
             # next trajectory goal (topic and action are separate channels) and cut that goal short
@@ -232,10 +325,14 @@ class Ros2ControlBackend(ArmBackend):
 
     def wait_period(self) -> None:
         """Wait until the measured state has advanced one control period (by its own stamps)."""
-        start = self.read_state().time_s
+        start = self.read_state(require_force=False).time_s
         deadline = time.monotonic() + self._timeout
         with self._cond:
             while True:
+                if self._reflex_stop:
+                    message, self._reflex_stop = self._reflex_stop, ""
+                    force = REFLEX_FORCE.search(message)
+                    raise ArmReflexStop(message, float(force.group(1)) if force else 0.0)
                 if self._goal_failure:
                     failure, self._goal_failure = self._goal_failure, ""
                     raise BackendError(f"the arm controller aborted the trajectory ({failure})")

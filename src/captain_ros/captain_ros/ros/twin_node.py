@@ -7,6 +7,7 @@ It looks to clients like a ros2_control arm with RGB-D cameras:
   /gripper_controller/follow_joint_trajectory     same, for panda_finger_joint1 (half the jaw opening)
   /gripper_controller/joint_trajectory
   /wrist_ft_sensor/wrench                         geometry_msgs/WrenchStamped (hand frame)
+  /diagnostics                                    diagnostic_msgs/DiagnosticArray: the arm's force reflex
   /<cam>_camera/color/image_raw, .../camera_info  sensor_msgs/Image rgb8 + CameraInfo
   /<cam>_camera/aligned_depth_to_color/image_raw  sensor_msgs/Image 32FC1, metres (+ camera_info)
   /clock, /tf, /robot_description (transient local)
@@ -14,6 +15,10 @@ and for the sim bridge:
   /twin/reset                                     captain_interfaces/srv/ResetEpisode
   /twin/training_only/privileged_snapshot         captain_interfaces/srv/GetPrivilegedSnapshot
 The training-only name is never used by the harness or the agent: the policy cannot reach it.
+The arm has a force reflex in its physics loop, as a real arm has in its controller (parameter
+`reflex_force_threshold_n`, default from config/safety.yaml; clients set it at run time through the
+standard parameter service, as they would set a vendor's collision thresholds): above it the arm stops
+where it is and the running trajectory goal is aborted with a "force reflex: ..." error string.
 Topic names come from config/robot.yaml; parameters from config/twin.yaml.
 """
 
@@ -28,8 +33,9 @@ import numpy as np
 import rclpy
 import yaml
 from control_msgs.action import FollowJointTrajectory
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from geometry_msgs.msg import TransformStamped, WrenchStamped
-from rcl_interfaces.msg import FloatingPointRange, ParameterDescriptor
+from rcl_interfaces.msg import FloatingPointRange, ParameterDescriptor, SetParametersResult
 from rclpy._rclpy_pybind11 import RCLError
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
@@ -45,12 +51,13 @@ from trajectory_msgs.msg import JointTrajectoryPoint
 from captain_interfaces.msg import PrivilegedSnapshot
 from captain_interfaces.srv import GetPrivilegedSnapshot, ResetEpisode
 from captain_ros.core.trajectory import JointTrajectory, TrajectoryError, duration_to_s
+from captain_ros.harness.config import load_config
 from captain_ros.paths import config_path
 from captain_ros.ros.convert import camera_info, image_msg, pose_msg, quat_wxyz, stamp_msg
 from captain_ros.ros.spin import spin
 from captain_ros.twin import robot
 from captain_ros.twin.cameras import CameraFrame
-from captain_ros.twin.controller import TwinControllers
+from captain_ros.twin.controller import ReflexTrip, TwinControllers
 from captain_ros.twin.privileged import FEATURE_NAMES
 from captain_ros.twin.sim import SimulationFault, Twin
 from captain_ros.twin.start_states import StartId
@@ -60,6 +67,8 @@ DEFAULT_GOAL_TOLERANCE = 0.02  # rad (arm) / m (finger) when a goal gives none
 DEFAULT_GOAL_TIME_TOLERANCE_S = 1.0
 ACTION_MONITOR_RATE_HZ = 20.0  # goal checks and feedback, joint_trajectory_controller's default
 MAX_LAG_S = 0.1  # falling further behind real time than this drops the lag instead of fast-forwarding
+DIAGNOSTICS_PERIOD_S = 0.1  # wall clock; a reflex trip is published at once
+REFLEX_PARAMETER = "reflex_force_threshold_n"
 
 
 class TwinNode(Node):
@@ -80,6 +89,9 @@ class TwinNode(Node):
         self.joint_pub = self.create_publisher(JointState, self.interfaces["joint_states_topic"], 10)
         self.wrench_pub = self.create_publisher(WrenchStamped, self.interfaces["wrench_topic"], 10)
         self.clock_pub = self.create_publisher(Clock, "/clock", 10)
+        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self._next_diagnostics = 0.0
+        self._trips = 0
         self.tf_pub = self.create_publisher(TFMessage, "/tf", 10)
         self.description_pub = self.create_publisher(String, "/robot_description", latched)
         self.description_pub.publish(String(data=robot.description_path().read_text()))
@@ -158,6 +170,19 @@ class TwinNode(Node):
         self.declare_parameter(
             "robot_config", str(config_path("robot.yaml")), desc("robot.yaml with the topic and action names")
         )
+        self.declare_parameter(
+            REFLEX_PARAMETER,
+            load_config().safety.arm_reflex_force_n,
+            desc("the arm's force reflex: external force at the hand that stops it; 0 = off", 0.0, 500.0),
+        )
+        self.add_on_set_parameters_callback(self._on_set_parameters)
+
+    def _on_set_parameters(self, parameters) -> SetParametersResult:
+        for parameter in parameters:
+            if parameter.name == REFLEX_PARAMETER and self.controllers is not None:
+                with self._lock:
+                    self.controllers.reflex.threshold_n = float(parameter.value)
+        return SetParametersResult(successful=True)
 
     # ------------------------------------------------------------------------------ episode
     def _load(self, task: str, start_id: str | None, split: str) -> StartId:
@@ -175,7 +200,7 @@ class TwinNode(Node):
             else:
                 start = self.twin.reset(start_id, split=split)
             # fresh followers: goals still running on the old ones see the swap and abort
-            self.controllers = TwinControllers(self.twin)
+            self.controllers = TwinControllers(self.twin, float(self.get_parameter(REFLEX_PARAMETER).value))
             self._next_state = self._next_tf = self._next_camera = 0.0
             self.fault = ""
             return start
@@ -273,7 +298,9 @@ class TwinNode(Node):
             or DEFAULT_GOAL_TIME_TOLERANCE_S
         )
         with self._lock:
-            token = follower.start(trajectory, self.twin.time_s)
+            controllers = self.controllers
+            start = controllers.start_motion if name == "arm" else follower.start
+            token = start(trajectory, self.twin.time_s)
             start_s = self.twin.time_s
         feedback = FollowJointTrajectory.Feedback(joint_names=list(follower.joint_names))
         while rclpy.ok() and not self._stop.is_set():
@@ -282,17 +309,22 @@ class TwinNode(Node):
                 measured = self._measured(name)
                 desired = follower.desired_q.copy()
                 replaced = follower.active_token() not in (token, None) or self.controllers[name] is not follower
+                trip = controllers.reflex.tripped if name == "arm" and not replaced else None
             if goal_handle.is_cancel_requested:
                 with self._lock:
                     follower.hold(measured)  # stop where the arm is, within one control period
                 goal_handle.canceled()
                 result.error_string = "canceled: holding the current position"
                 return result
-            if replaced:
-                self.get_logger().info(f"{name}: goal preempted at {now:.3f} s (started {start_s:.3f} s)")
+            if replaced or (trip is not None and trip.time_s >= start_s):
+                if replaced:
+                    self.get_logger().info(f"{name}: goal preempted at {now:.3f} s (started {start_s:.3f} s)")
+                    result.error_code = FollowJointTrajectory.Result.INVALID_GOAL
+                    result.error_string = "preempted by a newer trajectory or a reset"
+                else:  # the reflex stopped the arm: it holds where it stopped
+                    result.error_code = FollowJointTrajectory.Result.PATH_TOLERANCE_VIOLATED
+                    result.error_string = trip.message
                 goal_handle.abort()
-                result.error_code = FollowJointTrajectory.Result.INVALID_GOAL
-                result.error_string = "preempted by a newer trajectory or a reset"
                 return result
             feedback.header.stamp = stamp_msg(now)
             feedback.desired = JointTrajectoryPoint(positions=desired.tolist())
@@ -343,7 +375,7 @@ class TwinNode(Node):
             if pace["sim0"] is None or twin.time_s < pace["sim0"]:  # first tick or after a reset
                 pace["wall0"], pace["sim0"] = time.monotonic(), twin.time_s
             try:
-                self.controllers.step(twin)
+                trip = self.controllers.step(twin)
             except SimulationFault as exc:
                 self.fault = str(exc)
                 self.get_logger().error(
@@ -351,6 +383,12 @@ class TwinNode(Node):
                 )
                 return
             now = twin.time_s
+            if trip is not None:
+                self._trips += 1
+                self.get_logger().warning(trip.message)
+            if trip is not None or time.monotonic() >= self._next_diagnostics:
+                self._next_diagnostics = time.monotonic() + DIAGNOSTICS_PERIOD_S
+                self._publish_diagnostics(now, trip)
             if now >= self._next_state:
                 self._next_state = now + 1.0 / self.get_parameter("state_rate_hz").value
                 self._publish_state(twin)
@@ -394,6 +432,25 @@ class TwinNode(Node):
         msg.wrench.force.x, msg.wrench.force.y, msg.wrench.force.z = map(float, wrench.force_n)
         msg.wrench.torque.x, msg.wrench.torque.y, msg.wrench.torque.z = map(float, wrench.torque_nm)
         self.wrench_pub.publish(msg)
+
+    def _publish_diagnostics(self, now: float, trip: ReflexTrip | None) -> None:
+        """The arm's force reflex for operators (rqt_robot_monitor) and benchmarks: its threshold, the external
+        force now, the peak since the current motion armed it, and how often it fired."""
+        reflex = self.controllers.reflex
+        tripped = trip or reflex.tripped
+        status = DiagnosticStatus(
+            level=DiagnosticStatus.WARN if tripped else DiagnosticStatus.OK,
+            name="twin: arm force reflex",
+            hardware_id="captain_ros_twin",
+            message=tripped.message if tripped else f"armed at {reflex.threshold_n:.1f} N",
+            values=[
+                KeyValue(key="threshold_n", value=f"{reflex.threshold_n:.3f}"),
+                KeyValue(key="external_force_n", value=f"{reflex.external_force_n:.3f}"),
+                KeyValue(key="peak_force_n", value=f"{reflex.peak_force_n:.3f}"),
+                KeyValue(key="trips", value=str(self._trips)),
+            ],
+        )
+        self.diagnostics_pub.publish(DiagnosticArray(header=Header(stamp=stamp_msg(now)), status=[status]))
 
     def _publish_tf(self, twin: Twin) -> None:
         """Every robot link, and the cameras' links and optical frames as CALIBRATED (what a calibrated robot

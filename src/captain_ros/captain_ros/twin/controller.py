@@ -1,39 +1,116 @@
 """The twin's controllers, as ros2_control would run them on the real arm: one joint trajectory
 follower for the 7 arm joints and one for the gripper's finger joint (half the jaw opening),
-updated at every physics step. Used by twin_node and by the in-process twin backend, so both
-move the arm exactly the same way."""
+updated at every physics step, and the arm's own force reflex. Used by twin_node and by the
+in-process twin backend, so both move (and stop) the arm exactly the same way."""
 
 from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 
 from captain_ros.core.trajectory import JointTrajectory, TrajectoryFollower
+from captain_ros.core.wrench import REFLEX_ABORT_PREFIX, external_force_n
 from captain_ros.twin import robot
 from captain_ros.twin.sim import Twin
 
 GRIPPER_JOINTS = (robot.FINGER_JOINTS[0],)
 
 
+@dataclass(frozen=True)
+class ReflexTrip:
+    time_s: float
+    force_n: float
+    threshold_n: float
+
+    @property
+    def message(self) -> str:
+        return (
+            f"{REFLEX_ABORT_PREFIX}: external force {self.force_n:.1f} N over the {self.threshold_n:.1f} N "
+            f"threshold at t={self.time_s:.3f} s; the arm holds where it stopped"
+        )
+
+
+class ForceReflex:
+    """The arm's force reflex, checked at every physics step inside the controller, as vendors build it
+    (Franka's collision thresholds, UR's protective stop): it does not depend on any client keeping up.
+
+    The external force is the wrist force minus the load measured while the arm rested just before the
+    current motion began, rotated with the hand (`core.wrench.external_force_n`, the harness monitor's
+    own measure). Above `threshold_n` the arm stops where it is and stays tripped until the next motion
+    arms the reflex again. A threshold of 0 switches the reflex off."""
+
+    def __init__(self, threshold_n: float, baseline_steps: int = 10):
+        if not (math.isfinite(threshold_n) and threshold_n >= 0):
+            raise ValueError(f"reflex threshold must be a finite force >= 0 N, got {threshold_n}")
+        self.threshold_n = threshold_n
+        self._recent: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=baseline_steps)
+        self._baseline: tuple[np.ndarray, np.ndarray] | None = None
+        self.tripped: ReflexTrip | None = None
+        self.external_force_n = 0.0
+        self.peak_force_n = 0.0  # largest external force since the reflex was last armed
+
+    def arm(self) -> None:
+        """A motion begins: the load is the mean wrist force of the last steps (the arm was at rest)."""
+        if self._recent:
+            forces = np.mean([f for f, _ in self._recent], axis=0)
+            self._baseline = (forces, self._recent[-1][1])
+        self.tripped, self.peak_force_n = None, 0.0
+
+    def check(self, force_hand_n: np.ndarray, r_hand: np.ndarray, now_s: float) -> ReflexTrip | None:
+        """Feed one physics step; returns the trip when this step crosses the threshold."""
+        self._recent.append((force_hand_n, r_hand))
+        if self._baseline is None:
+            if len(self._recent) < self._recent.maxlen:
+                return None
+            self.arm()  # the first steps after start-up or a reset: the load the arm carries at rest
+        self.external_force_n = external_force_n(force_hand_n, r_hand, *self._baseline)
+        self.peak_force_n = max(self.peak_force_n, self.external_force_n)
+        if self.tripped is None and self.threshold_n > 0 and self.external_force_n > self.threshold_n:
+            self.tripped = ReflexTrip(now_s, self.external_force_n, self.threshold_n)
+            return self.tripped
+        return None
+
+
 class TwinControllers:
-    def __init__(self, twin: Twin):
+    def __init__(self, twin: Twin, reflex_threshold_n: float = 0.0):
         lower, upper = robot.arm_limits_rad()
         finger = robot.joint_limits()[GRIPPER_JOINTS[0]]
         self.arm = TrajectoryFollower(robot.ARM_JOINTS, lower, upper, twin.arm_q())
         self.gripper = TrajectoryFollower(
             GRIPPER_JOINTS, np.array([finger.lower]), np.array([finger.upper]), np.array([twin.jaw_opening_m() / 2])
         )
+        self.reflex = ForceReflex(reflex_threshold_n)
+        self._hand = twin.model.body(robot.HAND_FRAME).id
 
     def __getitem__(self, name: str) -> TrajectoryFollower:
         return {"arm": self.arm, "gripper": self.gripper}[name]
+
+    def start_motion(self, trajectory: JointTrajectory, now_s: float) -> int:
+        """Start an arm motion (a trajectory goal): arms the reflex with the load measured at rest, then
+        follows `trajectory`. Stops and holds sent on the controller's topic go to `arm.start` directly and
+        leave the reflex as it is (a hold after a trip must not re-arm it against the contact force)."""
+        self.reflex.arm()
+        return self.arm.start(trajectory, now_s)
 
     def jaw_trajectory(self, opening_m: float, duration_s: float) -> JointTrajectory:
         """Move the jaw to `opening_m` (clipped to the finger's range) in `duration_s`."""
         half = float(np.clip(opening_m / 2, self.gripper.lower[0], self.gripper.upper[0]))
         return JointTrajectory(GRIPPER_JOINTS, np.array([max(duration_s, 1e-3)]), np.array([[half]]), None)
 
-    def step(self, twin: Twin, n: int = 1) -> None:
-        """Advance n physics steps, updating both controllers' setpoints before each."""
+    def step(self, twin: Twin, n: int = 1) -> ReflexTrip | None:
+        """Advance n physics steps, updating both controllers' setpoints before each and checking the
+        reflex after each. Returns the reflex trip if one happened (the arm then holds where it was)."""
+        trip = None
         for _ in range(n):
             twin.set_arm_command(self.arm.update(twin.time_s))
             twin.set_gripper_command(2.0 * float(self.gripper.update(twin.time_s)[0]))
             twin.step()
+            r_hand = twin.data.xmat[self._hand].reshape(3, 3).copy()
+            tripped = self.reflex.check(twin.wrist_wrench().force_n, r_hand, twin.time_s)
+            if tripped is not None:
+                self.arm.hold(twin.arm_q())
+                trip = tripped
+        return trip

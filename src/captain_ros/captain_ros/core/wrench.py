@@ -1,0 +1,33 @@
+"""Wrist wrench arithmetic shared by the harness's force monitor and the arm's own force reflex.
+
+Both judge contact the same way: the wrist force minus the load measured at rest before the motion
+(hand, fingers and anything held), rotated with the hand, so the load's weight is not mistaken for
+contact when the hand turns.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def external_force_n(
+    force_hand_n: np.ndarray, r_hand: np.ndarray, baseline_force_hand_n: np.ndarray, r_hand_at_baseline: np.ndarray
+) -> float:
+    """Magnitude of the force at the hand beyond the baseline load. Forces are in the hand frame;
+    rotations are the hand's orientation in the base frame now and when the baseline was measured."""
+    expected = r_hand.T @ (r_hand_at_baseline @ baseline_force_hand_n)
+    return float(np.linalg.norm(force_hand_n - expected))
+
+
+def change_frame(
+    force_b: np.ndarray, torque_b: np.ndarray, r_ab: np.ndarray, p_ab: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """A wrench measured in frame b, expressed in frame a, where b has rotation `r_ab` and origin `p_ab` in a:
+    the force rotates; the torque rotates and gains the moment of the force about a's origin."""
+    force_a = r_ab @ force_b
+    return force_a, r_ab @ torque_b + np.cross(p_ab, force_a)
+
+
+# An arm controller that aborts a trajectory because its force reflex fired says so with this prefix in the
+# goal's error string (the twin does; a vendor's wording is mapped by its robot profile).
+REFLEX_ABORT_PREFIX = "force reflex"
