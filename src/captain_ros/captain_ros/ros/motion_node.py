@@ -87,10 +87,22 @@ class MotionNode(Node):
             "control_period_s", 0.01, describe(description="monitoring period; the joint-state period of the arm")
         )
         self.declare_parameter(
-            "state_timeout_s", 0.5, describe(description="a joint state older than this (wall time) = link lost")
+            "state_timeout_s",
+            0.5,
+            describe(description="a joint state or wrench older than this (wall time) = link or force sensing lost"),
+        )
+        self.declare_parameter(
+            "wrench_max_lag_s",
+            0.25,
+            describe(description="a wrench stamped further than this from the joint states = stale force data"),
         )
         self.declare_parameter(
             "watchdog", True, describe(description="hold the arm when /agent/heartbeat and calls go silent")
+        )
+        self.declare_parameter(
+            "watchdog_timeout_s",
+            0.0,
+            describe(description="silence that trips the watchdog; 0 = safety.yaml's watchdog_timeout_s"),
         )
         param = self.get_parameter
         interfaces = yaml.safe_load(Path(param("robot_config").value).read_text())["interfaces"]
@@ -100,8 +112,10 @@ class MotionNode(Node):
             interfaces,
             control_period_s=float(param("control_period_s").value),
             state_timeout_s=float(param("state_timeout_s").value),
+            wrench_max_lag_s=float(param("wrench_max_lag_s").value),
         )
-        self.watchdog = Watchdog(self.config.safety.watchdog_timeout_s) if param("watchdog").value else None
+        watchdog_s = float(param("watchdog_timeout_s").value) or self.config.safety.watchdog_timeout_s
+        self.watchdog = Watchdog(watchdog_s) if param("watchdog").value else None
         self.harness: Harness | None = None
         self._busy = threading.Lock()
         self._goal = None  # the MoveTo goal being executed
