@@ -277,24 +277,36 @@ class MotionNode(Node):
 
 
 def main(args: list[str] | None = None) -> None:
+    """Spin in a thread while connecting to the arm (connect waits on topics the executor serves).
+
+    `rclpy.init()` plus `rclpy.try_shutdown()` in `finally` rather than `with rclpy.init()`, which
+    Jazzy does not have (see captain_ros.ros.spin).
+    """
+    from captain_ros.ros.spin import spin_until_shutdown
+
+    rclpy.init(args=args)
+    node: MotionNode | None = None
+    executor: MultiThreadedExecutor | None = None
     try:
-        with rclpy.init(args=args):
-            node = MotionNode()
-            executor = MultiThreadedExecutor(num_threads=4)
-            executor.add_node(node)
-            spinner = threading.Thread(target=executor.spin, daemon=True)
-            spinner.start()
-            try:
-                node.connect()
-                spinner.join()
-            except BackendError as exc:
-                node.get_logger().fatal(str(exc))
-                raise SystemExit(1) from None
-            finally:
-                executor.shutdown()
-                node.destroy_node()
+        node = MotionNode()
+        executor = MultiThreadedExecutor(num_threads=4)
+        executor.add_node(node)
+        spinner = threading.Thread(target=spin_until_shutdown, args=(executor,), daemon=True)
+        spinner.start()
+        try:
+            node.connect()
+        except BackendError as exc:
+            node.get_logger().fatal(str(exc))
+            raise SystemExit(1) from None
+        spinner.join()
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
+    finally:
+        if executor is not None:
+            executor.shutdown()
+        if node is not None:
+            node.destroy_node()
+        rclpy.try_shutdown()
 
 
 if __name__ == "__main__":

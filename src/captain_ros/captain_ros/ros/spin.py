@@ -1,23 +1,48 @@
-"""The console-script entry of a node: init, spin on a multi-threaded executor, clean shutdown."""
+"""The console-script entry of a node: init, spin on a multi-threaded executor, clean shutdown.
+
+Written the way ros2/examples are, so it runs on Jazzy as well as Kilted: `with rclpy.init()` exists
+only from Kilted on (Jazzy's `rclpy.init()` returns None), so the context is shut down in `finally`
+with `rclpy.try_shutdown()`, which is a no-op when Ctrl-C or SIGTERM already shut it down.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import rclpy
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy._rclpy_pybind11 import RCLError
+from rclpy.executors import Executor, ExternalShutdownException, MultiThreadedExecutor
 from rclpy.node import Node
 
 
-def spin(make_node: Callable[[], Node], args: list[str] | None = None, num_threads: int = 4) -> None:
+def spin_until_shutdown(executor: Executor) -> None:
+    """`executor.spin()` that returns once the context is shut down (Ctrl-C, SIGTERM, rclpy.shutdown()).
+
+    A shutdown from a signal races with the executor's wait: rclpy then raises ExternalShutdownException,
+    or RCLError 'the given context is not valid' when the wait set is made just after the context went
+    away (ros2/rclpy#398; still seen in 2026). Both mean "shut down"; any other RCLError is re-raised.
+    """
     try:
-        with rclpy.init(args=args):
-            node = make_node()
-            executor = MultiThreadedExecutor(num_threads=num_threads)
-            executor.add_node(node)
-            try:
-                executor.spin()
-            finally:
-                node.destroy_node()
+        executor.spin()
+    except ExternalShutdownException:
+        pass
+    except RCLError:
+        if executor.context.ok():
+            raise
+
+
+def spin(make_node: Callable[[], Node], args: list[str] | None = None, num_threads: int = 4) -> None:
+    """Run one node until Ctrl-C, SIGTERM or an external shutdown; always release the context."""
+    rclpy.init(args=args)
+    node: Node | None = None
+    try:
+        node = make_node()
+        executor = MultiThreadedExecutor(num_threads=num_threads)
+        executor.add_node(node)
+        spin_until_shutdown(executor)
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
+    finally:
+        if node is not None:
+            node.destroy_node()
+        rclpy.try_shutdown()
