@@ -4,6 +4,10 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
+# The second environment: the ROS 2 Jazzy wheels. The main pytest run uses the Kilted ones; the node
+# start-up and DDS smoke tests then run again here, so every node is proven to start on both distros.
+JAZZY_PY    := .venv-jazzy/bin/python
+JAZZY_TESTS := tests/workspace/test_node_startup.py
 
 .PHONY: setup run test lint bench lock clean
 
@@ -17,6 +21,8 @@ test: setup
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/ruff format --check .
 	@$(PY) -m pytest
+	@echo "== node start-up and DDS smoke tests on ROS 2 Jazzy ($(JAZZY_PY))"
+	@$(JAZZY_PY) -m pytest $(JAZZY_TESTS)
 
 lint: setup
 	@$(VENV)/bin/ruff check --fix .
@@ -25,9 +31,10 @@ lint: setup
 bench: setup
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
-# Re-resolve requirements/base.in into requirements/lock.txt in a scratch venv.
+# Re-resolve the requirement files in scratch venvs: lock.txt, jazzy-lock.txt, colcon.txt
+# (`make lock LOCK=jazzy` for one of main, jazzy, colcon).
 lock:
-	@$(PYTHON) tools/lock_requirements.py
+	@$(PYTHON) tools/lock_requirements.py $(LOCK)
 
 clean:
-	rm -rf $(VENV) .setup-logs build install log
+	rm -rf $(VENV) .venv-jazzy .setup-logs build install log

@@ -4,16 +4,22 @@
 Runs with the system Python (stdlib only). Each step records a stamp when it succeeds, so a
 rerun skips finished work and resumes at the first step that failed or whose inputs changed.
 
-  interpreter CPython 3.11 (the ROS 2 Kilted wheels on PyPI are cp311 only)
+  interpreter CPython 3.11 (the ROS 2 Kilted and Jazzy wheels on PyPI are cp311 only)
   debian      Debian packages (Mesa for offscreen MuJoCo, libusb for open3d, cmake, g++)
   venv        .venv created with that interpreter
   packages    pinned requirements (requirements/lock.txt; torch pinned to the CPU build)
+  colcon      colcon from PyPI into .venv (requirements/colcon.txt, --no-deps: without its pytest plugins)
   cmake-fix   repoint the wheels' exported cmake include paths to this venv
   interfaces  build and install the interface packages (captain_interfaces, ...) into .venv
-  project     pip install -e . (captain_ros, sim_bridge, training)
-  verify      import rclpy, the interfaces and captain_ros inside the venv
+  project     pip install -e src/captain_ros (captain_ros, sim_bridge, training)
+  verify      import rclpy, the interfaces, colcon and captain_ros inside the venv
+  jazzy       the same steps (venv ... verify) for .venv-jazzy with the ROS 2 Jazzy wheels
+              (requirements/jazzy-lock.txt): the nodes' start-up and DDS smoke tests run on both
 
-Usage: python3 tools/setup_env.py [--force STEP ...] [--venv PATH]
+Every venv gets a COLCON_IGNORE, so a clone inside a colcon workspace does not offer the wheels'
+share/*/package.xml files to colcon as packages.
+
+Usage: python3 tools/setup_env.py [--force STEP ...] [--venv PATH] [--jazzy-venv PATH]
 """
 
 from __future__ import annotations
@@ -44,6 +50,20 @@ DEBIAN_PACKAGES = [
 INTERFACE_PACKAGES = ["third_party/control_msgs", "third_party/tf2_msgs", "src/captain_interfaces"]
 MANYLINUX_PYTHON = "/opt/python/cp311-cp311"
 LOGS = ROOT / ".setup-logs"
+REQUIREMENTS = ROOT / "requirements"
+LOCK = REQUIREMENTS / "lock.txt"  # Kilted wheels + everything else (.venv)
+JAZZY_LOCK = REQUIREMENTS / "jazzy-lock.txt"  # Jazzy wheels + what the nodes import at start-up (.venv-jazzy)
+COLCON_LOCK = REQUIREMENTS / "colcon.txt"  # colcon, installed into .venv with --no-deps
+# What a venv must import to count as set up: the Kilted one runs everything, the Jazzy one the nodes.
+VERIFY_KILTED = (
+    "import rclpy, rclpy.action, captain_interfaces.msg, captain_interfaces.srv, "
+    "captain_interfaces.action, control_msgs.action, tf2_msgs.msg, captain_ros, colcon_core.command, colcon_ros"
+)
+VERIFY_JAZZY = (
+    "import importlib.metadata as m, rclpy, rclpy.action, captain_interfaces.action, control_msgs.action, "
+    "tf2_msgs.msg, captain_ros.ros.twin_node, captain_ros.ros.motion_node, captain_ros.ros.perception_node; "
+    "v = m.version('ros-rclpy'); assert v.startswith('7.'), f'rclpy {v} is not the Jazzy build (7.x)'"
+)
 PACKAGE = ROOT / "src" / "captain_ros"  # the ament_python package (package.xml, setup.py); captain_interfaces beside it
 
 
@@ -86,11 +106,30 @@ def digest(paths: list[Path], extra: str = "") -> str:
 
 
 class Setup:
-    def __init__(self, venv: Path, force: set[str]) -> None:
+    """The steps for one venv. `distro` names the ROS distro of its wheels; the Jazzy venv's steps are
+    reported as 'jazzy/<step>' and its logs are prefixed with 'jazzy-'."""
+
+    def __init__(
+        self,
+        venv: Path,
+        force: set[str],
+        lock: Path = LOCK,
+        distro: str = "kilted",
+        verify_code: str = VERIFY_KILTED,
+    ) -> None:
         self.venv = venv
         self.py = venv / "bin" / "python"
         self.stamps = venv / ".captain_setup"
         self.force = force
+        self.lock = lock
+        self.distro = distro
+        self.verify_code = verify_code
+        self.prefix = "" if distro == "kilted" else f"{distro}/"
+        self.log_prefix = "" if distro == "kilted" else f"{distro}-"
+
+    def step(self, name: str) -> str:
+        """The step's name in messages: 'packages' for .venv, 'jazzy/packages' for .venv-jazzy."""
+        return f"{self.prefix}{name}"
 
     # -- stamps -------------------------------------------------------------------------
     def done(self, step: str, key: str) -> bool:
@@ -103,7 +142,7 @@ class Setup:
         (self.stamps / f"{step}.stamp").write_text(key)
 
     def venv_env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = without_ros_wheel_paths(dict(os.environ))
         env["PATH"] = f"{self.venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
         env["VIRTUAL_ENV"] = str(self.venv)
         env.pop("PYTHONPATH", None)
@@ -162,30 +201,78 @@ class Setup:
                 [str(self.py), "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True
             )
             if probe.returncode == 0 and probe.stdout.strip() == "(3, 11)":
+                self.colcon_ignore()
                 return
             log(f"{self.venv} is broken or not Python 3.11; recreating it")
             shutil.rmtree(self.venv)
         log(f"creating {self.venv}")
         run(
             [sys.executable, "-m", "venv", str(self.venv)],
-            "venv",
+            self.step("venv"),
             "check that the python3-venv module is available (apt-get install python3.11-venv)",
         )
+        self.colcon_ignore()
+
+    def colcon_ignore(self) -> None:
+        """colcon crawls every folder of a workspace; the wheels' share/<pkg>/package.xml must stay unseen."""
+        marker = self.venv / "COLCON_IGNORE"
+        if not marker.exists():
+            marker.write_text("")
 
     def python_packages(self) -> None:
-        lock = ROOT / "requirements" / "lock.txt"
+        lock = self.lock
         key = digest([lock], extra=sys.version)
         if self.done("packages", key):
             return
-        log("installing pinned Python requirements (requirements/lock.txt); a first run takes a few minutes")
+        log(
+            f"installing pinned Python requirements ({lock.relative_to(ROOT)}) into {self.venv.name}; "
+            "a first run takes a few minutes"
+        )
         run(
             [str(self.py), "-m", "pip", "install", "--disable-pip-version-check", "-r", str(lock)],
-            "packages",
+            self.step("packages"),
             "read the pip error above: a pin that cannot be resolved on this machine needs `make lock` "
             "on a machine that can; a network error needs access to PyPI. Rerun resumes here.",
             env=self.venv_env(),
+            logfile=LOGS / f"{self.log_prefix}packages.log" if self.prefix else None,  # .venv's prints progress
         )
         self.mark("packages", key)
+        self.rebuild_interfaces_if_ros_wheels_changed()
+
+    def rebuild_interfaces_if_ros_wheels_changed(self) -> None:
+        """Interfaces built against other ROS wheels must be rebuilt: drop their stamps."""
+        ros_pins = "\n".join(line for line in self.lock.read_text().splitlines() if line.startswith("ros-"))
+        key = hashlib.sha256(ros_pins.encode()).hexdigest()
+        stamp = self.stamps / "ros-wheels.stamp"
+        if stamp.exists() and stamp.read_text() != key:
+            log("the ROS wheels changed: the interface packages will be rebuilt")
+            for old in self.stamps.glob("interfaces-*.stamp"):
+                old.unlink()
+        self.mark("ros-wheels", key)
+
+    def colcon(self) -> None:
+        """colcon into .venv, so `.venv/bin/python -m colcon build` gives nodes this interpreter (see colcon.in)."""
+        key = digest([COLCON_LOCK], extra=sys.version)
+        if self.done("colcon", key):
+            return
+        log(f"installing colcon ({COLCON_LOCK.relative_to(ROOT)}, without its pytest plugins)")
+        run(
+            [
+                str(self.py),
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "-r",
+                str(COLCON_LOCK),
+            ],
+            self.step("colcon"),
+            "read the pip error above; `make lock` regenerates requirements/colcon.txt. Rerun resumes here.",
+            env=self.venv_env(),
+            logfile=LOGS / "colcon-install.log",
+        )
+        self.mark("colcon", key)
 
     def cmake_fix(self) -> None:
         """The wheels' exported cmake files name the manylinux build's Python; repoint them."""
@@ -202,7 +289,7 @@ class Setup:
         )
         if out.returncode != 0:
             raise SetupError(
-                f"step 'cmake-fix' failed: cannot query the venv's include paths:\n{out.stderr}"
+                f"step '{self.step('cmake-fix')}' failed: cannot query the venv's include paths:\n{out.stderr}"
                 "\n  what to do: rerun with --force packages to reinstall the requirements."
             )
         py_include, np_include = out.stdout.split()
@@ -235,10 +322,11 @@ class Setup:
                 shutil.rmtree(build)  # configured from another source folder (the package moved): start afresh
             env = self.venv_env()
             env.update(CMAKE_PREFIX_PATH=str(self.venv), AMENT_PREFIX_PATH=str(self.venv))
+            logs = f"{self.log_prefix}{pkg}"
             hint = (
-                f"read {LOGS}/{pkg}-*.log; a message/service syntax error names the file and line. Rerun resumes here."
+                f"read {LOGS}/{logs}-*.log; a message/service syntax error names the file and line. Rerun resumes here."
             )
-            log(f"building interface package {pkg} (about a minute on 2 cores)")
+            log(f"building interface package {pkg} against the {self.distro} wheels (about a minute on 2 cores)")
             run(
                 [
                     "cmake",
@@ -251,26 +339,32 @@ class Setup:
                     "-DBUILD_TESTING=OFF",
                     "-DCMAKE_BUILD_TYPE=Release",
                 ],
-                "interfaces",
+                self.step("interfaces"),
                 hint,
                 env=env,
-                logfile=LOGS / f"{pkg}-configure.log",
+                logfile=LOGS / f"{logs}-configure.log",
             )
             run(
                 ["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2)],
-                "interfaces",
+                self.step("interfaces"),
                 hint,
                 env=env,
-                logfile=LOGS / f"{pkg}-build.log",
+                logfile=LOGS / f"{logs}-build.log",
             )
-            run(["cmake", "--install", str(build)], "interfaces", hint, env=env, logfile=LOGS / f"{pkg}-install.log")
+            run(
+                ["cmake", "--install", str(build)],
+                self.step("interfaces"),
+                hint,
+                env=env,
+                logfile=LOGS / f"{logs}-install.log",
+            )
             self.mark(f"interfaces-{pkg}", key)
 
     def project(self) -> None:
         key = digest([PACKAGE / "setup.py", PACKAGE / "setup.cfg", PACKAGE / "package.xml"], extra=str(ROOT))
         if self.done("project", key):
             return
-        log("installing captain_ros in editable mode")
+        log(f"installing captain_ros in editable mode into {self.venv.name}")
         run(
             [
                 str(self.py),
@@ -283,24 +377,57 @@ class Setup:
                 "-e",
                 str(PACKAGE),
             ],
-            "project",
+            self.step("project"),
             "read the pip error above (usually a syntax error in setup.py). Rerun resumes here.",
             env=self.venv_env(),
         )
         self.mark("project", key)
 
     def verify(self) -> None:
-        code = (
-            "import rclpy, rclpy.action, captain_interfaces.msg, captain_interfaces.srv, "
-            "captain_interfaces.action, control_msgs.action, tf2_msgs.msg, captain_ros"
+        proc = subprocess.run(
+            [str(self.py), "-c", self.verify_code], capture_output=True, text=True, env=self.venv_env()
         )
-        proc = subprocess.run([str(self.py), "-c", code], capture_output=True, text=True, env=self.venv_env())
         if proc.returncode != 0:
+            again = "jazzy" if self.prefix else "interfaces project"
             raise SetupError(
-                f"step 'verify' failed: the venv cannot import the stack:\n{proc.stderr.strip()}\n"
-                "  what to do: rerun with `--force interfaces project` to rebuild; if that fails too, "
-                "delete .venv and run `make setup` again."
+                f"step '{self.step('verify')}' failed: {self.venv.name} cannot import the stack:\n"
+                f"{proc.stderr.strip()}\n"
+                f"  what to do: rerun with `--force {again}` to rebuild; if that fails too, "
+                f"delete {self.venv.name} and run `make setup` again."
             )
+
+    def jazzy(self, venv: Path) -> None:
+        """The second environment: the same steps for a venv with the ROS 2 Jazzy wheels."""
+        force = {"packages", "interfaces", "project"} if "jazzy" in self.force else set()
+        other = Setup(venv, force, lock=JAZZY_LOCK, distro="jazzy", verify_code=VERIFY_JAZZY)
+        t0 = time.monotonic()
+        for action in (other.make_venv, other.python_packages, other.cmake_fix, other.interfaces, other.project):
+            action()
+        other.verify()
+        if time.monotonic() - t0 > 30:
+            log(f"Jazzy environment {venv.name} ready in {time.monotonic() - t0:.0f} s")
+
+
+def without_ros_wheel_paths(env: dict[str, str]) -> dict[str, str]:
+    """`env` without what the ROS wheels' bootstrap put there when this script runs from a venv.
+
+    The wheels' .pth shim re-executes Python once with LD_LIBRARY_PATH pointing at its venv's libraries and
+    `_ROS_WHEELS_BOOTSTRAP_COMPLETE=1`; a child of another venv would inherit both, skip its own bootstrap
+    and load the other distro's libraries (.venv-jazzy's rclpy then looks for Kilted's libfastrtps).
+    """
+    env = dict(env)
+    env.pop("_ROS_WHEELS_BOOTSTRAP_COMPLETE", None)
+
+    def from_a_venv(part: str) -> bool:
+        path = Path(part)
+        return (path.name.startswith("ros_") and path.name.endswith(".libs")) or (path.parent / "pyvenv.cfg").is_file()
+
+    parts = [part for part in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if part and not from_a_venv(part)]
+    if parts:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(parts)
+    else:
+        env.pop("LD_LIBRARY_PATH", None)
+    return env
 
 
 def _dpkg_installed(package: str) -> bool:
@@ -310,7 +437,7 @@ def _dpkg_installed(package: str) -> bool:
     return out.returncode == 0 and "install ok installed" in out.stdout
 
 
-STEPS = ["interpreter", "debian", "venv", "packages", "cmake-fix", "interfaces", "project", "verify"]
+STEPS = ["interpreter", "debian", "venv", "packages", "colcon", "cmake-fix", "interfaces", "project", "verify", "jazzy"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,7 +448,10 @@ def main(argv: list[str] | None = None) -> int:
         nargs="*",
         default=[],
         metavar="STEP",
-        help="redo these steps even if their stamps say done (packages, interfaces, project)",
+        help="redo these steps even if their stamps say done (packages, colcon, interfaces, project, jazzy)",
+    )
+    parser.add_argument(
+        "--jazzy-venv", type=Path, default=ROOT / ".venv-jazzy", help="the second venv, with the ROS 2 Jazzy wheels"
     )
     args = parser.parse_args(argv)
     setup = Setup(args.venv.resolve(), set(args.force))
@@ -331,10 +461,12 @@ def main(argv: list[str] | None = None) -> int:
         "debian": setup.debian,
         "venv": setup.make_venv,
         "packages": setup.python_packages,
+        "colcon": setup.colcon,
         "cmake-fix": setup.cmake_fix,
         "interfaces": setup.interfaces,
         "project": setup.project,
         "verify": setup.verify,
+        "jazzy": lambda: setup.jazzy(args.jazzy_venv.resolve()),
     }
     for name in STEPS:
         try:

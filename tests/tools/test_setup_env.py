@@ -58,7 +58,7 @@ def test_failure_stops_the_run_and_a_rerun_resumes_at_the_failed_step(tmp_path, 
     fail = {"interfaces"}
 
     def step(name):
-        def action(self):
+        def action(self, *_args):
             key = "k"
             if self.done(name, key):
                 return
@@ -74,22 +74,127 @@ def test_failure_stops_the_run_and_a_rerun_resumes_at_the_failed_step(tmp_path, 
         ("debian", "debian"),
         ("make_venv", "venv"),
         ("python_packages", "packages"),
+        ("colcon", "colcon"),
         ("cmake_fix", "cmake-fix"),
         ("interfaces", "interfaces"),
         ("project", "project"),
         ("verify", "verify"),
+        ("jazzy", "jazzy"),
     ]:
         monkeypatch.setattr(setup_env.Setup, method, step(name))
 
     assert setup_env.main(["--venv", str(tmp_path / "v")]) == 1
     err = capsys.readouterr().err
     assert "step 'interfaces' failed" in err and "rerun" in err
-    assert ran == ["interpreter", "debian", "venv", "packages", "cmake-fix", "interfaces"]
+    assert ran == ["interpreter", "debian", "venv", "packages", "colcon", "cmake-fix", "interfaces"]
 
     ran.clear()
     fail.clear()
     assert setup_env.main(["--venv", str(tmp_path / "v")]) == 0
-    assert ran == ["interfaces", "project", "verify"], "finished steps must be skipped on a rerun"
+    assert ran == ["interfaces", "project", "verify", "jazzy"], "finished steps must be skipped on a rerun"
+
+
+# ------------------------------------------------------------------ the Jazzy environment and colcon
+def test_jazzy_step_runs_the_same_steps_on_its_own_venv_with_the_jazzy_wheels(tmp_path, monkeypatch):
+    calls: list[tuple[str, Path, Path, str, frozenset]] = []
+    for method in ("make_venv", "python_packages", "cmake_fix", "interfaces", "project", "verify"):
+        monkeypatch.setattr(
+            setup_env.Setup,
+            method,
+            lambda self, m=method: calls.append((m, self.venv, self.lock, self.verify_code, frozenset(self.force))),
+        )
+    main = setup_env.Setup(tmp_path / "main", set())
+    main.jazzy(tmp_path / "jazzy")
+    assert [c[0] for c in calls] == ["make_venv", "python_packages", "cmake_fix", "interfaces", "project", "verify"]
+    assert {c[1] for c in calls} == {tmp_path / "jazzy"}, "every Jazzy step works on the Jazzy venv"
+    assert {c[2] for c in calls} == {setup_env.JAZZY_LOCK}
+    assert {c[3] for c in calls} == {setup_env.VERIFY_JAZZY}
+    assert {c[4] for c in calls} == {frozenset()}
+
+    calls.clear()
+    setup_env.Setup(tmp_path / "main", {"jazzy"}).jazzy(tmp_path / "jazzy")
+    assert {c[4] for c in calls} == {frozenset({"packages", "interfaces", "project"})}, "--force jazzy redoes them"
+
+
+def test_jazzy_failures_name_the_jazzy_step_and_its_remedy(tmp_path):
+    jazzy = setup_env.Setup(tmp_path / "v", set(), lock=setup_env.JAZZY_LOCK, distro="jazzy", verify_code="")
+    assert jazzy.step("packages") == "jazzy/packages"
+    assert setup_env.Setup(tmp_path / "v", set()).step("packages") == "packages"
+    jazzy.py = Path(sys.executable)
+    jazzy.verify_code = "raise SystemExit('rclpy 9.1.2 is not the Jazzy build (7.x)')"
+    with pytest.raises(setup_env.SetupError) as err:
+        jazzy.verify()
+    text = str(err.value)
+    assert "step 'jazzy/verify' failed" in text and "not the Jazzy build" in text and "--force jazzy" in text
+
+
+def test_the_jazzy_verification_checks_the_distro_and_the_node_imports():
+    assert "startswith('7.')" in setup_env.VERIFY_JAZZY
+    for node in ("twin_node", "motion_node", "perception_node"):
+        assert f"captain_ros.ros.{node}" in setup_env.VERIFY_JAZZY
+
+
+def test_changed_ros_wheels_rebuild_the_interfaces_and_other_pins_do_not(tmp_path):
+    lock = tmp_path / "lock.txt"
+    lock.write_text("numpy==2.4.6\nros-rclpy==7.1.6\n")
+    s = setup_env.Setup(tmp_path / "v", set(), lock=lock)
+    s.rebuild_interfaces_if_ros_wheels_changed()  # first time: only records the ROS pins
+    s.mark("interfaces-captain_interfaces", "k")
+    lock.write_text("numpy==2.4.7\nros-rclpy==7.1.6\n")
+    s.rebuild_interfaces_if_ros_wheels_changed()
+    assert s.done("interfaces-captain_interfaces", "k"), "a non-ROS pin must not rebuild the interfaces"
+    lock.write_text("numpy==2.4.7\nros-rclpy==7.1.7\n")
+    s.rebuild_interfaces_if_ros_wheels_changed()
+    assert not s.done("interfaces-captain_interfaces", "k"), "new ROS wheels must rebuild the interfaces"
+
+
+def test_children_of_another_venv_lose_its_ros_library_paths(tmp_path):
+    """Run from .venv, the setup must not hand Kilted's library path and bootstrap guard to .venv-jazzy."""
+    venv = tmp_path / "venv"
+    (venv / "lib" / "python3.11" / "site-packages" / "ros_rclpy.libs").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    env = {
+        "_ROS_WHEELS_BOOTSTRAP_COMPLETE": "1",
+        "LD_LIBRARY_PATH": f"{venv / 'lib'}:/opt/vendor/lib:{venv / 'lib/python3.11/site-packages/ros_rclpy.libs'}",
+        "HOME": "/root",
+    }
+    clean = setup_env.without_ros_wheel_paths(env)
+    assert clean == {"LD_LIBRARY_PATH": "/opt/vendor/lib", "HOME": "/root"}
+    assert "LD_LIBRARY_PATH" not in setup_env.without_ros_wheel_paths({"LD_LIBRARY_PATH": str(venv / "lib")})
+
+
+def test_every_venv_gets_a_colcon_ignore(tmp_path):
+    venv = tmp_path / "v"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)  # an existing 3.11 venv: make_venv keeps it
+    setup_env.Setup(venv, set()).make_venv()
+    assert (venv / "COLCON_IGNORE").is_file()
+
+
+def _pins(path: Path) -> dict[str, str]:
+    lines = [line for line in path.read_text().splitlines() if "==" in line and not line.startswith("#")]
+    return {line.split("==")[0].lower().replace("_", "-"): line.split("==")[1] for line in lines}
+
+
+def test_jazzy_lock_pins_jazzy_wheels_and_the_main_locks_other_versions():
+    main, jazzy = _pins(setup_env.LOCK), _pins(setup_env.JAZZY_LOCK)
+    assert jazzy["ros-jazzy-rclpy"] == "7.1.6" and jazzy["ros-rclpy"] == "7.1.6"
+    assert main["ros-rclpy"].split(".")[0] == "9", "the main venv holds the Kilted wheels"
+    differing = {n: (v, main[n]) for n, v in jazzy.items() if n in main and not n.startswith("ros-") and v != main[n]}
+    assert not differing, f"jazzy-lock.txt and lock.txt pin these differently (run `make lock`): {differing}"
+
+
+def test_colcon_pins_leave_out_its_pytest_plugins():
+    colcon, main = _pins(setup_env.COLCON_LOCK), _pins(setup_env.LOCK)
+    assert {"colcon-core", "colcon-ros", "colcon-cmake", "colcon-python-setup-py"} <= set(colcon)
+    assert not {"pytest-cov", "pytest-repeat", "pytest-rerunfailures"} & (set(colcon) | set(main))
+    assert not set(colcon) & set(main), "colcon.txt holds only what lock.txt lacks (it is installed --no-deps)"
+
+
+@pytest.mark.slow
+def test_no_pytest_plugin_of_colcon_is_loaded(pytestconfig):
+    plugins = {name for name, _ in pytestconfig.pluginmanager.list_name_plugin()}
+    assert not {"pytest_cov", "repeat", "rerunfailures"} & plugins, plugins
 
 
 @pytest.mark.slow
@@ -97,6 +202,8 @@ def test_second_run_on_the_real_venv_does_nothing():
     venv = ROOT / ".venv"
     if not (venv / ".captain_setup").is_dir():
         pytest.skip("no set-up .venv in this checkout")
+    if not (ROOT / ".venv-jazzy" / ".captain_setup").is_dir():
+        pytest.skip("no set-up .venv-jazzy in this checkout")
     proc = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "setup_env.py"), "--venv", str(venv)],
         capture_output=True,
