@@ -1,15 +1,48 @@
-"""The two ROS 2 packages are well-formed for colcon and declare what the code imports."""
+"""The two ROS 2 packages are well-formed for colcon, and package.xml declares exactly what the code imports.
+
+"What the nodes import" is the import graph of the three node modules, followed through every
+first-party module they reach (module-level and deferred imports alike: a deferred import runs while the
+node serves). Each third-party module maps to the rosdep key that provides it through ROSDEP_KEYS below;
+a new import fails these tests until its key is looked up and added there and to package.xml.
+"""
 
 from __future__ import annotations
 
 import ast
+import json
 import re
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "src" / "captain_ros"
+FIRST_PARTY = {"captain_ros", "sim_bridge", "training"}
+NODE_MODULES = ["captain_ros.ros.twin_node", "captain_ros.ros.motion_node", "captain_ros.ros.perception_node"]
 ROS_MODULE = re.compile(r"^(rclpy|ament_index_python|tf2_ros|launch|launch_ros|\w+_(msgs|srvs|interfaces))$")
+
+# Python module -> rosdep key (ros/rosdistro: rosdep/python.yaml and base.yaml; ROS packages by name from
+# <distro>/distribution.yaml). A ROS package's Python module has the package's name, so those map to
+# themselves; the rest are looked up by hand.
+ROSDEP_KEYS = {
+    "numpy": "python3-numpy",
+    "scipy": "python3-scipy",
+    "yaml": "python3-yaml",  # PyYAML
+    "cv2": "python3-opencv",
+    # MuJoCo has no Debian/Ubuntu package: the pip key makes rosdep install it with pip.
+    "mujoco": "python3-mujoco-pip",
+    # python3-open3d is null on Ubuntu Noble (24.04, Jazzy's platform): the pip key installs `open3d`.
+    "open3d": "python3-open3d-pip",
+}
+# Imported somewhere in the package but by no node, and optional where it is imported: not declared.
+NOT_DECLARED = {
+    # `captain-ros doctor` reports whether the CPU torch build is there; the trainer (a later issue)
+    # installs it from requirements/pip-only.in, which pins the CPU build rosdep's key would not.
+    "torch": "optional doctor check",
+}
+# Packages a launch file starts (Node(package=...)) without importing them.
+LAUNCHED = {"robot_state_publisher", "tf2_ros", "rviz2"}
 
 
 def manifest(path: Path) -> ET.Element:
@@ -33,6 +66,56 @@ def imported_top_level_modules(folder: Path) -> set[str]:
     return modules
 
 
+def module_file(module: str) -> Path | None:
+    path = PKG.joinpath(*module.split("."))
+    if (path / "__init__.py").is_file():
+        return path / "__init__.py"
+    return path.with_suffix(".py") if path.with_suffix(".py").is_file() else None
+
+
+def node_imports() -> dict[str, set[str]]:
+    """Third-party top-level module -> the first-party modules that import it, over everything the
+    node modules reach through first-party imports (absolute or relative, module-level or deferred)."""
+    third_party: dict[str, set[str]] = {}
+    seen: set[str] = set()
+    todo = list(NODE_MODULES)
+    while todo:
+        module = todo.pop()
+        path = module_file(module)
+        if module in seen or path is None:
+            continue
+        seen.add(module)
+        parts = module.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # importing a module runs its packages
+        package = parts if path.name == "__init__.py" else parts[:-1]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                target = ".".join([*base, *([node.module] if node.module else [])])
+                names = [target] + [f"{target}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top in FIRST_PARTY:
+                    todo.append(name)
+                elif top not in sys.stdlib_module_names and top != "__future__":
+                    third_party.setdefault(top, set()).add(module)
+    return third_party
+
+
+def rosdep_key(module: str) -> str:
+    if ROS_MODULE.match(module):
+        return "tf2_ros_py" if module == "tf2_ros" else module
+    assert module in ROSDEP_KEYS, (
+        f"'{module}' has no rosdep key in ROSDEP_KEYS: look it up in ros/rosdistro rosdep/python.yaml or base.yaml "
+        "(a `python3-<name>-pip` key where no distro packages it), add it there and to package.xml"
+    )
+    return ROSDEP_KEYS[module]
+
+
 def test_captain_ros_manifest():
     root = manifest(PKG / "package.xml")
     assert root.findtext("name") == "captain_ros"
@@ -42,13 +125,50 @@ def test_captain_ros_manifest():
     assert "script_dir=$base/lib/captain_ros" in (PKG / "setup.cfg").read_text()
 
 
-def test_every_ros_package_the_code_imports_is_declared():
+def test_every_import_of_the_nodes_is_declared_with_its_rosdep_key():
     declared = deps(manifest(PKG / "package.xml"), "depend", "exec_depend")
-    used = set()
+    imports = node_imports()
+    assert {"rclpy", "mujoco", "open3d"} <= set(imports), "the import graph lost the nodes' imports"
+    missing = [f"{rosdep_key(m)} (import {m} in {min(imports[m])})" for m in imports if rosdep_key(m) not in declared]
+    assert not missing, f"missing from package.xml: {sorted(missing)}"
+
+
+def test_package_xml_declares_nothing_that_nothing_uses():
+    declared = deps(manifest(PKG / "package.xml"), "depend", "exec_depend")
+    used = {rosdep_key(m) for m in node_imports()}
     for folder in ("captain_ros", "sim_bridge", "training", "launch"):
-        used |= {m for m in imported_top_level_modules(PKG / folder) if ROS_MODULE.match(m)}
-    used.discard("tf2_ros")  # its rosdep key is tf2_ros_py
-    assert used <= declared, f"missing from package.xml: {sorted(used - declared)}"
+        for module in imported_top_level_modules(PKG / folder):
+            if module in FIRST_PARTY or module in sys.stdlib_module_names or module in NOT_DECLARED:
+                continue
+            if module != "__future__":
+                used.add(rosdep_key(module))
+    unused = declared - used - LAUNCHED
+    assert not unused, f"package.xml declares what nothing imports or launches: {sorted(unused)}"
+
+
+def test_the_import_graph_sees_every_module_the_nodes_load_at_start_up():
+    """The static graph above is checked against what really happens: import each node module in a fresh
+    interpreter and record every import statement that first-party code executes."""
+    probe = f"""
+import builtins, json, sys
+seen = set()
+real_import = builtins.__import__
+def recording_import(name, globals=None, locals=None, fromlist=(), level=0):
+    caller = (globals or {{}}).get("__name__") or ""
+    if level == 0 and caller.split(".")[0] in {sorted(FIRST_PARTY)!r}:
+        seen.add(name.split(".")[0])
+    return real_import(name, globals, locals, fromlist, level)
+builtins.__import__ = recording_import
+for module in {NODE_MODULES!r}:
+    __import__(module)
+print(json.dumps(sorted(m for m in seen if m not in sys.stdlib_module_names and m not in {sorted(FIRST_PARTY)!r})))
+"""
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    at_start_up = set(json.loads(proc.stdout.splitlines()[-1])) - {"__future__"}
+    assert at_start_up, "recorded no imports"
+    unseen = at_start_up - set(node_imports())
+    assert not unseen, f"imported at start-up but not seen by the import graph: {sorted(unseen)}"
 
 
 def test_interface_package_lists_every_interface_file():
