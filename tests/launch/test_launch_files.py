@@ -1,9 +1,10 @@
 """Launch files, checked by what can be checked without launch/launch_ros installed.
 
 Every executable a launch file starts is a declared console script of captain_ros (or comes
-from a package that package.xml declares), every shared file it references exists, and every
-launch argument has a description. Where launch_ros is installed (a real ROS 2 workspace), the
-files are also loaded and their descriptions generated.
+from a package that package.xml declares), every shared file it references exists, every
+launch argument has a description, and every argument that reaches a node parameter has that
+parameter's type (launch_ros would otherwise parse it as YAML). Where launch_ros is installed
+(a real ROS 2 workspace), the files are also loaded and their descriptions generated.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ import importlib.util
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import numpy as np
 import pytest
+import yaml
+from scipy.spatial.transform import Rotation
 
 ROOT = Path(__file__).resolve().parents[2] / "src" / "captain_ros"  # the ROS package
 LAUNCH_FILES = sorted((ROOT / "launch").glob("*.launch.py"))
@@ -99,3 +103,152 @@ def test_launch_description_generates(path: Path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.generate_launch_description().entities
+
+
+# ------------------------------------------------------------------ parameter types
+# Under launch_ros, a LaunchConfiguration that reaches a parameter as it is gets parsed as YAML: `0` becomes
+# an integer, `true` a bool, `123` an integer even for a string parameter. A node then refuses it (a double
+# parameter will not take an integer). Every argument that reaches a parameter must therefore be wrapped
+# in ParameterValue(..., value_type=T) with T the parameter's declared type.
+NODE_MODULES = ROOT / "captain_ros" / "ros"
+# Parameters of nodes from other packages that launch files set, with their types.
+EXTERNAL_PARAMETER_TYPES = {
+    ("rviz2", "use_sim_time"): "bool",
+    ("robot_state_publisher", "robot_description"): "str",
+}
+
+
+def declared_parameter_types(executable: str) -> dict[str, str]:
+    """name -> 'float' | 'int' | 'bool' | 'str' from the node's declare_parameter(name, default) calls."""
+    types = {}
+    for call in calls(ast.parse((NODE_MODULES / f"{executable}.py").read_text()), "declare_parameter"):
+        if len(call.args) < 2 or not isinstance(call.args[0], ast.Constant):
+            continue
+        default = call.args[1]
+        if isinstance(default, ast.Constant):
+            types[call.args[0].value] = type(default.value).__name__
+        elif isinstance(default, ast.Call) and isinstance(default.func, ast.Name):
+            types[call.args[0].value] = default.func.id  # str(...), float(...)
+    return types
+
+
+def typing_helpers(tree: ast.Module) -> dict[str, int]:
+    """Module functions that return ParameterValue(..., value_type=<one of their parameters>): name -> that
+    parameter's position (the launch files' `typed(name, value_type)`)."""
+    helpers = {}
+    for fn in tree.body:
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        params = [a.arg for a in fn.args.args]
+        for call in calls(fn, "ParameterValue"):
+            value_type = keyword(call, "value_type")
+            if isinstance(value_type, ast.Name) and value_type.id in params:
+                helpers[fn.name] = params.index(value_type.id)
+    return helpers
+
+
+def parameter_type_problems(source: str, name: str = "<launch file>") -> list[str]:
+    """What is wrong with how launch arguments reach node parameters in one launch file's source."""
+    tree = ast.parse(source)
+    helpers = typing_helpers(tree)
+    problems = []
+    for node in calls(tree, "Node"):
+        package = keyword(node, "package")
+        executable = keyword(node, "executable")
+        if not (isinstance(package, ast.Constant) and isinstance(executable, ast.Constant)):
+            continue
+        declared = declared_parameter_types(executable.value) if package.value == "captain_ros" else {}
+        parameters = keyword(node, "parameters")
+        for entry in parameters.elts if isinstance(parameters, ast.List) else []:
+            if isinstance(entry, ast.DictComp):
+                problems.append(f"{name}:{entry.lineno}: write the parameters out one by one, each with its type")
+                continue
+            if not isinstance(entry, ast.Dict):
+                continue  # a parameter file (LaunchConfiguration of a path) is typed by its YAML
+            for key, value in zip(entry.keys, entry.values, strict=True):
+                if not (isinstance(key, ast.Constant) and calls(value, "LaunchConfiguration")):
+                    continue
+                parameter = f"{name}:{value.lineno}: parameter '{key.value}' of {executable.value}"
+                given = None
+                if isinstance(value, ast.Call) and calls(value, "ParameterValue") and value.func.id == "ParameterValue":
+                    given = keyword(value, "value_type")
+                elif isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in helpers:
+                    position = helpers[value.func.id]
+                    given = value.args[position] if len(value.args) > position else None
+                if not isinstance(given, ast.Name):
+                    problems.append(f"{parameter} gets a launch argument without ParameterValue(..., value_type=...)")
+                    continue
+                expected = declared.get(key.value) or EXTERNAL_PARAMETER_TYPES.get((package.value, key.value))
+                if expected and given.id != expected:
+                    problems.append(f"{parameter} is declared {expected} but typed {given.id}")
+    return problems
+
+
+@pytest.mark.parametrize("path", LAUNCH_FILES, ids=lambda p: p.name)
+def test_every_argument_reaches_a_parameter_with_its_declared_type(path: Path):
+    assert parameter_type_problems(path.read_text(), path.name) == []
+
+
+def test_the_type_check_catches_the_yaml_typing_bug():
+    """The sim_twin.launch.py of before: `real_time_factor:=0` reached the float parameter as the integer 0."""
+    untyped = """
+twin = Node(package="captain_ros", executable="twin_node",
+            parameters=[{"real_time_factor": LaunchConfiguration("real_time_factor"), "task": "fixed"}])
+"""
+    comprehension = """
+motion = Node(package="captain_ros", executable="motion_node",
+              parameters=[{n: LaunchConfiguration(n) for n in ("watchdog", "control_period_s")}])
+"""
+    mistyped = """
+twin = Node(package="captain_ros", executable="twin_node",
+            parameters=[{"real_time_factor": ParameterValue(LaunchConfiguration("rtf"), value_type=int)}])
+"""
+    assert "without ParameterValue" in " ".join(parameter_type_problems(untyped))
+    assert "one by one" in " ".join(parameter_type_problems(comprehension))
+    assert "declared float but typed int" in " ".join(parameter_type_problems(mistyped))
+
+
+def test_the_nodes_declare_the_typed_parameters():
+    """The check above compares against declare_parameter defaults; make sure it finds them."""
+    assert declared_parameter_types("twin_node")["real_time_factor"] == "float"
+    assert declared_parameter_types("motion_node")["watchdog"] == "bool"
+    assert declared_parameter_types("motion_node")["robot_config"] == "str"
+
+
+# ------------------------------------------------------------------ real arm
+def test_real_arm_leaves_robot_state_publisher_to_the_vendor_by_default():
+    tree = ast.parse((ROOT / "launch" / "real_arm.launch.py").read_text())
+    arguments = {a.args[0].value: a for a in calls(tree, "DeclareLaunchArgument")}
+    assert keyword(arguments["own_state_publisher"], "default_value").value == "false"
+    (publisher,) = [n for n in calls(tree, "Node") if keyword(n, "package").value == "robot_state_publisher"]
+    condition = keyword(publisher, "condition")
+    assert isinstance(condition, ast.Call) and condition.func.id == "IfCondition"
+    assert calls(condition, "LaunchConfiguration")[0].args[0].value == "own_state_publisher"
+    (extrinsics,) = [n for n in calls(tree, "Node") if keyword(n, "package").value == "tf2_ros"]
+    assert keyword(extrinsics, "executable").value == "static_transform_publisher"
+
+
+def _urdf_joint(root: ET.Element, child: str) -> tuple[str, np.ndarray]:
+    joint = next(j for j in root.iter("joint") if j.find("child").get("link") == child)
+    origin = joint.find("origin")
+    transform = np.eye(4)
+    transform[:3, :3] = Rotation.from_euler("xyz", [float(v) for v in origin.get("rpy", "0 0 0").split()]).as_matrix()
+    transform[:3, 3] = [float(v) for v in origin.get("xyz", "0 0 0").split()]
+    return joint.find("parent").get("link"), transform
+
+
+def test_camera_calibration_is_the_urdf_mounting_until_calibrated():
+    """config/camera_calibration.yaml: each optical frame in the frame the URDF mounts its camera on, with the
+    URDF's nominal values (camera joint composed with optical joint), so the twin and the arm agree."""
+    urdf = ET.parse(ROOT / "urdf" / "panda.urdf").getroot()
+    cameras = yaml.safe_load((ROOT / "config" / "camera_calibration.yaml").read_text())["cameras"]
+    assert set(cameras) == {"head", "wrist"}
+    for name, cam in cameras.items():
+        link, optical = _urdf_joint(urdf, cam["child_frame"])
+        parent, mount = _urdf_joint(urdf, link)
+        assert cam["parent_frame"] == parent, f"{name}: the URDF mounts {link} on {parent}"
+        nominal = mount @ optical
+        quat = np.array(cam["rotation_xyzw"], dtype=float)
+        assert abs(np.linalg.norm(quat) - 1.0) < 1e-5, f"{name}: rotation_xyzw is not a unit quaternion"
+        np.testing.assert_allclose(cam["translation_m"], nominal[:3, 3], atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(Rotation.from_quat(quat).as_matrix(), nominal[:3, :3], atol=1e-5, err_msg=name)

@@ -9,7 +9,14 @@ from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
+from launch_ros.parameter_descriptions import ParameterValue
 from launch_ros.substitutions import FindPackageShare
+
+
+def typed(name: str, value_type: type) -> ParameterValue:
+    """A launch argument as a parameter of a fixed type. Untyped, launch_ros parses the text as YAML,
+    so `control_period_s:=0` would reach the node as an integer and `robot_config:=123` as one too."""
+    return ParameterValue(LaunchConfiguration(name), value_type=value_type)
 
 
 def generate_launch_description() -> LaunchDescription:
@@ -32,6 +39,7 @@ def generate_launch_description() -> LaunchDescription:
         DeclareLaunchArgument(
             "watchdog",
             default_value="true",
+            choices=["true", "false"],
             description="hold the arm when the agent's /agent/heartbeat and calls go silent",
         ),
         DeclareLaunchArgument(
@@ -47,8 +55,11 @@ def generate_launch_description() -> LaunchDescription:
         output="screen",
         parameters=[
             {
-                name: LaunchConfiguration(name)
-                for name in ("robot_config", "safety_config", "harness_config", "watchdog", "control_period_s")
+                "robot_config": typed("robot_config", str),
+                "safety_config": typed("safety_config", str),
+                "harness_config": typed("harness_config", str),
+                "watchdog": typed("watchdog", bool),
+                "control_period_s": typed("control_period_s", float),
             }
         ],
     )
@@ -57,6 +68,6 @@ def generate_launch_description() -> LaunchDescription:
         executable="perception_node",
         name="perception",
         output="screen",
-        parameters=[{name: LaunchConfiguration(name) for name in ("robot_config", "harness_config")}],
+        parameters=[{"robot_config": typed("robot_config", str), "harness_config": typed("harness_config", str)}],
     )
     return LaunchDescription([*args, motion, perception])

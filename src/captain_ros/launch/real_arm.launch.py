@@ -1,15 +1,25 @@
-"""The stack on a physical arm driven through ros2_control: robot_state_publisher with the project's
-URDF, the harness nodes (guarded motion through the arm's joint_trajectory_controller, the wrist
-F/T topic and /joint_states; perception from the RGB-D cameras) and the monitor; the agent node
-is added by the issue that builds it. The arm's own bring-up (ros2_control controller manager,
-camera drivers) is started by the robot's vendor launch, not here.
+"""The stack on a physical arm driven through ros2_control: the harness nodes (guarded motion through the
+arm's joint_trajectory_controller, the wrist F/T topic and /joint_states; perception from the RGB-D
+cameras), the cameras' hand-eye calibration as static transforms, and the monitor; the agent node is added
+by the issue that builds it.
+
+The arm's own bring-up (Franka's franka_bringup, UR's ur_robot_driver: ros2_control, controllers, its
+robot_state_publisher) and the camera drivers run first, from the vendor's launch files. Their
+robot_state_publisher publishes the arm's links, so this file publishes only what they cannot know:
+where the cameras are (config/camera_calibration.yaml). For an arm whose bring-up starts no
+robot_state_publisher, own_state_publisher:=true starts one with this package's URDF, which also holds
+the cameras' nominal mounting (the calibration transforms are then not published: a frame has one parent).
 
     ros2 launch captain_ros real_arm.launch.py
+    ros2 launch captain_ros real_arm.launch.py camera_calibration:=/path/to/my_calibration.yaml
 """
 
-from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, IncludeLaunchDescription
-from launch.conditions import IfCondition
+from pathlib import Path
+
+import yaml
+from launch import LaunchContext, LaunchDescription
+from launch.actions import DeclareLaunchArgument, IncludeLaunchDescription, OpaqueFunction
+from launch.conditions import IfCondition, UnlessCondition
 from launch.launch_description_sources import PythonLaunchDescriptionSource
 from launch.substitutions import Command, LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
@@ -17,9 +27,49 @@ from launch_ros.parameter_descriptions import ParameterValue
 from launch_ros.substitutions import FindPackageShare
 
 
+def camera_extrinsics(context: LaunchContext) -> list[Node]:
+    """One static_transform_publisher per camera of the calibration file (read when the launch runs)."""
+    path = Path(LaunchConfiguration("camera_calibration").perform(context))
+    cameras = yaml.safe_load(path.read_text())["cameras"]
+    publishers = []
+    for name, cam in cameras.items():
+        (x, y, z), (qx, qy, qz, qw) = cam["translation_m"], cam["rotation_xyzw"]
+        pose = {"--x": x, "--y": y, "--z": z, "--qx": qx, "--qy": qy, "--qz": qz, "--qw": qw}
+        publishers.append(
+            Node(
+                package="tf2_ros",
+                executable="static_transform_publisher",
+                name=f"{name}_camera_extrinsics",
+                arguments=[
+                    *(str(part) for item in pose.items() for part in item),
+                    "--frame-id",
+                    cam["parent_frame"],
+                    "--child-frame-id",
+                    cam["child_frame"],
+                ],
+                output="screen",
+            )
+        )
+    return publishers
+
+
 def generate_launch_description() -> LaunchDescription:
     args = [
-        DeclareLaunchArgument("use_rviz", default_value="true", description="start the rviz2 monitor"),
+        DeclareLaunchArgument(
+            "use_rviz", default_value="true", choices=["true", "false"], description="start the rviz2 monitor"
+        ),
+        DeclareLaunchArgument(
+            "own_state_publisher",
+            default_value="false",
+            choices=["true", "false"],
+            description="start robot_state_publisher with this package's URDF; only for an arm whose "
+            "bring-up starts none (Franka's and UR's do)",
+        ),
+        DeclareLaunchArgument(
+            "camera_calibration",
+            default_value=PathJoinSubstitution([FindPackageShare("captain_ros"), "config", "camera_calibration.yaml"]),
+            description="hand-eye calibration: each camera's optical frame in the base or hand frame",
+        ),
     ]
     description = ParameterValue(
         Command(["cat ", PathJoinSubstitution([FindPackageShare("captain_ros"), "urdf", "panda.urdf"])]),
@@ -30,6 +80,10 @@ def generate_launch_description() -> LaunchDescription:
         executable="robot_state_publisher",
         parameters=[{"robot_description": description}],
         output="screen",
+        condition=IfCondition(LaunchConfiguration("own_state_publisher")),
+    )
+    extrinsics = OpaqueFunction(
+        function=camera_extrinsics, condition=UnlessCondition(LaunchConfiguration("own_state_publisher"))
     )
     harness = IncludeLaunchDescription(
         PythonLaunchDescriptionSource(
@@ -42,4 +96,4 @@ def generate_launch_description() -> LaunchDescription:
         ),
         condition=IfCondition(LaunchConfiguration("use_rviz")),
     )
-    return LaunchDescription([*args, state_publisher, harness, monitor])
+    return LaunchDescription([*args, state_publisher, extrinsics, harness, monitor])

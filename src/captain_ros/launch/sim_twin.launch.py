@@ -11,7 +11,14 @@ from launch.conditions import IfCondition
 from launch.launch_description_sources import PythonLaunchDescriptionSource
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
+from launch_ros.parameter_descriptions import ParameterValue
 from launch_ros.substitutions import FindPackageShare
+
+
+def typed(name: str, value_type: type) -> ParameterValue:
+    """A launch argument as a parameter of a fixed type. Untyped, launch_ros parses the text as YAML,
+    so `real_time_factor:=0` would reach the node as an integer, which a double parameter refuses."""
+    return ParameterValue(LaunchConfiguration(name), value_type=value_type)
 
 
 def generate_launch_description() -> LaunchDescription:
@@ -27,7 +34,10 @@ def generate_launch_description() -> LaunchDescription:
             description="stable start-state id '<task>/<wide|official>/<index>'; empty = sample one",
         ),
         DeclareLaunchArgument(
-            "split", default_value="any", description="split sampled start ids come from: train, eval or any"
+            "split",
+            default_value="any",
+            choices=["train", "eval", "any"],
+            description="split sampled start ids come from: train, eval or any",
         ),
         DeclareLaunchArgument(
             "real_time_factor",
@@ -44,7 +54,9 @@ def generate_launch_description() -> LaunchDescription:
             default_value=PathJoinSubstitution([FindPackageShare("captain_ros"), "config", "robot.yaml"]),
             description="robot description, frames and controller interface names",
         ),
-        DeclareLaunchArgument("use_rviz", default_value="true", description="start the rviz2 monitor"),
+        DeclareLaunchArgument(
+            "use_rviz", default_value="true", choices=["true", "false"], description="start the rviz2 monitor"
+        ),
     ]
     twin = Node(
         package="captain_ros",
@@ -54,11 +66,11 @@ def generate_launch_description() -> LaunchDescription:
         parameters=[
             LaunchConfiguration("twin_config"),
             {
-                "task": LaunchConfiguration("task"),
-                "start_id": LaunchConfiguration("start_id"),
-                "split": LaunchConfiguration("split"),
-                "real_time_factor": LaunchConfiguration("real_time_factor"),
-                "robot_config": LaunchConfiguration("robot_config"),
+                "task": typed("task", str),
+                "start_id": typed("start_id", str),
+                "split": typed("split", str),
+                "real_time_factor": typed("real_time_factor", float),
+                "robot_config": typed("robot_config", str),
             },
         ],
     )
