@@ -113,7 +113,14 @@ def test_jazzy_step_runs_the_same_steps_on_its_own_venv_with_the_jazzy_wheels(tm
 
     calls.clear()
     setup_env.Setup(tmp_path / "main", {"jazzy"}).jazzy(tmp_path / "jazzy")
-    assert {c[4] for c in calls} == {frozenset({"packages", "interfaces", "project"})}, "--force jazzy redoes them"
+    assert {c[4] for c in calls} == {frozenset({"packages", "interfaces", "project", "verify"})}, "--force redoes them"
+
+    calls.clear()
+    main.jazzy(tmp_path / "jazzy")
+    assert "verify" not in [c[0] for c in calls], "nothing changed: the (slow) import check is not repeated"
+    (tmp_path / "jazzy" / ".captain_setup" / "packages.stamp").write_text("another lock")
+    main.jazzy(tmp_path / "jazzy")
+    assert [c[0] for c in calls][-1] == "verify", "a step did work: verify again"
 
 
 def test_jazzy_failures_name_the_jazzy_step_and_its_remedy(tmp_path):
