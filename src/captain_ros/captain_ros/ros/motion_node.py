@@ -6,6 +6,8 @@
   /harness/stop         std_srvs/Trigger                     halt within one control period; motions refused
   /harness/resume       std_srvs/Trigger                     accept motions again
   /harness/new_episode  std_srvs/Trigger                     fresh budgets, log and gate (message: episode id)
+  /harness/gate         std_srvs/Trigger                     read-only: would finish() be accepted now, and if
+                                                             not, the gate's objections (success = none)
   /agent/heartbeat      std_msgs/Empty                       the agent is alive (watchdog; see `watchdog`)
   /captain/markers      visualization_msgs/MarkerArray       executed TCP paths (rviz)
 
@@ -135,6 +137,7 @@ class MotionNode(Node):
         self.create_service(Trigger, "/harness/stop", self._on_stop, callback_group=group)
         self.create_service(Trigger, "/harness/resume", self._on_resume, callback_group=group)
         self.create_service(Trigger, "/harness/new_episode", self._on_new_episode, callback_group=group)
+        self.create_service(Trigger, "/harness/gate", self._on_gate, callback_group=group)
         self.create_subscription(Empty, "/agent/heartbeat", self._on_heartbeat, 10, callback_group=group)
         # perception runs in the perception node: its results count as verification for the completion gate
         self.create_subscription(CallResultMsg, "/harness/receipts", self._on_receipt, 50, callback_group=group)
@@ -254,6 +257,16 @@ class MotionNode(Node):
         self.harness.resume()
         self.get_logger().info("resumed: motions accepted")
         response.success, response.message = True, "resumed"
+        return response
+
+    def _on_gate(self, _request, response: Trigger.Response) -> Trigger.Response:
+        try:
+            objections = self.harness.gate_objections()
+        except BackendError as exc:
+            response.success, response.message = False, f"the gate cannot judge: {exc}"
+            return response
+        response.success = not objections
+        response.message = "; ".join(objections) or "finish() would be accepted"
         return response
 
     def _on_new_episode(self, _request, response: Trigger.Response) -> Trigger.Response:
