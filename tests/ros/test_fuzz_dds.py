@@ -38,7 +38,7 @@ from captain_ros.core.contract import CAPABILITIES, CAPABILITY_BY_NAME
 from captain_ros.core.kinematics import Kinematics
 from captain_ros.twin import robot
 
-from ..captain_ros.harness.test_fuzz import Seen, calls, check_answer, record_outcome
+from ..captain_ros.harness.test_fuzz import HONEST_MOVES, Seen, calls, check_answer, record_outcome
 from .helpers import LOADED_MACHINE_STATE_TIMEOUT_S, launch_node, launch_twin, stop, wait_for
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
@@ -224,9 +224,10 @@ def rig(nodes, client_node) -> Rig:
 
 
 def _honest_episode(rig: Rig) -> None:
-    """Open, a small move, an observation and a check of the arm's state, then finish: accepted."""
-    for args in ({"gripper": "open"}, {"pose": {"position": [0.42, 0.0, 0.3], "yaw_deg": 0.0}}):
-        moved = rig.call("harness", "move_to", args)
+    """Back to a safe pose, open, a small move, an observation and a check of the arm's state, then finish:
+    accepted."""
+    for capability, args in HONEST_MOVES:
+        moved = rig.call("harness", capability, args)
         assert moved.success and moved.executed, moved.message
     observed = rig.call("perception", "observe", {})
     assert observed.success, observed.message

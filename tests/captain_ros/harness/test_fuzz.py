@@ -479,15 +479,21 @@ def _call(harness: Harness, twin: Twin, seen: Seen, capability: str, kwargs: dic
     return result
 
 
+# How an honest agent ends wherever the fuzzing left the arm (pressing on the table, say): back to a safe pose
+# in manipulation mode (a guarded move stops when a contact releases), open the jaw, one small guarded move.
+HONEST_MOVES = (
+    ("move_to", {"pose": {"position": [0.42, 0.0, 0.3], "yaw_deg": 0.0}, "mode": "manipulation"}),
+    ("move_to", {"gripper": "open"}),
+    ("move_to", {"pose": {"position": [0.42, 0.0, 0.32], "yaw_deg": 0.0}}),
+)
+
+
 def _honest_ending(harness: Harness, twin: Twin, seen: Seen) -> None:
     """The gate reads whatever the log holds, and a small move, a check and finish are accepted."""
     harness.gate_objections()
-    opened = _call(harness, twin, seen, "move_to", {"gripper": "open"}, where="ending: ")
-    assert opened.success, opened.message
-    moved = _call(
-        harness, twin, seen, "move_to", {"pose": {"position": [0.42, 0.0, 0.3], "yaw_deg": 0.0}}, where="ending: "
-    )
-    assert moved.success, moved.message
+    for capability, kwargs in HONEST_MOVES:
+        moved = _call(harness, twin, seen, capability, kwargs, where="ending: ")
+        assert moved.success and moved.executed, moved.message
     assert _call(harness, twin, seen, "get_robot_state", {}, where="ending: ").success
     finish = _call(harness, twin, seen, "finish", {"note": "fuzzed"}, where="ending: ")
     assert finish.success and finish.value["accepted"], finish.message
