@@ -199,8 +199,9 @@ class MotionNode(Node):
             kwargs = json.loads(request.args_json or "{}")
             if not isinstance(kwargs, dict):
                 raise ValueError(f"args_json must be a JSON object, got {type(kwargs).__name__}")
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
             result = CallResult.fail(request.capability, FailureCategory.INVALID_ARGUMENT, f"bad args_json: {exc}")
+            result.call_id, result.episode_id = request.call_id or result.call_id, self.harness.episode_id
             self.receipts.publish(call_result_to_msg(result, time.time()))
         else:
             result = self.run(request.capability, kwargs, request.call_id)

@@ -215,7 +215,7 @@ class PerceptionNode(Node):
             kwargs = json.loads(request.args_json or "{}")
             if not isinstance(kwargs, dict):
                 raise ValueError(f"args_json must be a JSON object, got {type(kwargs).__name__}")
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
             result = CallResult.fail(capability, FailureCategory.INVALID_ARGUMENT, f"bad args_json: {exc}")
         else:
             handler = getattr(self.perception, f"_{capability}", None) if capability in CAPABILITY_BY_NAME else None
