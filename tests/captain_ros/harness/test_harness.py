@@ -261,3 +261,12 @@ def test_receipts_and_messages_are_always_utf8():
     result = CallResult.fail("segment", FailureCategory.NOT_FOUND, "nothing matches '\udc00'")
     assert result.message == "nothing matches '\\udc00'" and result.receipt.encode("utf-8")
     assert CallResult.ok("observe", receipt="observe: \ud800" + "x" * 400).receipt.encode("utf-8")
+
+
+def test_gate_objections_say_what_happened(harness):
+    """The objection to a failed last action said "nothing was re-checked since" even after a check."""
+    assert harness.call("move_to", pose={"position": [0.4, 0.0, 0.3], "yaw_deg": 0}).success
+    assert harness.call("hold", duration_s=-1).failure_category is FailureCategory.INVALID_ARGUMENT
+    assert harness.gate_objections()[0] == "the last physical action (hold) failed and nothing was re-checked since"
+    assert harness.call("get_robot_state").success
+    assert harness.gate_objections() == ["the last physical action (hold) failed"]

@@ -596,9 +596,11 @@ class Harness:
             reasons.append("no physical action was executed in this episode")
             return reasons
         last = physical[-1]
+        checked = any(name in VERIFYING and ok for name, ok in calls[last + 1 :])
         if not calls[last][1]:
-            reasons.append(f"the last physical action ({calls[last][0]}) failed and nothing was re-checked since")
-        if not any(name in VERIFYING and ok for name, ok in calls[last + 1 :]):
+            since = "" if checked else " and nothing was re-checked since"
+            reasons.append(f"the last physical action ({calls[last][0]}) failed{since}")
+        if not checked:
             reasons.append("no observation or measurement after the last physical action: verify the scene first")
         opening = self.backend.read_state(require_force=False).jaw_opening_m
         if self.jaw_command_m < opening - 0.002 and opening > self.config.motion.grasp_min_width_m:
