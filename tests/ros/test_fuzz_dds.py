@@ -7,8 +7,9 @@ Properties, for every request: an answer arrives (within a generous bound: waits
 judge timing), in the contract (success, or a failure category of the closed set with a clear message,
 never a crash), with the caller's call_id and a receipt within its limit; nothing moved unless the result
 says `executed` (the arm's TCP and jaw from /joint_states before and after); every node stays alive. After
-the fuzzing every result was published on /harness/receipts, and an honest episode (a small move, an
-observation, a check) finishes, in the fuzzed episode and in a new one.
+the fuzzing the completion gate still answers finish within the contract, every result was published on
+/harness/receipts, and an honest episode (back to a safe pose, a small move, an observation, a check) is
+accepted by the gate, in the fuzzed episode and in a new one.
 
 One request per example: the nodes keep their state from call to call, as they would with a real agent, so
 ids that earlier answers named ("<det>", "<obs>") make later calls valid. Shrinking is off (each failing
@@ -78,7 +79,7 @@ MALFORMED_JSON = (
 
 
 @st.composite
-def requests(draw) -> tuple[str, str, str]:
+def requests(draw) -> tuple[str, str, dict | str]:
     """(server, capability, args_json template): a call of test_fuzz's strategies, sent to the server that
     offers it (mostly) or to the other one, its arguments as JSON (NaN and Infinity literals included),
     or malformed args_json."""
@@ -243,7 +244,7 @@ def test_random_and_malformed_calls_over_dds(rig):
         deadline=None,
         max_examples=250,
         phases=(Phase.explicit, Phase.generate),
-        suppress_health_check=list(HealthCheck),
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
     )
     @given(request=requests())
     @example(request=("harness", "mvoe_to", {"pose": {"position": [0.4, 0.0, 0.3], "yaw_deg": 0}}))  # issue 9
