@@ -175,6 +175,7 @@ def main() -> int:
             "physics_sim_s": phys["sim_s"],
             "scripted_lift_success": f"{phys['lifted']}/{phys['picks']}",
             "mujoco_gl": os.environ.get("MUJOCO_GL"),
+            "load_average_1min_at_end": os.getloadavg()[0],  # other jobs on the machine skew the timings
         },
     )
     return 0
