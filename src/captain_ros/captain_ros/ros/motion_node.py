@@ -291,28 +291,38 @@ class MotionNode(Node):
 
 
 def main(args: list[str] | None = None) -> None:
-    """Spin in a thread while connecting to the arm (connect waits on topics the executor serves).
+    """Spin in this thread and connect to the arm from a helper thread (connect waits on topics the
+    executor serves, then starts the services).
 
-    `rclpy.init()` plus `rclpy.try_shutdown()` in `finally` rather than `with rclpy.init()`, which
-    Jazzy does not have (see captain_ros.ros.spin).
+    The thread that spun is the one that shuts down, so no thread still waits on the node while the
+    executor and the node go away (a spinner thread of its own made Ctrl-C crash the process now and
+    then: SIGSEGV, or "terminate called without an active exception"). `rclpy.init()` plus
+    `rclpy.try_shutdown()` in `finally` rather than `with rclpy.init()`, which Jazzy does not have
+    (see captain_ros.ros.spin).
     """
     from captain_ros.ros.spin import spin_until_shutdown
 
     rclpy.init(args=args)
     node: MotionNode | None = None
     executor: MultiThreadedExecutor | None = None
+    failed: list[BackendError] = []
     try:
         node = MotionNode()
         executor = MultiThreadedExecutor(num_threads=4)
         executor.add_node(node)
-        spinner = threading.Thread(target=spin_until_shutdown, args=(executor,), daemon=True)
-        spinner.start()
-        try:
-            node.connect()
-        except BackendError as exc:
-            node.get_logger().fatal(str(exc))
-            raise SystemExit(1) from None
-        spinner.join()
+
+        def connect(node: MotionNode = node) -> None:
+            try:
+                node.connect()
+            except BackendError as exc:
+                node.get_logger().fatal(str(exc))
+                failed.append(exc)
+                rclpy.try_shutdown()  # ends the spin below
+
+        threading.Thread(target=connect, name="connect", daemon=True).start()
+        spin_until_shutdown(executor)
+        if failed:
+            raise SystemExit(1)
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
