@@ -14,6 +14,7 @@ import importlib.metadata
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -65,9 +66,15 @@ def client():
         yield node
 
 
+_CLIENTS: dict[tuple[int, str], object] = {}
+
+
 def harness_call(client, service: str, node: NodeProcess, capability: str, **kwargs):
-    call = client.create_client(HarnessCall, service)
-    wait_for_server(call, node)
+    """One call through a HarnessCall service; one client per service, as an agent keeps it."""
+    call = _CLIENTS.get((id(client), service))
+    if call is None:
+        call = _CLIENTS[(id(client), service)] = client.create_client(HarnessCall, service)
+        wait_for_server(call, node)
     request = HarnessCall.Request(capability=capability, args_json=json.dumps(kwargs))
     return result_of(call.call_async(request), 120, f"{capability} result").result
 
@@ -91,6 +98,11 @@ def test_twin_node_starts_and_resets_over_dds(nodes, client):
 
 def test_motion_node_answers_a_call_and_moves_the_twin(nodes, client):
     state = harness_call(client, "/harness/call", nodes["motion"], "get_robot_state")
+    # the node serves calls as soon as it has joint states; a state also needs the first wrench
+    deadline = time.monotonic() + 60.0
+    while not state.success and state.failure_category == "backend_error" and time.monotonic() < deadline:
+        time.sleep(0.1)
+        state = harness_call(client, "/harness/call", nodes["motion"], "get_robot_state")
     assert state.success, f"{state.failure_category}: {state.message}\n{nodes['motion'].output()}"
     position = json.loads(state.value_json)["tcp_pose"]["position"]
 
@@ -117,9 +129,9 @@ def test_motion_node_answers_a_call_and_moves_the_twin(nodes, client):
 def test_perception_node_observes_the_twin_cameras(nodes, client):
     observed = harness_call(client, "/perception/call", nodes["perception"], "observe")
     # the first frames may still be on their way: ask again until the cameras have delivered a pair
-    for _ in range(30):
-        if observed.success:
-            break
+    deadline = time.monotonic() + 60.0
+    while not observed.success and time.monotonic() < deadline:
+        time.sleep(0.1)
         observed = harness_call(client, "/perception/call", nodes["perception"], "observe")
     assert observed.success, f"{observed.failure_category}: {observed.message}"
     assert json.loads(observed.value_json)["observation_handle"].startswith("obs-")
