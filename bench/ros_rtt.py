@@ -29,6 +29,7 @@ from std_srvs.srv import Trigger
 from captain_interfaces.srv import HarnessCall
 from captain_ros.core.contract import Budget, CallResult
 from captain_ros.ros.convert import call_result_to_msg
+from captain_ros.ros.spin import spin
 
 TARGET_RATIO = 1.5
 
@@ -61,26 +62,27 @@ def harness_result() -> CallResult:
 
 
 def serve() -> None:
-    with rclpy.init():
-        node = rclpy.create_node("rtt_server")
-        prototype = call_result_to_msg(harness_result())
+    spin(_server)  # rclpy.init() + try_shutdown(): Jazzy has no `with rclpy.init()`
 
-        def on_call(request: HarnessCall.Request, response: HarnessCall.Response) -> HarnessCall.Response:
-            response.result = prototype
-            response.result.call_id = request.call_id
-            return response
 
-        def on_trigger(_: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
-            response.success, response.message = True, "ok"
-            return response
+def _server() -> rclpy.node.Node:
+    """The server node: answers HarnessCall and Trigger with a fixed, realistic result."""
+    node = rclpy.create_node("rtt_server")
+    prototype = call_result_to_msg(harness_result())
 
-        node.create_service(HarnessCall, "rtt/harness_call", on_call)
-        node.create_service(Trigger, "rtt/trigger", on_trigger)
-        print("READY", flush=True)
-        try:
-            rclpy.spin(node)
-        except (KeyboardInterrupt, rclpy.executors.ExternalShutdownException):
-            pass
+    def on_call(request: HarnessCall.Request, response: HarnessCall.Response) -> HarnessCall.Response:
+        response.result = prototype
+        response.result.call_id = request.call_id
+        return response
+
+    def on_trigger(_: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        response.success, response.message = True, "ok"
+        return response
+
+    node.create_service(HarnessCall, "rtt/harness_call", on_call)
+    node.create_service(Trigger, "rtt/trigger", on_trigger)
+    print("READY", flush=True)
+    return node
 
 
 def measure(calls: int, warmup: int, block: int) -> dict[str, object]:
@@ -88,7 +90,8 @@ def measure(calls: int, warmup: int, block: int) -> dict[str, object]:
     try:
         if server.stdout.readline().strip() != "READY":
             raise RuntimeError("the server process did not start")
-        with rclpy.init():
+        rclpy.init()  # with try_shutdown() below: Jazzy has no `with rclpy.init()`
+        try:
             node = rclpy.create_node("rtt_client")
             executor = SingleThreadedExecutor()
             executor.add_node(node)
@@ -132,6 +135,8 @@ def measure(calls: int, warmup: int, block: int) -> dict[str, object]:
                         i += 1
             executor.shutdown()
             node.destroy_node()
+        finally:
+            rclpy.try_shutdown()
         return samples
     finally:
         server.terminate()

@@ -12,16 +12,15 @@ import math
 import sys
 import time
 
-import rclpy
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import ReentrantCallbackGroup
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.node import Node
 
 from captain_interfaces.action import MoveTo
 from captain_interfaces.srv import HarnessCall
 from captain_ros.core.contract import CallResult, FailureCategory
 from captain_ros.ros.convert import call_result_to_msg
+from captain_ros.ros.spin import spin
 
 PERIOD_S = 0.02
 
@@ -107,15 +106,12 @@ class InterfacePeer(Node):
 
 
 def main() -> None:
-    with rclpy.init():
+    def ready() -> InterfacePeer:
         node = InterfacePeer()
-        executor = MultiThreadedExecutor(num_threads=4)
-        executor.add_node(node)
         print("READY", flush=True)
-        try:
-            executor.spin()
-        except (KeyboardInterrupt, ExternalShutdownException):
-            pass
+        return node
+
+    spin(ready)  # rclpy.init() + try_shutdown(): Jazzy has no `with rclpy.init()`
 
 
 if __name__ == "__main__":
