@@ -338,6 +338,7 @@ class Setup:
                     f"-DPython3_EXECUTABLE={self.py}",
                     "-DBUILD_TESTING=OFF",
                     "-DCMAKE_BUILD_TYPE=Release",
+                    f"-DCAPTAIN_ROS_DISTRO={self.distro}",  # third_party/control_msgs: that distro's wire types
                 ],
                 self.step("interfaces"),
                 hint,

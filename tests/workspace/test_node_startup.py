@@ -86,6 +86,17 @@ def test_the_nodes_are_this_environments(nodes):
     assert distro() in DISTROS.values(), f"unknown ROS 2 distro: {distro()}"
 
 
+def test_the_trajectory_action_is_this_distros_wire_type():
+    """control_msgs from PyPI-less setups is built by this project: it must match the distro's type hash, so
+    a client on these wheels can drive that distro's joint_trajectory_controller (Kilted's control_msgs 6.3+
+    added the feedback's point indices; Jazzy's 5.x has none)."""
+    from control_msgs.action import FollowJointTrajectory
+
+    feedback = FollowJointTrajectory.Feedback.get_fields_and_field_types()
+    indices = {"index", "multi_dof_index"} <= set(feedback)
+    assert indices == (distro() == "kilted"), f"{distro()}: feedback fields {sorted(feedback)}"
+
+
 def test_twin_node_starts_and_resets_over_dds(nodes, client):
     nodes["twin"].wait_for_line("twin ready")
     reset = client.create_client(ResetEpisode, "/twin/reset")
