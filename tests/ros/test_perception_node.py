@@ -14,6 +14,7 @@ from visualization_msgs.msg import MarkerArray
 
 from captain_interfaces.msg import CallResult as CallResultMsg
 from captain_interfaces.srv import GetObservation, HarnessCall
+from captain_ros.ros.convert import quat_wxyz
 
 from .helpers import (
     LOADED_MACHINE_STATE_TIMEOUT_S,
@@ -147,3 +148,44 @@ def test_completion_gate_counts_measurements_made_by_the_perception_node(nodes, 
     wait_for(lambda: result_of(gate.call_async(Trigger.Request()), 10).success, 20, "the gate to see the observe")
     finish = _call(harness, "finish", note="checked")
     assert finish.success and json.loads(finish.value_json)["accepted"], finish.message
+
+
+def test_a_hand_eye_calibration_on_tf_static_places_the_wrist_camera(nodes, client_node):
+    """real_arm.launch.py publishes the wrist camera's hand-eye calibration on /tf_static relative to the hand;
+    perception composes it with the hand's pose at the image's joint state (here: 1 cm off the URDF's mount)."""
+    from geometry_msgs.msg import TransformStamped
+    from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+    from tf2_msgs.msg import TFMessage
+
+    from captain_ros.core.kinematics import Kinematics
+    from captain_ros.twin import robot
+
+    node = client_node
+    kin = Kinematics()
+    p_hand, r_hand = kin.forward(robot.HOME_Q_RAD, robot.HAND_FRAME)
+    p_cam, r_cam = kin.forward(robot.HOME_Q_RAD, robot.CAMERA_FRAMES["wrist"])
+    mount_p, mount_r = r_hand.T @ (p_cam - p_hand), r_hand.T @ r_cam  # the URDF's mount in the hand frame
+    shift = np.array([0.01, 0.0, 0.0])
+    t = TransformStamped(child_frame_id=robot.CAMERA_FRAMES["wrist"])
+    t.header.frame_id = robot.HAND_FRAME
+    t.transform.translation.x, t.transform.translation.y, t.transform.translation.z = map(float, mount_p + shift)
+    w, x, y, z = quat_wxyz(mount_r)
+    t.transform.rotation.x, t.transform.rotation.y, t.transform.rotation.z, t.transform.rotation.w = x, y, z, w
+    latched = QoSProfile(depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL, reliability=ReliabilityPolicy.RELIABLE)
+    node.create_publisher(TFMessage, "/tf_static", latched).publish(TFMessage(transforms=[t]))
+
+    call = node.create_client(HarnessCall, "/perception/call")
+    get = node.create_client(GetObservation, "/perception/get_observation")
+    assert call.wait_for_service(timeout_sec=60) and get.wait_for_service(timeout_sec=20)
+
+    def shifted_by_the_calibration() -> bool:
+        """The wrist camera of a new observation sits `shift` (hand frame) off the URDF's mount at its joints."""
+        handle = json.loads(_call(call, "observe").value_json)["observation_handle"]
+        obs = result_of(get.call_async(GetObservation.Request(handle=handle)), 30).observation
+        index = {n: i for i, n in enumerate(obs.joint_state.name)}
+        q = np.array([obs.joint_state.position[index[j]] for j in robot.ARM_JOINTS])
+        p = obs.camera_poses[list(obs.cameras).index("wrist")].pose.position
+        offset = np.array([p.x, p.y, p.z]) - kin.forward(q, robot.CAMERA_FRAMES["wrist"])[0]
+        return np.linalg.norm(offset - kin.forward(q, robot.HAND_FRAME)[1] @ shift) < 1e-3
+
+    wait_for(shifted_by_the_calibration, 30, "the calibration to take effect")

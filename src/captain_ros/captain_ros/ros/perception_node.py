@@ -1,7 +1,8 @@
 """perception_node: the perception capabilities over ROS, from any RGB-D cameras (twin or real).
 
 In:  <cam> color + aligned depth images and CameraInfo (names from config/robot.yaml), /joint_states,
-     /tf (camera optical frames relative to the base; the URDF's frames when none is published),
+     /tf and /tf_static (camera optical frames: a fixed camera's relative to the base, a camera on the arm's
+     relative to one of its links, e.g. real_arm.launch.py's hand-eye calibration; else the URDF's frames),
      /harness/receipts (an executed physical action makes earlier observations stale).
 Out: /perception/call            captain_interfaces/srv/HarnessCall    observe, segment, point, mark_point,
                                  select_detection, track_target, measure_object_geometry, measure_image_points,
@@ -27,6 +28,7 @@ from geometry_msgs.msg import PoseStamped
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.node import Node
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CameraInfo, Image, JointState
 from std_msgs.msg import Header
 from tf2_msgs.msg import TFMessage
@@ -113,7 +115,11 @@ class PerceptionNode(Node):
             cam: not np.allclose(self.kin.forward(robot.HOME_Q_RAD, f)[0], self.kin.forward(np.zeros(7), f)[0])
             for cam, f in robot.CAMERA_FRAMES.items()
         }
-        self._tf: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        # camera optical frames from /tf and /tf_static: (child, parent) -> (position, rotation). A fixed camera's
+        # parent is the base frame; a camera on the arm is calibrated relative to one of its links. (The twin
+        # also publishes every frame relative to the base, a flat tree: both may be there at once.)
+        self._tf: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+        self._links = {self.kin.model.body(b).name for b in range(1, self.kin.model.nbody)}
         group = ReentrantCallbackGroup()
         for cam, topics in interfaces["cameras"].items():
             for kind, topic, msg_type in (
@@ -132,6 +138,10 @@ class PerceptionNode(Node):
             callback_group=group,
         )
         self.create_subscription(TFMessage, "/tf", self._on_tf, 10, callback_group=group)
+        latched = QoSProfile(
+            depth=100, durability=DurabilityPolicy.TRANSIENT_LOCAL, reliability=ReliabilityPolicy.RELIABLE
+        )
+        self.create_subscription(TFMessage, "/tf_static", self._on_tf, latched, callback_group=group)
         self.create_subscription(CallResultMsg, "/harness/receipts", self._on_receipt, 50, callback_group=group)
         self.receipts = self.create_publisher(CallResultMsg, "/harness/receipts", 50)
         self.markers = self.create_publisher(MarkerArray, "/captain/markers", 10)
@@ -146,9 +156,25 @@ class PerceptionNode(Node):
 
     def _on_tf(self, msg: TFMessage) -> None:
         for t in msg.transforms:
-            if t.header.frame_id == robot.BASE_FRAME and t.child_frame_id in robot.CAMERA_FRAMES.values():
+            if t.child_frame_id in robot.CAMERA_FRAMES.values():
                 r, p = t.transform.rotation, t.transform.translation
-                self._tf[t.child_frame_id] = (np.array([p.x, p.y, p.z]), _quat_to_mat(r.x, r.y, r.z, r.w))
+                pose = (np.array([p.x, p.y, p.z]), _quat_to_mat(r.x, r.y, r.z, r.w))
+                self._tf[(t.child_frame_id, t.header.frame_id)] = pose
+
+    def _camera_pose(self, camera: str, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A camera's optical frame in the base frame at the image's joint state q. A calibration published on
+        /tf or /tf_static relative to a link of the arm is composed with that link's pose at q; a fixed camera
+        may be published relative to the base (a camera on the arm is not taken from /tf's base-relative
+        frames, which lag its image); otherwise the URDF's frame."""
+        frame = robot.CAMERA_FRAMES[camera]
+        known = dict(self._tf)
+        if not self._on_arm[camera] and (frame, robot.BASE_FRAME) in known:
+            return known[(frame, robot.BASE_FRAME)]
+        for (child, parent), (position, rotation) in known.items():
+            if child == frame and parent != robot.BASE_FRAME and parent in self._links:
+                p_link, r_link = self.kin.forward(q, parent)
+                return p_link + r_link @ position, r_link @ rotation
+        return self.kin.forward(q, frame)
 
     def _on_receipt(self, msg: CallResultMsg) -> None:
         if msg.executed and CAPABILITY_BY_NAME.get(msg.capability) and CAPABILITY_BY_NAME[msg.capability].physical:
@@ -197,9 +223,7 @@ class PerceptionNode(Node):
             q_cam = np.array([joints.position[index[j]] for j in robot.ARM_JOINTS])
             if q is None:  # the observation's robot state: at the first camera's image time
                 q, jaw = q_cam, sum(joints.position[index[j]] for j in robot.FINGER_JOINTS if j in index)
-            frame = robot.CAMERA_FRAMES[cam]
-            static_pose = None if self._on_arm[cam] else self._tf.get(frame)
-            position, rotation = static_pose or self.kin.forward(q_cam, frame)
+            position, rotation = self._camera_pose(cam, q_cam)
             rgb, depth_m = image_to_array(color), image_to_array(depth)
             if rgb.shape[:2] != depth_m.shape:
                 raise BackendError(f"{cam}: colour {rgb.shape[:2]} and depth {depth_m.shape} are not aligned")
