@@ -184,3 +184,19 @@ def test_watchdog_holds_the_arm_when_the_agent_goes_silent(agent):
     episode = agent.trigger("new_episode")
     assert episode.success and len(episode.message) == 32
     assert agent.call("get_robot_state").budget.actions_used == 0
+
+
+def test_calls_waiting_for_the_arm_do_not_starve_the_motion(agent):
+    """More calls wait for the arm than the motion node's executor has threads: the motion still sees the arm's
+    state (the ros2_control backend spins its own node) and ends at its target; then every waiting call is served."""
+    feedback = []
+    goal = _pose_goal(0.45, 0.1, 0.3, speed_mps=0.02)  # ~8 s: longer than the loaded-machine link limit
+    handle = result_of(agent.move.send_goal_async(goal, feedback_callback=lambda m: feedback.append(m.feedback)), 10)
+    wait_for(lambda: _under_way(feedback), 60, "the motion to be under way")
+    client = agent.node.create_client(HarnessCall, "/harness/call")
+    assert client.wait_for_service(timeout_sec=20)
+    waiting = [client.call_async(HarnessCall.Request(capability="get_robot_state")) for _ in range(6)]
+    moved = result_of(handle.get_result_async(), 120).result.result
+    assert moved.success, moved.message
+    answers = [result_of(future, 120).result for future in waiting]
+    assert all(a.success for a in answers), [a.message for a in answers if not a.success]

@@ -12,8 +12,10 @@
   /captain/markers      visualization_msgs/MarkerArray       executed TCP paths (rviz)
 
 It serves once the arm's joint states arrive. Calls run one at a time (one arm); stop, resume and
-cancel never wait for a running call. The core never raises: every failure is a CallResult with
-its category, also on the receipts topic.
+cancel never wait for a running call. Calls waiting for the arm wait in the middleware's queue (one
+callback group that runs one at a time), not in executor threads, so stop, cancel, the heartbeat and
+the receipts always find a thread; a MoveTo goal that arrives while a motion runs is rejected. The
+core never raises: every failure is a CallResult with its category, also on the receipts topic.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import yaml
 from geometry_msgs.msg import Point
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
-from rclpy.callback_groups import ReentrantCallbackGroup
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.node import Node
 from std_msgs.msg import Empty
@@ -133,7 +135,8 @@ class MotionNode(Node):
         self.harness.new_episode(uuid.uuid4().hex)
         # serve only now: clients that wait for these services wait for a connected arm
         group = ReentrantCallbackGroup()
-        self.create_service(HarnessCall, "/harness/call", self._on_call, callback_group=group)
+        calls = MutuallyExclusiveCallbackGroup()  # waiting calls queue in the middleware, not in threads
+        self.create_service(HarnessCall, "/harness/call", self._on_call, callback_group=calls)
         self.create_service(Trigger, "/harness/stop", self._on_stop, callback_group=group)
         self.create_service(Trigger, "/harness/resume", self._on_resume, callback_group=group)
         self.create_service(Trigger, "/harness/new_episode", self._on_new_episode, callback_group=group)
@@ -146,7 +149,7 @@ class MotionNode(Node):
             MoveTo,
             "/harness/move_to",
             execute_callback=self._execute_move_to,
-            goal_callback=lambda _goal: GoalResponse.ACCEPT,
+            goal_callback=self._on_goal,
             cancel_callback=self._on_cancel,
             callback_group=group,
         )
@@ -229,6 +232,13 @@ class MotionNode(Node):
             goal_handle.abort()
         return MoveTo.Result(result=call_result_to_msg(result, time.time()))
 
+    def _on_goal(self, _goal) -> GoalResponse:
+        """One motion at a time: a goal that arrives while one runs is rejected, not queued in a thread."""
+        if self._goal is not None or self._busy.locked():
+            self.get_logger().warning("MoveTo goal rejected: the arm is busy with another call")
+            return GoalResponse.REJECT
+        return GoalResponse.ACCEPT
+
     def _on_cancel(self, goal_handle) -> CancelResponse:
         if self._goal is goal_handle:
             self.harness.cancel()
@@ -284,6 +294,10 @@ class MotionNode(Node):
     def _on_receipt(self, msg: CallResultMsg) -> None:
         if hasattr(self.harness.perception, f"_{msg.capability}"):  # never our own (motion) results
             self.harness.note_external_call(msg.capability, msg.success)
+
+    def destroy_node(self) -> None:
+        self.backend.close()
+        super().destroy_node()
 
     def _on_heartbeat(self, _msg: Empty) -> None:
         if self.watchdog is not None:

@@ -24,11 +24,13 @@ that node's parameter service; a goal the controller aborts because the reflex f
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 import time
 
 import numpy as np
+import rclpy
 from builtin_interfaces.msg import Duration
 from control_msgs.action import FollowJointTrajectory
 from geometry_msgs.msg import WrenchStamped
@@ -36,6 +38,7 @@ from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
 from rcl_interfaces.srv import SetParameters
 from rclpy.action import ActionClient
 from rclpy.callback_groups import ReentrantCallbackGroup
+from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from sensor_msgs.msg import JointState
 from trajectory_msgs.msg import JointTrajectory as JointTrajectoryMsg
@@ -45,9 +48,11 @@ from captain_ros.core.kinematics import Kinematics
 from captain_ros.core.trajectory import JointTrajectory, TrajectoryFollower
 from captain_ros.core.wrench import REFLEX_ABORT_PREFIX, change_frame
 from captain_ros.harness.backend import ArmBackend, ArmReflexStop, ArmState, BackendError
+from captain_ros.ros.spin import spin_until_shutdown
 from captain_ros.twin import robot
 
 REFLEX_FORCE = re.compile(r"external force ([0-9.]+) N")
+_LINKS = itertools.count()  # numbers each backend's own node
 
 
 def _duration(seconds: float) -> Duration:
@@ -87,8 +92,19 @@ class Ros2ControlBackend(ArmBackend):
         server_timeout_s: float = 5.0,
         wrench_max_lag_s: float = 0.25,
     ):
-        """`node` must be spun by an executor in another thread (the backend waits on its callbacks)."""
+        """`node` is the host: its namespace and remappings name the arm's interfaces. The backend talks to the
+        arm through a node of its own, spun by a thread of its own, so the arm's state keeps flowing however
+        busy the host's executor is (every one of its threads waiting for the arm, say); close() stops it."""
         self.node = node
+        topic, service = node.resolve_topic_name, node.resolve_service_name
+        link = rclpy.create_node(
+            f"{node.get_name()}_arm_link_{next(_LINKS)}",
+            context=node.context,
+            use_global_arguments=False,  # the host's remappings are already in the resolved names
+            start_parameter_services=False,
+        )
+        self._link, self._executor = link, SingleThreadedExecutor(context=node.context)  # short callbacks
+        self._executor.add_node(link)
         self._period = control_period_s
         self._timeout = state_timeout_s
         self._server_timeout = server_timeout_s
@@ -98,7 +114,7 @@ class Ros2ControlBackend(ArmBackend):
         self._joints_wall = 0.0
         self._wrench: WrenchStamped | None = None  # none until the sensor speaks: motion is refused until then
         self._wrench_wall = 0.0
-        self._wrench_topic = interfaces["wrench_topic"]
+        self._wrench_topic = topic(interfaces["wrench_topic"])
         self._kin = Kinematics()  # expresses wrenches in the hand frame; guarded by _kin_lock
         self._kin_lock = threading.Lock()
         self._frames = {self._kin.model.body(b).name for b in range(1, self._kin.model.nbody)}
@@ -110,23 +126,26 @@ class Ros2ControlBackend(ArmBackend):
         self._goal_failure = ""  # set when the controller aborts a goal we did not stop ourselves
         self._reflex_stop = ""  # set when the controller aborted a goal because the arm's force reflex fired
         group = ReentrantCallbackGroup()
-        node.create_subscription(
-            JointState, interfaces["joint_states_topic"], self._on_joints, 10, callback_group=group
+        link.create_subscription(
+            JointState, topic(interfaces["joint_states_topic"]), self._on_joints, 10, callback_group=group
         )
-        node.create_subscription(WrenchStamped, self._wrench_topic, self._on_wrench, 10, callback_group=group)
+        link.create_subscription(WrenchStamped, self._wrench_topic, self._on_wrench, 10, callback_group=group)
         reflex = interfaces.get("force_reflex") or {}
         self._reflex_parameter = reflex.get("parameter", "")
         self._reflex_client = (
-            node.create_client(SetParameters, reflex["parameter_service"], callback_group=group)
+            link.create_client(SetParameters, service(reflex["parameter_service"]), callback_group=group)
             if reflex.get("parameter_service")
             else None
         )
         self._reflex_n: float | None = None  # the threshold the arm last accepted
-        self._action_name = interfaces["trajectory_action"]
-        self._arm_action = ActionClient(node, FollowJointTrajectory, self._action_name, callback_group=group)
-        self._arm_topic = node.create_publisher(JointTrajectoryMsg, interfaces["trajectory_topic"], 10)
+        self._action_name = topic(interfaces["trajectory_action"])
+        self._arm_action = ActionClient(link, FollowJointTrajectory, self._action_name, callback_group=group)
+        self._arm_topic = link.create_publisher(JointTrajectoryMsg, topic(interfaces["trajectory_topic"]), 10)
         gripper_topic = interfaces["gripper_action"].rsplit("/", 1)[0] + "/joint_trajectory"
-        self._gripper_topic = node.create_publisher(JointTrajectoryMsg, gripper_topic, 10)
+        self._gripper_topic = link.create_publisher(JointTrajectoryMsg, topic(gripper_topic), 10)
+        self._spinner = threading.Thread(target=spin_until_shutdown, args=(self._executor,), daemon=True)
+        self._spinner.name = "arm-link"
+        self._spinner.start()
 
     # ------------------------------------------------------------------------------ callbacks
     def _on_joints(self, msg: JointState) -> None:
@@ -138,25 +157,44 @@ class Ros2ControlBackend(ArmBackend):
     def _on_wrench(self, msg: WrenchStamped) -> None:
         with self._cond:
             self._wrench, self._wrench_wall = msg, time.monotonic()
+            self._cond.notify_all()
 
     # ------------------------------------------------------------------------------ state
     @property
     def control_period_s(self) -> float:
         return self._period
 
-    def wait_for_state(self, timeout_s: float = 10.0) -> ArmState:
-        """Block until the first joint state arrives; then the backend holds wherever the arm is. The state
-        returned may lack the force (NaN) when the wrench has not arrived: read_state() then refuses."""
+    def wait_for_state(self, timeout_s: float = 10.0, wrench_timeout_s: float | None = None) -> ArmState:
+        """Block until the first joint state arrives, then until force sensing is usable (at most
+        `wrench_timeout_s`, by default what is left of `timeout_s`); the backend holds wherever the arm is.
+        Without usable force data it still returns, with the force NaN and a warning, and read_state()
+        refuses motion until it is."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while self._joints is None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise BackendError(f"no joint states within {timeout_s:.0f} s: is the arm (or twin) running?")
-                self._cond.wait(left)
+            if not self._cond.wait_for(lambda: self._joints is not None, timeout_s):
+                raise BackendError(f"no joint states within {timeout_s:.0f} s: is the arm (or twin) running?")
+        left = max(0.0, deadline - time.monotonic()) if wrench_timeout_s is None else wrench_timeout_s
+        problem = self._wait_for_force(left)
+        if problem:  # logged outside the lock: rclpy's logger inspects the stack, slowly
+            self._link.get_logger().warning(f"{problem}; motions are refused until force sensing works")
         state = self.read_state(require_force=False)
         self._mirror = TrajectoryFollower(robot.ARM_JOINTS, self.lower, self.upper, state.q_rad)
         return state
+
+    def _wait_for_force(self, timeout_s: float) -> str:
+        """Wait (on new messages) until a full state with usable force data can be read; returns why not, or ''.
+        After a reset of the arm's clock (the twin's new episode) the two streams agree again within a message."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self.read_state()
+                return ""
+            except BackendError as exc:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return str(exc)
+            with self._cond:
+                self._cond.wait(min(left, self._period))
 
     def read_state(self, require_force: bool = True) -> ArmState:
         with self._cond:
@@ -238,6 +276,9 @@ class Ros2ControlBackend(ArmBackend):
         )
 
     def resync(self) -> None:
+        """A new episode: after a reset the arm's clock may have jumped, so wait (briefly) until the joint states
+        and the wrench agree again before holding where the arm is."""
+        self._wait_for_force(self._timeout)
         self._mirror_or_fail().hold(self.read_state(require_force=False).q_rad)
 
     def set_force_reflex(self, threshold_n: float) -> bool:
@@ -261,6 +302,16 @@ class Ros2ControlBackend(ArmBackend):
             raise BackendError(f"the arm refused force reflex {threshold_n} N: {result.reason}")
         self._reflex_n = threshold_n
         return True
+
+    def close(self) -> None:
+        """Stop the backend's own executor and release its node (the host node is the caller's). After a
+        shutdown of the context (Ctrl-C, SIGTERM) its spin ends by itself: wait for that before shutting the
+        executor down, never while its thread still waits on it."""
+        if not self.node.context.ok():
+            self._spinner.join(timeout=5.0)
+        self._executor.shutdown(timeout_sec=5.0)
+        self._spinner.join(timeout=5.0)
+        self._link.destroy_node()
 
     # ------------------------------------------------------------------------------ commands
     def follow(self, trajectory: JointTrajectory) -> None:

@@ -269,7 +269,8 @@ class TwinNode(Node):
             return
         with self._lock:
             self.controllers[name].start(trajectory, self.twin.time_s)
-            self.get_logger().debug(f"{name}: {len(msg.points)}-point topic trajectory at {self.twin.time_s:.3f} s")
+            now = self.twin.time_s
+        self.get_logger().debug(f"{name}: {len(msg.points)}-point topic trajectory at {now:.3f} s")
 
     def _measured(self, name: str) -> np.ndarray:
         if name == "arm":
@@ -365,7 +366,7 @@ class TwinNode(Node):
 
     def _tick(self, pace: dict) -> None:
         rtf = float(self.get_parameter("real_time_factor").value)
-        frames = None
+        trip = None
         with self._lock:
             twin = self.twin
             if self.fault:  # nothing moves until a reset
@@ -383,22 +384,9 @@ class TwinNode(Node):
                 )
                 return
             now = twin.time_s
-            if trip is not None:
-                self._trips += 1
-                self.get_logger().warning(trip.message)
-            if trip is not None or time.monotonic() >= self._next_diagnostics:
-                self._next_diagnostics = time.monotonic() + DIAGNOSTICS_PERIOD_S
-                self._publish_diagnostics(now, trip)
-            if now >= self._next_state:
-                self._next_state = now + 1.0 / self.get_parameter("state_rate_hz").value
-                self._publish_state(twin)
-            if now >= self._next_tf:
-                self._next_tf = now + 1.0 / self.get_parameter("tf_rate_hz").value
-                self._publish_tf(twin)
-            camera_hz = self.get_parameter("camera_rate_hz").value
-            if camera_hz > 0 and now >= self._next_camera:
-                self._next_camera = now + 1.0 / camera_hz
-                frames = twin.observe()
+            frames = self._publish_due(twin, trip)
+        if trip is not None:
+            self.get_logger().warning(trip.message)  # outside the lock: rclpy's logger inspects the stack
         if frames:
             self._publish_cameras(frames, now)
         if rtf > 0:
@@ -410,6 +398,27 @@ class TwinNode(Node):
                     f"fell {-ahead:.2f} s behind real time; continuing from now", throttle_duration_sec=5.0
                 )
                 pace["wall0"], pace["sim0"] = time.monotonic(), now
+
+    def _publish_due(self, twin: Twin, trip: ReflexTrip | None) -> dict[str, CameraFrame] | None:
+        """Publish what is due at this step (sim-time rates; diagnostics at once on a reflex trip); returns the
+        camera frames when they are due (published outside the lock)."""
+        now = twin.time_s
+        if trip is not None:
+            self._trips += 1
+        if trip is not None or time.monotonic() >= self._next_diagnostics:
+            self._next_diagnostics = time.monotonic() + DIAGNOSTICS_PERIOD_S
+            self._publish_diagnostics(now, trip)
+        if now >= self._next_state:
+            self._next_state = now + 1.0 / self.get_parameter("state_rate_hz").value
+            self._publish_state(twin)
+        if now >= self._next_tf:
+            self._next_tf = now + 1.0 / self.get_parameter("tf_rate_hz").value
+            self._publish_tf(twin)
+        camera_hz = self.get_parameter("camera_rate_hz").value
+        if camera_hz > 0 and now >= self._next_camera:
+            self._next_camera = now + 1.0 / camera_hz
+            return twin.observe()
+        return None
 
     def _publish_state(self, twin: Twin) -> None:
         stamp = stamp_msg(twin.time_s)
