@@ -62,3 +62,14 @@ def launch_twin(task: str, start_id: str, real_time_factor: float, camera_rate_h
         ("real_time_factor", real_time_factor),
         ("camera_rate_hz", camera_rate_hz),
     )
+
+
+def fresh(backend) -> bool:
+    """Whether an arm backend has a full, fresh state (joint states and usable force data)."""
+    from captain_ros.harness.backend import BackendError
+
+    try:
+        backend.read_state()
+    except BackendError:
+        return False
+    return True

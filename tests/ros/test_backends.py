@@ -17,7 +17,6 @@ import pytest
 from captain_interfaces.srv import GetPrivilegedSnapshot, ResetEpisode
 from captain_ros.core.contract import RECEIPT_MAX_CHARS, FailureCategory
 from captain_ros.core.kinematics import Kinematics
-from captain_ros.harness.backend import BackendError
 from captain_ros.harness.config import load_config
 from captain_ros.harness.harness import Harness
 from captain_ros.harness.twin_backend import TwinBackend
@@ -28,6 +27,7 @@ from captain_ros.twin.sim import Twin
 from .helpers import (
     LOADED_MACHINE_STATE_TIMEOUT_S,
     LOADED_MACHINE_WRENCH_LAG_S,
+    fresh,
     launch_twin,
     result_of,
     stop,
@@ -87,7 +87,7 @@ def _ros2_control_arm(request, kinematics, state_timeout_s: float = LOADED_MACHI
         node, interfaces, state_timeout_s=state_timeout_s, wrench_max_lag_s=LOADED_MACHINE_WRENCH_LAG_S
     )
     reset_time = backend.wait_for_state(30).time_s
-    wait_for(lambda: _fresh(backend) and backend.read_state().time_s > reset_time + 0.05, 10, "states after the reset")
+    wait_for(lambda: fresh(backend) and backend.read_state().time_s > reset_time + 0.05, 10, "states after the reset")
 
     def snap():
         return result_of(snapshot.call_async(GetPrivilegedSnapshot.Request()), 10).snapshot
@@ -266,17 +266,8 @@ def test_lost_joint_states_stop_the_motion_and_cancel_the_goal(request, kinemati
     arm.harness.on_progress = None
     assert result.failure_category is FailureCategory.BACKEND_ERROR and result.executed
     assert "link lost" in result.message
-    wait_for(lambda: _fresh(arm.harness.backend), 10, "joint states after the twin resumed")
+    wait_for(lambda: fresh(arm.harness.backend), 10, "joint states after the twin resumed")
     _settles(arm)
     tcp = kinematics.forward(arm.q())[0]
     assert np.linalg.norm(tcp - np.array(target)) > 0.05
     arm.harness.backend.close()
-
-
-def _fresh(backend) -> bool:
-    """Whether the backend has a full, fresh state (joint states and the wrench)."""
-    try:
-        backend.read_state()
-    except BackendError:
-        return False
-    return True

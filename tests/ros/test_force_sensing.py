@@ -32,6 +32,7 @@ from captain_ros.twin import robot
 from .helpers import (
     LOADED_MACHINE_STATE_TIMEOUT_S,
     LOADED_MACHINE_WRENCH_LAG_S,
+    fresh,
     launch_twin,
     result_of,
     stop,
@@ -204,7 +205,7 @@ def test_force_sensing_lost_mid_motion_stops_the_arm(rig):
     assert "wrench on /test/relayed_wrench" in result.message
     assert "force sensing lost" in result.message or "stale force data" in result.message
     relay.mode = "pass"
-    wait_for(lambda: _fresh(harness), 20, "the wrench again")
+    wait_for(lambda: fresh(harness.backend), 20, "the wrench again")
     assert np.linalg.norm(harness.call("get_robot_state").value["tcp_pose"]["position"] - target) > 0.05
     np.testing.assert_allclose(harness.backend.commanded()[1], 0.0, atol=1e-12)  # held
 
@@ -224,7 +225,7 @@ def test_a_wrench_in_another_frame_of_the_arm_is_expressed_in_the_hand_frame(rig
     relay, _, make = rig
     relay.mode = "base_frame"
     harness = make()
-    wait_for(lambda: _fresh(harness), 20, "the relayed wrench")
+    wait_for(lambda: fresh(harness.backend), 20, "the relayed wrench")
     state = harness.backend.read_state()
     np.testing.assert_allclose(state.force_n, relay.direct, atol=0.3)  # at rest: the hand's own weight
     assert np.linalg.norm(state.force_n) > 3.0  # the hand weighs ~7 N: a real force, not zeros
@@ -276,13 +277,3 @@ def test_a_stalled_client_cannot_press_the_arm_into_the_table(rig):
     reflex.wait(lambda: reflex.value("threshold_n") == limit, "the reflex status")
     assert reflex.value("peak_force_n") < limit + 45.0  # the table's impact spike, never hundreds of newtons
     np.testing.assert_allclose(guarded.backend.commanded()[1], 0.0, atol=1e-12)  # held
-
-
-def _fresh(harness: Harness) -> bool:
-    from captain_ros.harness.backend import BackendError
-
-    try:
-        harness.backend.read_state()
-    except BackendError:
-        return False
-    return True

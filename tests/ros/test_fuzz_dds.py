@@ -40,7 +40,14 @@ from captain_ros.core.kinematics import Kinematics
 from captain_ros.twin import robot
 
 from ..captain_ros.harness.test_fuzz import HONEST_MOVES, Seen, calls, check_answer, record_outcome
-from .helpers import LOADED_MACHINE_STATE_TIMEOUT_S, launch_node, launch_twin, stop, wait_for
+from .helpers import (
+    LOADED_MACHINE_STATE_TIMEOUT_S,
+    LOADED_MACHINE_WRENCH_LAG_S,
+    launch_node,
+    launch_twin,
+    stop,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 TASK = "put_red_cube_in_bowl"
@@ -50,9 +57,6 @@ SETTLE_STATES = 5  # joint states to wait for after an answer before reading "af
 STILL_TCP_M = 0.002  # the arm's TCP and the jaw move less than this when nothing was executed
 STILL_JAW_M = 0.002
 AT_REST_RADPS = 0.01  # every joint (arm and fingers, rad/s or m/s) slower than this: at rest
-# the largest gap between the stamps of the latest wrench and joint state the motion node accepts on a loaded
-# machine (production 0.25 s); nodes without force-data checks ignore the parameter
-LOADED_MACHINE_WRENCH_LAG_S = 2.0
 PERCEPTION = {c.name for c in CAPABILITIES if c.group in ("perception", "measurement")}  # /perception/call
 MALFORMED_JSON = (
     "{not json",
