@@ -177,3 +177,40 @@ def test_reset_and_training_only_snapshot(client):
     assert snap.success and snap.snapshot.task == "open_drawer" and len(snap.snapshot.features) == 36
     assert snap.snapshot.request_index == 3 and snap.snapshot.episode_id == "ep-42"
     assert list(snap.snapshot.joint_names) == ["cabinet_drawer"] and not snap.snapshot.task_success
+
+
+def test_a_hold_sent_before_a_reset_never_moves_the_new_episode():
+    """The race a fresh CI machine found: a client's final hold (topic) and the next reset (service) are handled
+    in separate callbacks, in either order; the hold handled after the reset must not drive the new episode's
+    arm back to where the old episode stopped. The node runs in this process and its callbacks are called as
+    rclpy calls them, with the MessageInfo the middleware fills in (DDS stamps each message at its writer)."""
+    import rclpy
+    from rclpy.parameter import Parameter
+
+    from captain_ros.ros.twin_node import TwinNode
+
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    start = f"{TASK}/official/2"
+    overrides = [
+        Parameter("task", value=TASK),
+        Parameter("start_id", value=start),
+        Parameter("camera_rate_hz", value=0.0),
+    ]
+    node = TwinNode(context=context, parameter_overrides=overrides)
+    try:
+        far = np.asarray(robot.HOME_Q_RAD) + 0.4  # where the previous episode's arm stopped
+        hold = JointTrajectory(
+            joint_names=list(robot.ARM_JOINTS),
+            points=[JointTrajectoryPoint(positions=far.tolist(), time_from_start=Duration(nanosec=10_000_000))],
+        )
+        sent_ns = time.time_ns()
+        assert node._on_reset(ResetEpisode.Request(task=TASK, start_id=start), ResetEpisode.Response()).success
+        arm = node.controllers.arm
+        node._on_topic("arm", hold, {"source_timestamp": sent_ns, "received_timestamp": time.time_ns()})
+        assert arm.active_token() is None  # dropped: the new episode's arm holds where the reset put it
+        node._on_topic("arm", hold, {"source_timestamp": time.time_ns(), "received_timestamp": time.time_ns()})
+        assert arm.active_token() is not None  # one sent after the reset is followed
+    finally:
+        node.destroy_node()
+        rclpy.shutdown(context=context)

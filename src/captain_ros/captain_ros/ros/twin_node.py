@@ -19,6 +19,7 @@ The arm has a force reflex in its physics loop, as a real arm has in its control
 `reflex_force_threshold_n`, default from config/safety.yaml; clients set it at run time through the
 standard parameter service, as they would set a vendor's collision thresholds): above it the arm stops
 where it is and the running trajectory goal is aborted with a "force reflex: ..." error string.
+A stop or hold sent on a controller's topic before a reset is dropped, never applied to the new episode.
 Topic names come from config/robot.yaml; parameters from config/twin.yaml.
 """
 
@@ -72,8 +73,9 @@ REFLEX_PARAMETER = "reflex_force_threshold_n"
 
 
 class TwinNode(Node):
-    def __init__(self) -> None:
-        super().__init__("twin")
+    def __init__(self, **node_options) -> None:
+        """`node_options` go to rclpy's Node (a context, parameter overrides: tests run it in-process)."""
+        super().__init__("twin", **node_options)
         self._declare_parameters()
         self.interfaces = yaml.safe_load(Path(self.get_parameter("robot_config").value).read_text())["interfaces"]
         self._lock = threading.RLock()
@@ -81,6 +83,7 @@ class TwinNode(Node):
         self.twin: Twin | None = None
         self.episode_id = ""
         self.fault = ""  # set when the simulation failed; cleared by the next reset
+        self._reset_at_ns = 0  # system clock when the last reset took effect (orders topic commands against it)
         reentrant = ReentrantCallbackGroup()
         latched = QoSProfile(
             depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL, reliability=ReliabilityPolicy.RELIABLE
@@ -135,7 +138,11 @@ class TwinNode(Node):
                 self.interfaces[topic] if topic else self.interfaces[action].rsplit("/", 1)[0] + "/joint_trajectory"
             )
             self.create_subscription(
-                JointTrajectoryMsg, topic_name, lambda msg, n=name: self._on_topic(n, msg), 10, callback_group=reentrant
+                JointTrajectoryMsg,
+                topic_name,
+                lambda msg, info, n=name: self._on_topic(n, msg, info),  # two arguments: rclpy passes MessageInfo
+                10,
+                callback_group=reentrant,
             )
 
         task = self.get_parameter("task").value or next(iter(default_suite()))
@@ -203,6 +210,7 @@ class TwinNode(Node):
             self.controllers = TwinControllers(self.twin, float(self.get_parameter(REFLEX_PARAMETER).value))
             self._next_state = self._next_tf = self._next_camera = 0.0
             self.fault = ""
+            self._reset_at_ns = time.time_ns()
             return start
 
     def _on_reset(self, request: ResetEpisode.Request, response: ResetEpisode.Response) -> ResetEpisode.Response:
@@ -261,16 +269,32 @@ class TwinNode(Node):
             upper=follower.upper,
         )
 
-    def _on_topic(self, name: str, msg: JointTrajectoryMsg) -> None:
+    def _on_topic(self, name: str, msg: JointTrajectoryMsg, info: dict) -> None:
+        """A trajectory on the controller's topic (a stop or hold) preempts whatever the controller follows.
+        One sent before the last reset is dropped: topic messages and the reset request travel on separate
+        channels and run in separate callbacks, so the previous episode's final hold can be handled after the
+        reset and would drive the new episode's arm back to where the old one stopped (pressed into the table,
+        say). DDS stamps every message at its writer (`source_timestamp`, the system clock): a command written
+        before the reset took effect belongs to the episode before it. Clients on other hosts need synchronised
+        clocks for this, as for any stamp; a dropped hold is logged, and the stop it went with also cancels the
+        goal through the action."""
         try:
             trajectory = self._trajectory_from_msg(name, msg)
         except TrajectoryError as exc:
             self.get_logger().error(f"{name} trajectory rejected: {exc}")
             return
+        sent_ns = int(info.get("source_timestamp", 0) or 0)  # 0: the middleware does not stamp at the writer
         with self._lock:
-            self.controllers[name].start(trajectory, self.twin.time_s)
-            now = self.twin.time_s
-        self.get_logger().debug(f"{name}: {len(msg.points)}-point topic trajectory at {now:.3f} s")
+            stale = 0 < sent_ns < self._reset_at_ns
+            if not stale:
+                self.controllers[name].start(trajectory, self.twin.time_s)
+            now, reset_ns = self.twin.time_s, self._reset_at_ns
+        if stale:
+            self.get_logger().warning(
+                f"{name}: dropped a topic trajectory sent {(reset_ns - sent_ns) / 1e9:.3f} s before the last reset"
+            )
+        else:
+            self.get_logger().debug(f"{name}: {len(msg.points)}-point topic trajectory at {now:.3f} s")
 
     def _measured(self, name: str) -> np.ndarray:
         if name == "arm":
