@@ -62,6 +62,20 @@ def test_the_reflex_stops_a_press_that_nobody_else_stops(kin):
     assert twin.tcp_pose()[0][2] > 0.0  # it stopped at the table, not 3 cm into it
 
 
+def test_after_a_trip_a_hold_keeps_the_arm_where_the_reflex_stopped_it(kin):
+    """The harness holds after every stop; after a reflex trip the arm already holds where it stopped, and a hold
+    at a position read later (the arm still sinking into the table) would press it deeper."""
+    backend, twin = _above_the_table(kin)
+    _, trips = _press_without_stopping(backend, twin, kin, reflex_n=15.0)
+    assert len(trips) == 1
+    held = backend.commanded()[0]
+    backend.controllers.step(twin, 5)
+    np.testing.assert_array_equal(backend.hold(), held)
+    np.testing.assert_array_equal(backend.commanded()[0], held)
+    moved = held + 0.01
+    np.testing.assert_allclose(backend.hold(moved), moved)  # an explicit position is still a command
+
+
 def test_free_motion_never_trips_a_low_reflex(kin):
     backend, twin = _above_the_table(kin)
     backend.set_force_reflex(3.0)  # the guarded-contact threshold

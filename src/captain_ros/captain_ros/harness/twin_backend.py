@@ -42,8 +42,11 @@ class TwinBackend(ArmBackend):
         self.controllers.start_motion(trajectory, self.twin.time_s)
 
     def hold(self, q_rad: np.ndarray | None = None) -> np.ndarray:
-        self.controllers.arm.hold(self.twin.arm_q() if q_rad is None else q_rad)
-        return self.controllers.arm.desired_q.copy()
+        arm = self.controllers.arm
+        if q_rad is None and self.controllers.reflex.tripped is not None and arm.active_token() is None:
+            return arm.desired_q.copy()  # the reflex stopped the arm and it holds there (see Ros2ControlBackend.hold)
+        arm.hold(self.twin.arm_q() if q_rad is None else q_rad)
+        return arm.desired_q.copy()
 
     def commanded(self) -> tuple[np.ndarray, np.ndarray]:
         arm = self.controllers.arm

@@ -125,6 +125,7 @@ class Ros2ControlBackend(ArmBackend):
         self._goal = None  # the running FollowJointTrajectory goal handle
         self._goal_failure = ""  # set when the controller aborts a goal we did not stop ourselves
         self._reflex_stop = ""  # set when the controller aborted a goal because the arm's force reflex fired
+        self._reflex_holds = False  # the reflex stopped the arm and it holds there, until the next goal
         group = ReentrantCallbackGroup()
         link.create_subscription(
             JointState, topic(interfaces["joint_states_topic"]), self._on_joints, 10, callback_group=group
@@ -327,7 +328,7 @@ class Ros2ControlBackend(ArmBackend):
         if handle is None or not handle.accepted:
             raise BackendError("the arm controller rejected the trajectory goal")
         with self._cond:
-            self._goal, self._goal_failure = handle, ""
+            self._goal, self._goal_failure, self._reflex_holds = handle, "", False
         handle.get_result_async().add_done_callback(lambda f, h=handle: self._on_result(h, f))
         mirror.start(trajectory, self.read_state(require_force=False).time_s)
 
@@ -339,13 +340,25 @@ class Ros2ControlBackend(ArmBackend):
                 return  # a goal we stopped or replaced ourselves
             self._goal = None
             if result is not None and result.error_string.startswith(REFLEX_ABORT_PREFIX):
-                self._reflex_stop = result.error_string
+                self._reflex_stop, self._reflex_holds = result.error_string, True
             elif result is not None and result.error_code != FollowJointTrajectory.Result.SUCCESSFUL:
                 self._goal_failure = f"error {result.error_code}: {result.error_string or 'no error string'}"
             self._cond.notify_all()
 
     def hold(self, q_rad: np.ndarray | None = None) -> np.ndarray:
+        """Stop and hold `q_rad` (default: where the arm is). After the arm's reflex stopped it, the arm already
+        holds where it stopped: a hold at a position read later (a state that may be 10 ms old, taken while the
+        arm rebounded from the contact) would move an arm that presses on something, so none is sent, as a real
+        arm in its reflex state takes no position command until the next motion."""
         mirror = self._mirror_or_fail()
+        with self._cond:
+            reflex_holds = self._reflex_holds and self._goal is None
+        if q_rad is None and reflex_holds:
+            try:
+                mirror.hold(self.read_state(require_force=False).q_rad)
+            except BackendError:
+                mirror.hold(mirror.desired_q)
+            return mirror.desired_q.copy()
         if q_rad is None:
             try:
                 q_rad = self.read_state(require_force=False).q_rad
