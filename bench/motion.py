@@ -439,7 +439,10 @@ def bench_ros(moves: int, cancels: int, spots: list[np.ndarray], kin: Kinematics
         rclpy.shutdown()
         for proc in procs:
             proc.terminate()
-            proc.wait(10)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()  # never leave a node behind
     ros, local = np.median(times["ros"]), np.median(times["in_process"])
     return {
         "ratio": float(ros / local),
@@ -519,6 +522,7 @@ def main() -> int:
     parser.add_argument("--ros-moves", type=int, default=10, help="move_to pairs via ROS / in-process (default 10)")
     parser.add_argument("--force-runs", type=int, default=50, help="force-limit descents per backend (default 50)")
     args = parser.parse_args()
+    load_at_start = os.getloadavg()[0]  # other jobs on the machine skew the wall-clock figures (cancels, move_to)
     kin = Kinematics()
     contact = np.array(bench_contact(args.runs, kin))
     sweeps = np.array(bench_sweeps(kin))
@@ -650,6 +654,10 @@ def main() -> int:
             "sweep_plan_ms_p50": ik["sweep_plan_ms_p50"],
             "move_to_ros_s_p50": ros["ros_s_p50"],
             "move_to_in_process_s_p50": ros["in_process_s_p50"],
+            "force_overshoots_n_in_process": [round(float(v), 3) for v in force_twin],
+            "force_overshoots_n_ros": [round(float(v), 3) for v in force_ros],
+            "load_average_1min_at_start": load_at_start,
+            "load_average_1min_at_end": os.getloadavg()[0],
         },
     )
     return 0

@@ -179,7 +179,7 @@ def test_reset_and_training_only_snapshot(client):
     assert list(snap.snapshot.joint_names) == ["cabinet_drawer"] and not snap.snapshot.task_success
 
 
-def test_a_hold_sent_before_a_reset_never_moves_the_new_episode():
+def test_topic_holds_sent_before_a_reset_or_after_a_reflex_trip_are_not_followed():
     """The race a fresh CI machine found: a client's final hold (topic) and the next reset (service) are handled
     in separate callbacks, in either order; the hold handled after the reset must not drive the new episode's
     arm back to where the old episode stopped. The node runs in this process and its callbacks are called as
@@ -188,6 +188,7 @@ def test_a_hold_sent_before_a_reset_never_moves_the_new_episode():
     from rclpy.parameter import Parameter
 
     from captain_ros.ros.twin_node import TwinNode
+    from captain_ros.twin.controller import ReflexTrip
 
     context = rclpy.Context()
     rclpy.init(context=context)
@@ -211,6 +212,11 @@ def test_a_hold_sent_before_a_reset_never_moves_the_new_episode():
         assert arm.active_token() is None  # dropped: the new episode's arm holds where the reset put it
         node._on_topic("arm", hold, {"source_timestamp": time.time_ns(), "received_timestamp": time.time_ns()})
         assert arm.active_token() is not None  # one sent after the reset is followed
+        # after a force reflex trip the arm holds where it stopped until the next trajectory goal
+        arm.hold(robot.HOME_Q_RAD)
+        node.controllers.reflex.tripped = ReflexTrip(node.twin.time_s, 40.0, 15.0)
+        node._on_topic("arm", hold, {"source_timestamp": time.time_ns(), "received_timestamp": time.time_ns()})
+        assert arm.active_token() is None
     finally:
         node.destroy_node()
         rclpy.shutdown(context=context)

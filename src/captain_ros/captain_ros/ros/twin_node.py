@@ -19,7 +19,8 @@ The arm has a force reflex in its physics loop, as a real arm has in its control
 `reflex_force_threshold_n`, default from config/safety.yaml; clients set it at run time through the
 standard parameter service, as they would set a vendor's collision thresholds): above it the arm stops
 where it is and the running trajectory goal is aborted with a "force reflex: ..." error string.
-A stop or hold sent on a controller's topic before a reset is dropped, never applied to the new episode.
+A stop or hold sent on a controller's topic before a reset is dropped, never applied to the new episode, and
+after a reflex trip the arm takes no topic command until the next trajectory goal.
 Topic names come from config/robot.yaml; parameters from config/twin.yaml.
 """
 
@@ -286,13 +287,19 @@ class TwinNode(Node):
         sent_ns = int(info.get("source_timestamp", 0) or 0)  # 0: the middleware does not stamp at the writer
         with self._lock:
             stale = 0 < sent_ns < self._reset_at_ns
-            if not stale:
+            # after a reflex trip the arm holds where it stopped until the next trajectory goal, as a real arm in its
+            # reflex state takes no position command until recovered: a client's hold at a position it read later
+            # (while the arm still sank into what it hit) would press it deeper
+            reflex_holds = name == "arm" and self.controllers.reflex.tripped is not None
+            if not (stale or reflex_holds):
                 self.controllers[name].start(trajectory, self.twin.time_s)
             now, reset_ns = self.twin.time_s, self._reset_at_ns
         if stale:
             self.get_logger().warning(
                 f"{name}: dropped a topic trajectory sent {(reset_ns - sent_ns) / 1e9:.3f} s before the last reset"
             )
+        elif reflex_holds:
+            self.get_logger().info(f"arm: topic trajectory at {now:.3f} s ignored: holding after a force reflex trip")
         else:
             self.get_logger().debug(f"{name}: {len(msg.points)}-point topic trajectory at {now:.3f} s")
 
