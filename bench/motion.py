@@ -228,6 +228,7 @@ def force_limit_descents(
     (from `true_peak()`, the twin's physics-rate measure) and the harness's own peak reading, minus the limit."""
     overshoots, seen = [], []
     for xy in tqdm(spots, desc=desc, unit="run"):
+        harness.new_episode()  # each press its own episode: 50 would spend an episode's action and time budgets
         above = harness.call("move_to", pose={"position": [*xy, 0.05], "yaw_deg": 0})
         if not above.success:
             raise RuntimeError(f"move above {xy}: {above.message}")

@@ -228,7 +228,8 @@ class StateRun:
                 truth.geometry_errors(value["owner"], value, rows, "e2e_")
             if outcome != "right" or err > SUCCESS_CM:
                 seen = (
-                    f" (measured as a {value['kind']}, {np.round(np.array(value['extents_m']) * 100, 1).tolist()} cm)"
+                    f" (measured as kind '{value['kind']}', extents "
+                    f"{np.round(np.array(value['extents_m']) * 100, 1).tolist()} cm)"
                     if value
                     else ""
                 )

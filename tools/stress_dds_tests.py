@@ -44,7 +44,9 @@ def one_run(pytest_args: list[str], log_dir: Path, index: int) -> dict:
     )
     out = proc.stdout + proc.stderr
     (log_dir / f"run-{index:02d}.log").write_text(out)
-    summary = next((line for line in reversed(out.splitlines()) if " in " in line and "=" in line), "")
+    summary = next(
+        (line for line in reversed(out.splitlines()) if re.search(r"\d+ (passed|failed|error).* in [\d.]+s", line)), ""
+    )
     return {
         "run": index,
         "passed": proc.returncode == 0,

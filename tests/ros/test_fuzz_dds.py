@@ -41,6 +41,7 @@ from captain_ros.twin import robot
 
 from ..captain_ros.harness.test_fuzz import HONEST_MOVES, Seen, calls, check_answer, record_outcome
 from .helpers import (
+    LOADED_MACHINE_PERCEPTION,
     LOADED_MACHINE_STATE_TIMEOUT_S,
     LOADED_MACHINE_WRENCH_LAG_S,
     launch_node,
@@ -207,7 +208,7 @@ def nodes():
     os.environ["PYTHONUNBUFFERED"] = "1"  # the nodes' output is complete when one fails
     try:
         twin = launch_twin(TASK, f"{TASK}/official/0", real_time_factor=1.0, camera_rate_hz=5.0)
-        perception = launch_node("perception_node")
+        perception = launch_node("perception_node", *LOADED_MACHINE_PERCEPTION)
         motion = launch_node(
             "motion_node",
             ("watchdog", False),

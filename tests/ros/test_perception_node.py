@@ -6,9 +6,13 @@ the motion node's completion gate counts measurements the perception node made."
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import numpy as np
 import pytest
+from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
+from rcl_interfaces.srv import SetParameters
 from std_srvs.srv import Trigger
 from visualization_msgs.msg import MarkerArray
 
@@ -17,6 +21,7 @@ from captain_interfaces.srv import GetObservation, HarnessCall
 from captain_ros.ros.convert import quat_wxyz
 
 from .helpers import (
+    LOADED_MACHINE_PERCEPTION,
     LOADED_MACHINE_STATE_TIMEOUT_S,
     LOADED_MACHINE_WRENCH_LAG_S,
     launch_node,
@@ -33,14 +38,14 @@ TASK = "put_red_cube_in_bowl"
 @pytest.fixture(scope="module")
 def nodes():
     twin, twin_lines = launch_twin(TASK, f"{TASK}/wide/3", real_time_factor=1.0, camera_rate_hz=5.0)
-    proc, lines = launch_node("perception_node")
+    proc, lines = launch_node("perception_node", *LOADED_MACHINE_PERCEPTION)
     motion, motion_lines = launch_node(
         "motion_node",
         ("watchdog", False),
         ("state_timeout_s", LOADED_MACHINE_STATE_TIMEOUT_S),
         ("wrench_max_lag_s", LOADED_MACHINE_WRENCH_LAG_S),
     )
-    yield lines, twin_lines, motion_lines
+    yield lines, twin_lines, motion_lines, twin
     stop(motion)
     stop(proc)
     stop(twin)
@@ -189,3 +194,35 @@ def test_a_hand_eye_calibration_on_tf_static_places_the_wrist_camera(nodes, clie
         return np.linalg.norm(offset - kin.forward(q, robot.HAND_FRAME)[1] @ shift) < 1e-3
 
     wait_for(shifted_by_the_calibration, 30, "the calibration to take effect")
+
+
+def test_a_camera_stream_that_goes_quiet_fails_observe_clearly(nodes, client_node):
+    """The node's wall-clock limits on their own (the other tests widen them for a loaded machine): with the twin
+    frozen (SIGSTOP) no image arrives, so once the last one is older than `stale_after_s`, observe fails as a
+    backend_error that says how old it is; once the twin runs again, observe works again."""
+    call = client_node.create_client(HarnessCall, "/perception/call")
+    parameters = client_node.create_client(SetParameters, "/perception/set_parameters")
+    assert call.wait_for_service(timeout_sec=60) and parameters.wait_for_service(timeout_sec=20)
+    wait_for(lambda: _call(call, "observe").success, 60, "a first observation")
+
+    def limits(stale_after_s: float, pair_wait_s: float) -> None:
+        request = SetParameters.Request(
+            parameters=[
+                Parameter(name=name, value=ParameterValue(type=ParameterType.PARAMETER_DOUBLE, double_value=value))
+                for name, value in (("stale_after_s", stale_after_s), ("pair_wait_s", pair_wait_s))
+            ]
+        )
+        assert all(r.successful for r in result_of(parameters.call_async(request), 30).results)
+
+    twin_pid = nodes[3].pid
+    latest = []
+    limits(0.5, 0.1)
+    os.kill(twin_pid, signal.SIGSTOP)
+    try:
+        # (a frame caught half-published can fail the colour and depth pairing first; staleness always comes)
+        wait_for(lambda: not latest.append(_call(call, "observe")) and " s old" in latest[-1].message, 60, "a refusal")
+    finally:
+        os.kill(twin_pid, signal.SIGCONT)
+        limits(*(value for _, value in LOADED_MACHINE_PERCEPTION))
+    assert latest[-1].failure_category == "backend_error" and not latest[-1].success and not latest[-1].executed
+    wait_for(lambda: _call(call, "observe").success, 60, "observations once the twin runs again")

@@ -49,9 +49,9 @@ from captain_ros.ros.convert import call_result_to_msg, camera_info, image_msg, 
 from captain_ros.ros.spin import spin
 from captain_ros.twin import robot
 
-STALE_AFTER_S = 2.0  # wall seconds: older camera or joint messages are not a current observation
+STALE_AFTER_S = 2.0  # default (parameter stale_after_s), wall seconds: older camera or joint messages are not current
 SYNC_TOLERANCE_S = 0.02  # colour and depth stamps must agree this well
-PAIR_WAIT_S = 1.0  # how long observe waits for a matching colour and depth pair to arrive
+PAIR_WAIT_S = 1.0  # default (parameter pair_wait_s): how long observe waits for a colour and depth pair
 HISTORY = 4  # messages kept per stream for pairing
 JOINT_HISTORY = 200  # 2 s of joint states at 100 Hz
 
@@ -100,6 +100,16 @@ class PerceptionNode(Node):
             "harness_config",
             str(config_path("harness.yaml")),
             ParameterDescriptor(description="perception section: segmenter and pointing servers"),
+        )
+        self.declare_parameter(
+            "stale_after_s",
+            STALE_AFTER_S,
+            ParameterDescriptor(description="wall seconds after which a camera or joint stream counts as gone"),
+        )
+        self.declare_parameter(
+            "pair_wait_s",
+            PAIR_WAIT_S,
+            ParameterDescriptor(description="wall seconds observe waits for a fresh colour and depth pair"),
         )
         interfaces = yaml.safe_load(Path(self.get_parameter("robot_config").value).read_text())["interfaces"]
         config = load_config(harness_path=Path(self.get_parameter("harness_config").value))
@@ -186,7 +196,7 @@ class PerceptionNode(Node):
         if not history:
             raise BackendError(f"no {kind} message from the {camera or 'arm'} yet")
         age = time.monotonic() - history[-1][1]
-        if age > STALE_AFTER_S:
+        if age > self.get_parameter("stale_after_s").value:
             raise BackendError(f"the last {kind} message of {camera or 'the arm'} is {age:.1f} s old")
         return [msg for msg, _ in reversed(history)]
 
@@ -201,9 +211,9 @@ class PerceptionNode(Node):
         raise BackendError(f"{camera}: no colour and depth image pair within {SYNC_TOLERANCE_S * 1000:.0f} ms")
 
     def _wait_for_pair(self, camera: str) -> tuple:
-        """A synchronised colour + depth pair; waits up to PAIR_WAIT_S, since one stream can run a frame
+        """A synchronised colour + depth pair; waits up to `pair_wait_s`, since one stream can run a frame
         ahead of the other (the subscriptions keep filling in other executor threads meanwhile)."""
-        deadline = time.monotonic() + PAIR_WAIT_S
+        deadline = time.monotonic() + self.get_parameter("pair_wait_s").value
         while True:
             try:
                 return self._pair(camera, self._fresh(camera, "color"), self._fresh(camera, "depth"))
