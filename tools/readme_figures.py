@@ -86,6 +86,11 @@ MOTION = (
         "{ik_ms_p50:.1f} ms (mink {mink_ms_p50:.1f} ms; a 20 cm sweep plan {sweep_plan_ms_p50:.0f} ms)",
         "",
     ),
+    (
+        "machine load while it ran (1-minute load average at start / end, 2 cores): wall-clock rows are upper bounds",
+        "{load_average_1min_at_start:.1f} / {load_average_1min_at_end:.1f}",
+        "",
+    ),
 )
 
 PERCEPTION = (
