@@ -1,0 +1,31 @@
+"""The README's measured figures are the benchmarks' own: rendered from bench/results by tools/readme_figures.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("readme_figures", ROOT / "tools" / "readme_figures.py")
+readme_figures = importlib.util.module_from_spec(spec)
+sys.modules["readme_figures"] = readme_figures  # dataclasses look their module up there
+spec.loader.exec_module(readme_figures)
+
+
+def test_readme_figures_match_the_results_files():
+    text = readme_figures.README.read_text()
+    blocks = readme_figures.BLOCK.findall(text)
+    assert {name for _, name, _, _ in blocks} == set(readme_figures.BLOCKS), "every defined block is in the README"
+    assert readme_figures.rebuilt(text) == text, "run `python tools/readme_figures.py` after a bench run"
+
+
+def test_a_missing_key_names_the_bench_to_rerun(tmp_path, monkeypatch):
+    (tmp_path / "ros_rtt.json").write_text('{"rtt_ratio": 1.0}')
+    monkeypatch.setattr(readme_figures, "RESULTS", tmp_path)
+    try:
+        readme_figures.render("ros_rtt")
+    except SystemExit as exc:
+        assert "has no key" in str(exc) and "python bench/ros_rtt.py" in str(exc)
+    else:
+        raise AssertionError("a results file without the keys must be refused")
