@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +13,7 @@ import pytest
 rclpy = pytest.importorskip("rclpy")
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 
-from .helpers import stop  # noqa: E402
+from .helpers import start_script, stop  # noqa: E402
 
 pytestmark = pytest.mark.ros
 
@@ -26,27 +24,8 @@ def start_peer() -> Iterator:
     procs: list[subprocess.Popen] = []
 
     def start(script: Path, *args: str, ready_timeout_s: float = 60.0) -> subprocess.Popen:
-        proc = subprocess.Popen(
-            [sys.executable, str(script), *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=dict(os.environ),
-        )
-        procs.append(proc)
-        deadline = time.monotonic() + ready_timeout_s
-        lines = []
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if line.strip() == "READY":
-                # keep draining output so the peer never blocks on a full pipe
-                threading.Thread(target=proc.stdout.read, daemon=True).start()
-                return proc
-        proc.kill()
-        raise RuntimeError(f"{script.name} did not become ready:\n{''.join(lines)}")
+        procs.append(start_script(script, *args, ready_timeout_s=ready_timeout_s))
+        return procs[-1]
 
     yield start
     for proc in procs:

@@ -44,6 +44,45 @@ def stop(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
+def start_script(script: Path, *args: str, ready_timeout_s: float = 60.0) -> subprocess.Popen:
+    """A Python script as a separate OS process, once it prints READY (its output is drained from then on)."""
+    proc = subprocess.Popen(
+        [sys.executable, str(script), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(os.environ),
+    )
+    deadline = time.monotonic() + ready_timeout_s
+    lines = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if line.strip() == "READY":
+            # keep draining output so the peer never blocks on a full pipe
+            threading.Thread(target=proc.stdout.read, daemon=True).start()
+            return proc
+    proc.kill()
+    raise RuntimeError(f"{script.name} did not become ready:\n{''.join(lines)}")
+
+
+def set_parameters(client, **values: float | str) -> None:
+    """Set parameters (floats, strings) through a node's SetParameters client; every one must be accepted."""
+    from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
+    from rcl_interfaces.srv import SetParameters
+
+    def value(v: float | str) -> ParameterValue:
+        if isinstance(v, str):
+            return ParameterValue(type=ParameterType.PARAMETER_STRING, string_value=v)
+        return ParameterValue(type=ParameterType.PARAMETER_DOUBLE, double_value=float(v))
+
+    assert client.wait_for_service(timeout_sec=30)
+    request = SetParameters.Request(parameters=[Parameter(name=n, value=value(v)) for n, v in values.items()])
+    assert all(r.successful for r in result_of(client.call_async(request), 30).results)
+
+
 def launch_node(executable: str, *params: tuple[str, object]) -> tuple[subprocess.Popen, list[str]]:
     """A node's console script in its own process with `-p name:=value` parameters; returns the process
     and its output lines (collected in the background)."""

@@ -7,8 +7,6 @@ misconfigured."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +16,6 @@ import pytest
 import yaml
 from diagnostic_msgs.msg import DiagnosticArray
 from geometry_msgs.msg import WrenchStamped
-from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
 from rcl_interfaces.srv import SetParameters
 
 from captain_interfaces.srv import ResetEpisode
@@ -35,6 +32,8 @@ from .helpers import (
     fresh,
     launch_twin,
     result_of,
+    set_parameters,
+    start_script,
     stop,
     wait_for,
 )
@@ -56,20 +55,7 @@ def twin_node_process():
 @pytest.fixture(scope="module")
 def relay_process(twin_node_process):
     """tests/ros/wrench_relay.py in its own process, once it relays the twin's wrench."""
-    proc = subprocess.Popen(
-        [sys.executable, str(Path(__file__).with_name("wrench_relay.py"))],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    lines = []
-    for line in proc.stdout:  # blocks on the relay's output only; it exits (EOF) if it fails
-        lines.append(line)
-        if line.strip() == "READY":
-            threading.Thread(target=proc.stdout.read, daemon=True).start()  # never block it on a full pipe
-            break
-    else:
-        raise RuntimeError("the wrench relay did not start:\n" + "".join(lines))
+    proc = start_script(Path(__file__).with_name("wrench_relay.py"))
     yield proc
     stop(proc)
 
@@ -92,10 +78,7 @@ class Relay:
 
     @mode.setter
     def mode(self, mode: str) -> None:
-        assert self._set.wait_for_service(timeout_sec=30)
-        value = ParameterValue(type=ParameterType.PARAMETER_STRING, string_value=mode)
-        request = SetParameters.Request(parameters=[Parameter(name="mode", value=value)])
-        assert result_of(self._set.call_async(request), 30).results[0].successful
+        set_parameters(self._set, mode=mode)
         self._mode = mode
 
 
@@ -127,10 +110,7 @@ class Reflex:
                 raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
 
     def set_threshold(self, newtons: float) -> None:
-        assert self.set_client.wait_for_service(timeout_sec=20)
-        value = ParameterValue(type=ParameterType.PARAMETER_DOUBLE, double_value=newtons)
-        request = SetParameters.Request(parameters=[Parameter(name="reflex_force_threshold_n", value=value)])
-        assert result_of(self.set_client.call_async(request), 20).results[0].successful
+        set_parameters(self.set_client, reflex_force_threshold_n=newtons)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ import signal
 
 import numpy as np
 import pytest
-from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
 from rcl_interfaces.srv import SetParameters
 from std_srvs.srv import Trigger
 from visualization_msgs.msg import MarkerArray
@@ -27,6 +26,7 @@ from .helpers import (
     launch_node,
     launch_twin,
     result_of,
+    set_parameters,
     stop,
     wait_for,
 )
@@ -205,24 +205,15 @@ def test_a_camera_stream_that_goes_quiet_fails_observe_clearly(nodes, client_nod
     assert call.wait_for_service(timeout_sec=60) and parameters.wait_for_service(timeout_sec=20)
     wait_for(lambda: _call(call, "observe").success, 60, "a first observation")
 
-    def limits(stale_after_s: float, pair_wait_s: float) -> None:
-        request = SetParameters.Request(
-            parameters=[
-                Parameter(name=name, value=ParameterValue(type=ParameterType.PARAMETER_DOUBLE, double_value=value))
-                for name, value in (("stale_after_s", stale_after_s), ("pair_wait_s", pair_wait_s))
-            ]
-        )
-        assert all(r.successful for r in result_of(parameters.call_async(request), 30).results)
-
     twin_pid = nodes[3].pid
     latest = []
-    limits(0.5, 0.1)
+    set_parameters(parameters, stale_after_s=0.5, pair_wait_s=0.1)
     os.kill(twin_pid, signal.SIGSTOP)
     try:
         # (a frame caught half-published can fail the colour and depth pairing first; staleness always comes)
         wait_for(lambda: not latest.append(_call(call, "observe")) and " s old" in latest[-1].message, 60, "a refusal")
     finally:
         os.kill(twin_pid, signal.SIGCONT)
-        limits(*(value for _, value in LOADED_MACHINE_PERCEPTION))
+        set_parameters(parameters, **dict(LOADED_MACHINE_PERCEPTION))
     assert latest[-1].failure_category == "backend_error" and not latest[-1].success and not latest[-1].executed
     wait_for(lambda: _call(call, "observe").success, 60, "observations once the twin runs again")

@@ -351,19 +351,16 @@ class Ros2ControlBackend(ArmBackend):
         arm rebounded from the contact) would move an arm that presses on something, so none is sent, as a real
         arm in its reflex state takes no position command until the next motion."""
         mirror = self._mirror_or_fail()
-        with self._cond:
-            reflex_holds = self._reflex_holds and self._goal is None
-        if q_rad is None and reflex_holds:
-            try:
-                mirror.hold(self.read_state(require_force=False).q_rad)
-            except BackendError:
-                mirror.hold(mirror.desired_q)
-            return mirror.desired_q.copy()
         if q_rad is None:
             try:
                 q_rad = self.read_state(require_force=False).q_rad
             except BackendError:  # no fresh state (link lost): stop at the last setpoint we commanded
                 q_rad = mirror.desired_q
+            with self._cond:
+                reflex_holds = self._reflex_holds and self._goal is None
+            if reflex_holds:
+                mirror.hold(q_rad)
+                return mirror.desired_q.copy()
         q = np.clip(np.asarray(q_rad, dtype=float), self.lower, self.upper)
         with self._cond:
             # from here on the running goal's abort is ours, and an earlier goal's late failure is superseded
