@@ -11,6 +11,7 @@ import signal
 
 import numpy as np
 import pytest
+from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
 from rcl_interfaces.srv import SetParameters
 from std_srvs.srv import Trigger
 from visualization_msgs.msg import MarkerArray
@@ -205,6 +206,15 @@ def test_a_camera_stream_that_goes_quiet_fails_observe_clearly(nodes, client_nod
     assert call.wait_for_service(timeout_sec=60) and parameters.wait_for_service(timeout_sec=20)
     wait_for(lambda: _call(call, "observe").success, 60, "a first observation")
 
+    bad = SetParameters.Request(
+        parameters=[
+            Parameter(
+                name="stale_after_s", value=ParameterValue(type=ParameterType.PARAMETER_DOUBLE, double_value=-1.0)
+            )
+        ]
+    )
+    refused = result_of(parameters.call_async(bad), 30).results[0]
+    assert not refused.successful and refused.reason  # a negative age is refused with a reason, the limit stays
     twin_pid = nodes[3].pid
     latest = []
     set_parameters(parameters, stale_after_s=0.5, pair_wait_s=0.1)

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 from geometry_msgs.msg import PoseStamped
-from rcl_interfaces.msg import ParameterDescriptor
+from rcl_interfaces.msg import FloatingPointRange, ParameterDescriptor
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
@@ -101,15 +101,21 @@ class PerceptionNode(Node):
             str(config_path("harness.yaml")),
             ParameterDescriptor(description="perception section: segmenter and pointing servers"),
         )
+        seconds = [FloatingPointRange(from_value=0.0, to_value=3600.0, step=0.0)]  # rclpy refuses values outside
         self.declare_parameter(
             "stale_after_s",
             STALE_AFTER_S,
-            ParameterDescriptor(description="wall seconds after which a camera or joint stream counts as gone"),
+            ParameterDescriptor(
+                description="wall seconds after which a camera or joint stream counts as gone",
+                floating_point_range=seconds,
+            ),
         )
         self.declare_parameter(
             "pair_wait_s",
             PAIR_WAIT_S,
-            ParameterDescriptor(description="wall seconds observe waits for a fresh colour and depth pair"),
+            ParameterDescriptor(
+                description="wall seconds observe waits for a fresh colour and depth pair", floating_point_range=seconds
+            ),
         )
         interfaces = yaml.safe_load(Path(self.get_parameter("robot_config").value).read_text())["interfaces"]
         config = load_config(harness_path=Path(self.get_parameter("harness_config").value))
