@@ -339,12 +339,12 @@ def bench_ros(moves: int, cancels: int, spots: list[np.ndarray], kin: Kinematics
     import rclpy
     import yaml
     from diagnostic_msgs.msg import DiagnosticArray
-    from rclpy.action import ActionClient
     from rclpy.executors import MultiThreadedExecutor
 
     from captain_interfaces.action import MoveTo
     from captain_ros.paths import config_path
     from captain_ros.ros.ros2_control_backend import Ros2ControlBackend
+    from captain_ros.ros.spin import SpunActionClient
 
     procs = [
         _launch(
@@ -381,7 +381,7 @@ def bench_ros(moves: int, cancels: int, spots: list[np.ndarray], kin: Kinematics
         )
         backend.wait_for_state(60)
         harness = Harness(backend, load_config(), kin)
-        action = ActionClient(node, MoveTo, "/harness/move_to")
+        action = SpunActionClient(node, MoveTo, "/harness/move_to")
         if not action.wait_for_server(timeout_sec=60):
             raise RuntimeError("motion_node did not come up")
 

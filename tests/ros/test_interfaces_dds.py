@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 from action_msgs.msg import GoalStatus
-from rclpy.action import ActionClient
 
 from captain_interfaces.action import MoveTo
 from captain_interfaces.srv import HarnessCall
 from captain_ros.core.contract import FailureCategory
 from captain_ros.ros.convert import call_result_from_msg
+from captain_ros.ros.spin import SpunActionClient
 
 from .helpers import result_of, wait_for
 
@@ -52,7 +52,7 @@ def test_harness_call_service_round_trip(peer, client_node):
 
 
 def test_move_to_action_feedback_and_success(peer, client_node):
-    client = ActionClient(client_node, MoveTo, "harness/move_to")
+    client = SpunActionClient(client_node, MoveTo, "harness/move_to")
     assert client.wait_for_server(timeout_sec=20), "MoveTo action server not discovered"
     feedback: list[MoveTo.Feedback] = []
     goal_handle = result_of(
@@ -70,7 +70,7 @@ def test_move_to_action_feedback_and_success(peer, client_node):
 
 
 def test_move_to_action_cancel_stops_the_motion(peer, client_node):
-    client = ActionClient(client_node, MoveTo, "harness/move_to")
+    client = SpunActionClient(client_node, MoveTo, "harness/move_to")
     assert client.wait_for_server(timeout_sec=20)
     feedback: list[MoveTo.Feedback] = []
     # 1 m at 0.05 m/s would take 20 s: cancel after the first feedback
@@ -88,7 +88,7 @@ def test_move_to_action_cancel_stops_the_motion(peer, client_node):
 
 
 def test_move_to_rejects_a_goal_it_cannot_serve(peer, client_node):
-    client = ActionClient(client_node, MoveTo, "harness/move_to")
+    client = SpunActionClient(client_node, MoveTo, "harness/move_to")
     assert client.wait_for_server(timeout_sec=20)
     goal_handle = result_of(client.send_goal_async(MoveTo.Goal(target_kind=MoveTo.Goal.TARGET_JAW)))
     assert not goal_handle.accepted

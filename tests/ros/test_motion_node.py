@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import pytest
 from action_msgs.msg import GoalStatus
-from rclpy.action import ActionClient
 from std_msgs.msg import Empty
 from std_srvs.srv import Trigger
 from visualization_msgs.msg import MarkerArray
@@ -18,6 +17,7 @@ from visualization_msgs.msg import MarkerArray
 from captain_interfaces.action import MoveTo
 from captain_interfaces.msg import CallResult as CallResultMsg
 from captain_interfaces.srv import HarnessCall
+from captain_ros.ros.spin import SpunActionClient
 
 from .helpers import (
     LOADED_MACHINE_STATE_TIMEOUT_S,
@@ -54,7 +54,7 @@ class Agent:
     node: object
     call: Callable[..., CallResultMsg]  # call("capability", **kwargs) through /harness/call
     trigger: Callable[[str], Trigger.Response]  # trigger("stop" | "resume" | "new_episode")
-    move: ActionClient  # /harness/move_to
+    move: SpunActionClient  # /harness/move_to
     receipts: list[CallResultMsg]
     beating: list[bool]  # set beating[0] = False to silence the heartbeat
 
@@ -74,7 +74,7 @@ def agent(nodes, client_node) -> Agent:
     services = {name: node.create_client(Trigger, f"/harness/{name}") for name in ("stop", "resume", "new_episode")}
     for client in services.values():
         assert client.wait_for_service(timeout_sec=20)
-    move = ActionClient(node, MoveTo, "/harness/move_to")
+    move = SpunActionClient(node, MoveTo, "/harness/move_to")
     assert move.wait_for_server(timeout_sec=20)
     assert result_of(services["new_episode"].call_async(Trigger.Request()), 10).success
 
@@ -100,7 +100,7 @@ def _under_way(feedback: list) -> bool:
     return bool(feedback) and feedback[-1].executed_distance_m > 0.01
 
 
-def _run(move: ActionClient, goal: MoveTo.Goal, cancel_when_under_way: bool = False):
+def _run(move: SpunActionClient, goal: MoveTo.Goal, cancel_when_under_way: bool = False):
     feedback = []
     handle = result_of(move.send_goal_async(goal, feedback_callback=lambda m: feedback.append(m.feedback)), 10)
     assert handle.accepted

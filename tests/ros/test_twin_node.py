@@ -12,13 +12,13 @@ from action_msgs.msg import GoalStatus
 from builtin_interfaces.msg import Duration
 from control_msgs.action import FollowJointTrajectory
 from geometry_msgs.msg import WrenchStamped
-from rclpy.action import ActionClient
 from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import CameraInfo, Image, JointState
 from tf2_msgs.msg import TFMessage
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from captain_interfaces.srv import GetPrivilegedSnapshot, ResetEpisode
+from captain_ros.ros.spin import SpunActionClient
 from captain_ros.twin import robot
 
 from .helpers import launch_twin, result_of, stop, wait_for
@@ -83,7 +83,7 @@ def test_sensors_are_published_in_ros_conventions(client):
 
 def test_follow_joint_trajectory_moves_the_arm(client):
     node, latest = client
-    action = ActionClient(node, FollowJointTrajectory, "/arm_controller/follow_joint_trajectory")
+    action = SpunActionClient(node, FollowJointTrajectory, "/arm_controller/follow_joint_trajectory")
     assert action.wait_for_server(timeout_sec=20)
     target = np.array(latest["/joint_states"].position[:7])
     target[0] += 0.3
@@ -99,7 +99,7 @@ def test_follow_joint_trajectory_moves_the_arm(client):
 
 def test_cancel_stops_the_arm_where_it_is(client):
     node, latest = client
-    action = ActionClient(node, FollowJointTrajectory, "/arm_controller/follow_joint_trajectory")
+    action = SpunActionClient(node, FollowJointTrajectory, "/arm_controller/follow_joint_trajectory")
     assert action.wait_for_server(timeout_sec=20)
     start = np.array(latest["/joint_states"].position[:7])
     target = start.copy()
@@ -129,7 +129,7 @@ def test_cancel_stops_the_arm_where_it_is(client):
 )
 def test_bad_trajectories_are_refused_with_a_reason(client, mutate, code, message):
     node, latest = client
-    action = ActionClient(node, FollowJointTrajectory, "/arm_controller/follow_joint_trajectory")
+    action = SpunActionClient(node, FollowJointTrajectory, "/arm_controller/follow_joint_trajectory")
     assert action.wait_for_server(timeout_sec=20)
     before = np.array(latest["/joint_states"].position[:7])
     goal = _arm_goal(before, 1.0)

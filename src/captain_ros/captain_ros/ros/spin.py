@@ -7,10 +7,12 @@ with `rclpy.try_shutdown()`, which is a no-op when Ctrl-C or SIGTERM already shu
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import rclpy
 from rclpy._rclpy_pybind11 import RCLError
+from rclpy.action import ActionClient
 from rclpy.executors import Executor, ExternalShutdownException, MultiThreadedExecutor
 from rclpy.node import Node
 
@@ -46,3 +48,15 @@ def spin(make_node: Callable[[], Node], args: list[str] | None = None, num_threa
         if node is not None:
             node.destroy_node()
         rclpy.try_shutdown()
+
+
+class SpunActionClient(ActionClient):
+    """An rclpy ActionClient that may be created on a node an executor is already spinning in another thread.
+
+    rclpy's ActionClient adds itself to its node before it creates its lock, so that executor can meet it
+    without one (AttributeError '_lock', which ends the executor's thread and leaves every later future
+    pending: seen on a loaded CI machine). The lock exists before the client is registered here."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self._lock = threading.Lock()
+        super().__init__(*args, **kwargs)
