@@ -43,12 +43,12 @@ import numpy as np
 from _common import print_table, write_results
 from tqdm import tqdm
 
+from captain_ros.core import robot
+from captain_ros.core.config import load_config
 from captain_ros.core.kinematics import Kinematics, top_down_rotation
-from captain_ros.harness.config import load_config
 from captain_ros.harness.harness import Harness
 from captain_ros.harness.motion import Planner
 from captain_ros.harness.twin_backend import TwinBackend
-from captain_ros.twin import robot
 from captain_ros.twin.sim import Twin
 from captain_ros.twin.start_states import StartId
 

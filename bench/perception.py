@@ -63,8 +63,8 @@ import numpy as np
 from _common import print_table, write_results
 from tqdm import tqdm
 
+from captain_ros.core.config import load_config
 from captain_ros.core.kinematics import Kinematics
-from captain_ros.harness.config import load_config
 from captain_ros.harness.harness import Harness
 from captain_ros.harness.twin_backend import TwinBackend
 from captain_ros.twin.sim import Twin

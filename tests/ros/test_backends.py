@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 from captain_interfaces.srv import GetPrivilegedSnapshot, ResetEpisode
+from captain_ros.core import robot
+from captain_ros.core.config import load_config
 from captain_ros.core.contract import RECEIPT_MAX_CHARS, FailureCategory
 from captain_ros.core.kinematics import Kinematics
-from captain_ros.harness.config import load_config
 from captain_ros.harness.harness import Harness
 from captain_ros.harness.twin_backend import TwinBackend
 from captain_ros.paths import config_path
-from captain_ros.twin import robot
 from captain_ros.twin.sim import Twin
 
 from .helpers import (

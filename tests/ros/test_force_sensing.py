@@ -19,12 +19,12 @@ from geometry_msgs.msg import WrenchStamped
 from rcl_interfaces.srv import SetParameters
 
 from captain_interfaces.srv import ResetEpisode
+from captain_ros.core import robot
+from captain_ros.core.config import load_config
 from captain_ros.core.contract import FailureCategory
 from captain_ros.core.kinematics import Kinematics
-from captain_ros.harness.config import load_config
 from captain_ros.harness.harness import Harness
 from captain_ros.paths import config_path
-from captain_ros.twin import robot
 
 from .helpers import (
     LOADED_MACHINE_STATE_TIMEOUT_S,

@@ -35,9 +35,9 @@ from std_srvs.srv import Trigger
 
 from captain_interfaces.msg import CallResult as CallResultMsg
 from captain_interfaces.srv import HarnessCall
+from captain_ros.core import robot
 from captain_ros.core.contract import CAPABILITIES, CAPABILITY_BY_NAME
 from captain_ros.core.kinematics import Kinematics
-from captain_ros.twin import robot
 
 from ..captain_ros.harness.test_fuzz import HONEST_MOVES, Seen, calls, check_answer, record_outcome
 from .helpers import (

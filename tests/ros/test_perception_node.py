@@ -163,8 +163,8 @@ def test_a_hand_eye_calibration_on_tf_static_places_the_wrist_camera(nodes, clie
     from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
     from tf2_msgs.msg import TFMessage
 
+    from captain_ros.core import robot
     from captain_ros.core.kinematics import Kinematics
-    from captain_ros.twin import robot
 
     node = client_node
     kin = Kinematics()

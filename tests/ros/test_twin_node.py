@@ -18,8 +18,8 @@ from tf2_msgs.msg import TFMessage
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from captain_interfaces.srv import GetPrivilegedSnapshot, ResetEpisode
+from captain_ros.core import robot
 from captain_ros.ros.spin import SpunActionClient
-from captain_ros.twin import robot
 
 from .helpers import launch_twin, result_of, stop, wait_for
 

@@ -18,10 +18,10 @@ from rcl_interfaces.msg import ParameterDescriptor, SetParametersResult
 from rclpy.node import Node
 from sensor_msgs.msg import JointState
 
+from captain_ros.core import robot
 from captain_ros.core.kinematics import Kinematics
 from captain_ros.core.wrench import change_frame
 from captain_ros.ros.spin import spin
-from captain_ros.twin import robot
 
 MODES = ("pass", "silent", "late", "unknown_frame", "base_frame")
 RELAYED = "/test/relayed_wrench"

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
+from captain_ros.core import robot
 from captain_ros.core.kinematics import Kinematics, top_down_rotation
-from captain_ros.twin import robot
 
 
 def test_ik_reaches_top_down_poses_over_the_table_within_limits():

@@ -4,9 +4,9 @@ import math
 
 import numpy as np
 
+from captain_ros.core import robot
 from captain_ros.core.kinematics import Kinematics
 from captain_ros.core.wrench import change_frame, external_force_n
-from captain_ros.twin import robot
 
 
 def _rot_z(angle: float) -> np.ndarray:

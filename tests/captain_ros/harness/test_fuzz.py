@@ -26,6 +26,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, currently_in_test_context, event, example, given, settings
 from hypothesis import strategies as st
 
+from captain_ros.core.config import load_config
 from captain_ros.core.contract import (
     CAPABILITIES,
     CAPABILITY_BY_NAME,
@@ -33,7 +34,6 @@ from captain_ros.core.contract import (
     RECEIPT_MAX_CHARS,
     FailureCategory,
 )
-from captain_ros.harness.config import load_config
 from captain_ros.harness.harness import FRAMES, Harness
 from captain_ros.harness.twin_backend import TwinBackend
 from captain_ros.perception.geometry import SHAPES

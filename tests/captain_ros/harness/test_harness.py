@@ -5,9 +5,9 @@ is tested on both in tests/ros/test_backends.py."""
 import numpy as np
 import pytest
 
+from captain_ros.core.config import load_config
 from captain_ros.core.contract import CallResult, FailureCategory
 from captain_ros.harness.backend import BackendError
-from captain_ros.harness.config import load_config
 from captain_ros.harness.harness import Harness
 from captain_ros.harness.motion import Watchdog
 from captain_ros.harness.twin_backend import TwinBackend

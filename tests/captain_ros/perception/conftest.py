@@ -1,7 +1,7 @@
 import pytest
 
+from captain_ros.core.config import load_config
 from captain_ros.core.kinematics import Kinematics
-from captain_ros.harness.config import load_config
 from captain_ros.harness.harness import Harness
 from captain_ros.harness.twin_backend import TwinBackend
 from captain_ros.twin.sim import Twin

@@ -14,8 +14,8 @@ import cv2
 import numpy as np
 import pytest
 
+from captain_ros.core.config import load_config
 from captain_ros.core.contract import FailureCategory
-from captain_ros.harness.config import load_config
 from captain_ros.harness.harness import Harness
 from captain_ros.harness.twin_backend import TwinBackend
 

@@ -5,11 +5,11 @@ apart)."""
 import numpy as np
 import pytest
 
+from captain_ros.core import robot
+from captain_ros.core.config import load_config
 from captain_ros.core.kinematics import Kinematics
-from captain_ros.harness.config import load_config
 from captain_ros.harness.harness import Harness
 from captain_ros.harness.twin_backend import TwinBackend
-from captain_ros.twin import robot
 from captain_ros.twin.sim import Twin, rotvec_matrix
 from captain_ros.twin.start_states import CALIBRATION_ERROR_RANGES, StartId, make_layout
 

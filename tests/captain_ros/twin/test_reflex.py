@@ -6,12 +6,12 @@ import math
 import numpy as np
 import pytest
 
+from captain_ros.core import robot
+from captain_ros.core.config import load_config
 from captain_ros.core.kinematics import Kinematics, top_down_rotation
 from captain_ros.core.trajectory import JointTrajectory
-from captain_ros.harness.config import load_config
 from captain_ros.harness.harness import Harness
 from captain_ros.harness.twin_backend import TwinBackend
-from captain_ros.twin import robot
 from captain_ros.twin.controller import ForceReflex
 from captain_ros.twin.sim import Twin
 

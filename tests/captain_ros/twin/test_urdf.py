@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import yourdfpy
 
+from captain_ros.core import robot
 from captain_ros.core.kinematics import Kinematics
-from captain_ros.twin import robot
 from captain_ros.twin.sim import Twin
 
 FRAMES = [robot.TCP_FRAME, "panda_link4", "panda_hand", *robot.CAMERA_FRAMES.values()]

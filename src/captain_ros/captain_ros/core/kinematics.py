@@ -14,7 +14,7 @@ from functools import cache
 import mujoco
 import numpy as np
 
-from captain_ros.twin import robot
+from captain_ros.core import robot
 
 
 @dataclass(frozen=True)

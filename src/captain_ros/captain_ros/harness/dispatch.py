@@ -8,8 +8,8 @@ import time
 import traceback
 from typing import Any
 
+from captain_ros.core.args import ArgumentError, no_extra
 from captain_ros.core.contract import CallFailure, CallResult, FailureCategory
-from captain_ros.harness.args import ArgumentError, no_extra
 from captain_ros.harness.backend import BackendError
 
 

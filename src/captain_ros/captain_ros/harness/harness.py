@@ -15,11 +15,12 @@ from typing import Any
 
 import numpy as np
 
+from captain_ros.core import args as A  # noqa: N812 - A.number(...) reads as "argument"
+from captain_ros.core import robot
+from captain_ros.core.config import HarnessConfig
 from captain_ros.core.contract import CAPABILITY_BY_NAME, Budget, CallResult, FailureCategory
 from captain_ros.core.kinematics import Kinematics
-from captain_ros.harness import args as A  # noqa: N812 - A.number(...) reads as "argument"
 from captain_ros.harness.backend import ArmBackend
-from captain_ros.harness.config import HarnessConfig
 from captain_ros.harness.dispatch import dispatch
 from captain_ros.harness.motion import (
     Executor,
@@ -32,7 +33,6 @@ from captain_ros.harness.motion import (
     Watchdog,
 )
 from captain_ros.perception.perception import Perception
-from captain_ros.twin import robot
 
 FRAMES = {
     "base": robot.BASE_FRAME,

@@ -21,13 +21,13 @@ from enum import StrEnum
 import mujoco
 import numpy as np
 
+from captain_ros.core import robot
+from captain_ros.core.config import HarnessConfig
 from captain_ros.core.contract import CallFailure, FailureCategory
 from captain_ros.core.kinematics import Kinematics
 from captain_ros.core.trajectory import JointTrajectory
 from captain_ros.core.wrench import external_force_n
 from captain_ros.harness.backend import ArmBackend, ArmReflexStop, ArmState, BackendError
-from captain_ros.harness.config import HarnessConfig
-from captain_ros.twin import robot
 
 MIN_JERK_PEAK = 1.875  # peak / mean speed of a minimum-jerk profile
 FOREIGN_MOTION_RAD = 0.05  # setpoint-to-measured gap above which the arm was moved by someone else

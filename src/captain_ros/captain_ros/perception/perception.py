@@ -17,16 +17,16 @@ from typing import Any
 import cv2
 import numpy as np
 
+from captain_ros.core import args as A  # noqa: N812
+from captain_ros.core import robot
+from captain_ros.core.config import PerceptionConfig
 from captain_ros.core.contract import CallResult, FailureCategory
 from captain_ros.core.kinematics import Kinematics
-from captain_ros.harness import args as A  # noqa: N812
-from captain_ros.harness.config import PerceptionConfig
 from captain_ros.perception.cloud import OBJECT_MIN_HEIGHT_M, CameraCloud
 from captain_ros.perception.geometry import SHAPES, Geometry, measure
 from captain_ros.perception.observation import CameraImage, Observation, ObservationStore, PerceptionError
 from captain_ros.perception.remote import HttpPointer, HttpSegmenter
 from captain_ros.perception.segmenter import Segment, match, object_pixels, segments
-from captain_ros.twin import robot
 
 CAMERAS = ("head", "wrist")
 CONTAINER_WALL_M = 0.008  # wall thickness assumed for open containers (inner floor = footprint less this)

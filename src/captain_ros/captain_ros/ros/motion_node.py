@@ -42,15 +42,15 @@ from visualization_msgs.msg import Marker, MarkerArray
 from captain_interfaces.action import MoveTo
 from captain_interfaces.msg import CallResult as CallResultMsg
 from captain_interfaces.srv import HarnessCall
+from captain_ros.core import robot
+from captain_ros.core.config import load_config
 from captain_ros.core.contract import CallResult, FailureCategory
 from captain_ros.harness.backend import BackendError
-from captain_ros.harness.config import load_config
 from captain_ros.harness.harness import Harness
 from captain_ros.harness.motion import MotionProgress, Watchdog
 from captain_ros.paths import config_path
 from captain_ros.ros.convert import call_result_to_msg
 from captain_ros.ros.ros2_control_backend import Ros2ControlBackend
-from captain_ros.twin import robot
 
 FEEDBACK_EVERY_S = 0.05
 

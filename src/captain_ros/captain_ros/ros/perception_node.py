@@ -37,17 +37,17 @@ from visualization_msgs.msg import Marker, MarkerArray
 from captain_interfaces.msg import CallResult as CallResultMsg
 from captain_interfaces.msg import Observation as ObservationMsg
 from captain_interfaces.srv import GetObservation, HarnessCall
+from captain_ros.core import robot
+from captain_ros.core.config import load_config
 from captain_ros.core.contract import CAPABILITY_BY_NAME, CallResult, FailureCategory
 from captain_ros.core.kinematics import Kinematics
 from captain_ros.harness.backend import BackendError
-from captain_ros.harness.config import load_config
 from captain_ros.harness.dispatch import dispatch
 from captain_ros.paths import config_path
 from captain_ros.perception.observation import CameraImage, PerceptionError
 from captain_ros.perception.perception import Perception
 from captain_ros.ros.convert import call_result_to_msg, camera_info, image_msg, pose_msg, quat_wxyz, stamp_msg
 from captain_ros.ros.spin import spin
-from captain_ros.twin import robot
 
 STALE_AFTER_S = 2.0  # default (parameter stale_after_s), wall seconds: older camera or joint messages are not current
 SYNC_TOLERANCE_S = 0.02  # colour and depth stamps must agree this well

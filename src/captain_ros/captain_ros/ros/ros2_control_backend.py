@@ -44,12 +44,12 @@ from sensor_msgs.msg import JointState
 from trajectory_msgs.msg import JointTrajectory as JointTrajectoryMsg
 from trajectory_msgs.msg import JointTrajectoryPoint
 
+from captain_ros.core import robot
 from captain_ros.core.kinematics import Kinematics
 from captain_ros.core.trajectory import JointTrajectory, TrajectoryFollower
 from captain_ros.core.wrench import REFLEX_ABORT_PREFIX, change_frame
 from captain_ros.harness.backend import ArmBackend, ArmReflexStop, ArmState, BackendError
 from captain_ros.ros.spin import spin_until_shutdown
-from captain_ros.twin import robot
 
 REFLEX_FORCE = re.compile(r"external force ([0-9.]+) N")
 _LINKS = itertools.count()  # numbers each backend's own node

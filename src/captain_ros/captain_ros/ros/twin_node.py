@@ -52,12 +52,12 @@ from trajectory_msgs.msg import JointTrajectoryPoint
 
 from captain_interfaces.msg import PrivilegedSnapshot
 from captain_interfaces.srv import GetPrivilegedSnapshot, ResetEpisode
+from captain_ros.core import robot
+from captain_ros.core.config import load_config
 from captain_ros.core.trajectory import JointTrajectory, TrajectoryError, duration_to_s
-from captain_ros.harness.config import load_config
 from captain_ros.paths import config_path
 from captain_ros.ros.convert import camera_info, image_msg, pose_msg, quat_wxyz, stamp_msg
 from captain_ros.ros.spin import spin
-from captain_ros.twin import robot
 from captain_ros.twin.cameras import CameraFrame
 from captain_ros.twin.controller import ReflexTrip, TwinControllers
 from captain_ros.twin.privileged import FEATURE_NAMES

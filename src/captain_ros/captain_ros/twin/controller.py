@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from captain_ros.core import robot
 from captain_ros.core.trajectory import JointTrajectory, TrajectoryFollower
 from captain_ros.core.wrench import REFLEX_ABORT_PREFIX, external_force_n
-from captain_ros.twin import robot
 from captain_ros.twin.sim import Twin
 
 GRIPPER_JOINTS = (robot.FINGER_JOINTS[0],)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import mujoco
 import numpy as np
 
-from captain_ros.twin import robot
+from captain_ros.core import robot
 from captain_ros.twin.objects import SceneObject, build_object
 
 TABLE_HALF_M = (0.65, 0.75, 0.02)  # table top half-extents; its top surface is z = 0

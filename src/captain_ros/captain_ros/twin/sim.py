@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import mujoco
 import numpy as np
 
-from captain_ros.twin import robot
+from captain_ros.core import robot
 from captain_ros.twin.cameras import CameraFrame, CameraRig
 from captain_ros.twin.privileged import EpisodeMemory, PrivilegedState, compute_features, object_poses
 from captain_ros.twin.scene import TABLE_CENTER_XY_M, TABLE_HALF_M, PhysicsConfig, compile_model

@@ -11,7 +11,7 @@ import math
 import mujoco
 import numpy as np
 
-from captain_ros.twin import robot
+from captain_ros.core import robot
 from captain_ros.twin.objects import SceneObject, drawer_geometry
 
 PAD_BODIES = ("panda_leftfinger", "panda_rightfinger")
