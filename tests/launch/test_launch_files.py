@@ -157,8 +157,10 @@ def parameter_type_problems(source: str, name: str = "<launch file>") -> list[st
         executable = keyword(node, "executable")
         if not (isinstance(package, ast.Constant) and isinstance(executable, ast.Constant)):
             continue
-        declared = declared_parameter_types(executable.value) if package.value == "captain_ros" else {}
         parameters = keyword(node, "parameters")
+        if parameters is None:
+            continue  # no parameters (the expert server is an HTTP process, not a ROS node)
+        declared = declared_parameter_types(executable.value) if package.value == "captain_ros" else {}
         for entry in parameters.elts if isinstance(parameters, ast.List) else []:
             if isinstance(entry, ast.DictComp):
                 problems.append(f"{name}:{entry.lineno}: write the parameters out one by one, each with its type")

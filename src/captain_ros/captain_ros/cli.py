@@ -1,5 +1,6 @@
 """captain-ros: the project's command-line tool.
 
+captain-ros run             the main job: episodes on the twin over ROS (expert policy by default)
 captain-ros doctor          check that this machine can run the stack
 captain-ros capabilities    the policy-facing API (22 capabilities plus finish)
 captain-ros failures        the closed set of failure categories
@@ -41,11 +42,58 @@ def _doctor(_: argparse.Namespace) -> int:
     return run_doctor()
 
 
+def _run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from captain_ros.stack import RunOptions, Stack
+
+    options = RunOptions(
+        tasks=args.task,
+        start_id=args.start_id,
+        split=args.split,
+        episodes=args.episodes,
+        policy_url=args.policy_url,
+        model=args.model,
+        runs_dir=Path(args.runs_dir),
+        real_time_factor=args.real_time_factor,
+        send_images=not args.no_images,
+    )
+    return Stack(options).run()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="captain-ros", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser(
+        "run",
+        help="run whole episodes on the twin over ROS (the main job)",
+        description="Bring up the twin, motion, perception and agent nodes (and the scripted-expert policy "
+        "server unless --policy-url is given) as processes, run episodes with a live view, print a summary "
+        "table and leave each episode's transcript under --runs-dir. The ROS launch equivalent is "
+        "`ros2 launch captain_ros agent.launch.py`.",
+    )
+    run.add_argument(
+        "--task",
+        default="put_red_cube_in_bowl,stack_red_on_blue,open_drawer",
+        help="task name, or a comma-separated list the episodes cycle through (see config/tasks.yaml)",
+    )
+    run.add_argument("--start-id", default="", help="a start-state id such as put_red_cube_in_bowl/official/3")
+    run.add_argument("--split", default="eval", choices=["train", "eval", "any"], help="split start ids come from")
+    run.add_argument("--episodes", type=int, default=3, help="number of episodes")
+    run.add_argument(
+        "--policy-url",
+        default="",
+        help="OpenAI-compatible policy server, e.g. http://127.0.0.1:8000/v1 for vLLM; empty: the scripted expert",
+    )
+    run.add_argument("--model", default="", help="served model name (empty: the server's only model)")
+    run.add_argument("--runs-dir", default="runs", help="where transcripts, summaries and node logs go")
+    run.add_argument(
+        "--real-time-factor", type=float, default=1.0, help="twin speed; budgets follow its clock (sim time)"
+    )
+    run.add_argument("--no-images", action="store_true", help="do not attach camera images (text-only models)")
+    run.set_defaults(fn=_run)
     sub.add_parser("doctor", help="check that this machine can run the stack").set_defaults(fn=_doctor)
     sub.add_parser("capabilities", help="list the policy-facing API").set_defaults(fn=_capabilities)
     sub.add_parser("failures", help="list the failure categories").set_defaults(fn=_failures)

@@ -1,24 +1,113 @@
-"""The code-as-policy agent node against a local vLLM server. Skeleton: the agent node is added
-by the agent issue; the arguments below are its interface.
+"""Whole episodes: the code-as-policy agent node against a policy server, on the twin by default.
 
-    ros2 launch captain_ros agent.launch.py llm_base_url:=http://localhost:8000/v1 model:=<served name>
+    ros2 launch captain_ros agent.launch.py                                   # scripted expert on the twin
+    ros2 launch captain_ros agent.launch.py policy:=http://localhost:8000/v1 task:=open_drawer episodes:=5
+    ros2 launch captain_ros agent.launch.py use_twin:=false instruction:="put the cube in the bowl" \\
+        policy:=http://gpu-host:8000/v1                  # on a real arm started with real_arm.launch.py
+
+With use_twin:=true this includes sim_twin.launch.py (twin, motion and perception nodes, rviz); with
+use_twin:=false the harness nodes must already run (real_arm.launch.py) and no host scores the scene.
+`captain-ros run` starts the same graph without a ROS install (captain_ros.stack).
 """
 
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument
+from launch.actions import DeclareLaunchArgument, IncludeLaunchDescription
+from launch.conditions import IfCondition, LaunchConfigurationEquals
+from launch.launch_description_sources import PythonLaunchDescriptionSource
+from launch.substitutions import LaunchConfiguration, PathJoinSubstitution, PythonExpression
+from launch_ros.actions import Node
+from launch_ros.parameter_descriptions import ParameterValue
+from launch_ros.substitutions import FindPackageShare
+
+EXPERT_URL = "http://127.0.0.1:8001/v1"
+
+
+def typed(name: str, value_type: type) -> ParameterValue:
+    return ParameterValue(LaunchConfiguration(name), value_type=value_type)
 
 
 def generate_launch_description() -> LaunchDescription:
-    return LaunchDescription(
+    args = [
+        DeclareLaunchArgument(
+            "policy",
+            default_value="expert",
+            description="'expert' (start the scripted expert on port 8001) or an OpenAI-compatible URL (vLLM)",
+        ),
+        DeclareLaunchArgument("model", default_value="", description="served model name; empty = the only one"),
+        DeclareLaunchArgument(
+            "task",
+            default_value="put_red_cube_in_bowl",
+            description="task name (config/tasks.yaml), or a comma-separated list the episodes cycle through",
+        ),
+        DeclareLaunchArgument("instruction", default_value="", description="real arm: the instruction to follow"),
+        DeclareLaunchArgument("start_id", default_value="", description="twin start id; empty = sample from split"),
+        DeclareLaunchArgument(
+            "split",
+            default_value="eval",
+            choices=["train", "eval", "any"],
+            description="split the twin's start ids are drawn from",
+        ),
+        DeclareLaunchArgument("episodes", default_value="1", description="episodes to run before the node exits"),
+        DeclareLaunchArgument(
+            "use_twin", default_value="true", choices=["true", "false"], description="run on the MuJoCo twin"
+        ),
+        DeclareLaunchArgument("runs_dir", default_value="runs", description="transcripts and summary.json"),
+        DeclareLaunchArgument(
+            "send_images", default_value="true", choices=["true", "false"], description="attach camera images"
+        ),
+        DeclareLaunchArgument(
+            "harness_config",
+            default_value=PathJoinSubstitution([FindPackageShare("captain_ros"), "config", "harness.yaml"]),
+            description="budgets, context limits and gate settings (the harness nodes read the same file)",
+        ),
+    ]
+    twin = IncludeLaunchDescription(
+        PythonLaunchDescriptionSource(
+            PathJoinSubstitution([FindPackageShare("captain_ros"), "launch", "sim_twin.launch.py"])
+        ),
+        launch_arguments={"task": LaunchConfiguration("task"), "split": LaunchConfiguration("split")}.items(),
+        condition=IfCondition(LaunchConfiguration("use_twin")),
+    )
+    expert = Node(
+        package="captain_ros",
+        executable="expert_server",
+        name="expert",
+        output="screen",
+        arguments=["--host", "127.0.0.1", "--port", "8001"],
+        condition=LaunchConfigurationEquals("policy", "expert"),
+    )
+    url = PythonExpression(
         [
-            DeclareLaunchArgument(
-                "llm_base_url",
-                default_value="http://localhost:8000/v1",
-                description="OpenAI-compatible endpoint of the policy server (vLLM)",
-            ),
-            DeclareLaunchArgument(
-                "model", default_value="", description="served model name; empty = the server's only model"
-            ),
-            DeclareLaunchArgument("task", default_value="", description="instruction or task name for the episode"),
+            "'",
+            EXPERT_URL,
+            "' if '",
+            LaunchConfiguration("policy"),
+            "' == 'expert' else '",
+            LaunchConfiguration("policy"),
+            "'",
         ]
     )
+    agent = Node(
+        package="captain_ros",
+        executable="agent_node",
+        name="agent",
+        output="screen",
+        emulate_tty=True,
+        parameters=[
+            {
+                "llm_base_url": ParameterValue(url, value_type=str),
+                "model": typed("model", str),
+                "task": typed("task", str),
+                "instruction": typed("instruction", str),
+                "start_id": typed("start_id", str),
+                "split": typed("split", str),
+                "episodes": typed("episodes", int),
+                "use_twin": typed("use_twin", bool),
+                "runs_dir": typed("runs_dir", str),
+                "send_images": typed("send_images", bool),
+                "harness_config": typed("harness_config", str),
+                "use_sim_time": typed("use_twin", bool),
+            }
+        ],
+    )
+    return LaunchDescription([*args, twin, expert, agent])

@@ -1,6 +1,6 @@
 """The stack on the MuJoCo twin: the twin (a ros2_control-style arm with RGB-D cameras), the harness
 nodes (motion through ros2_control interfaces exactly as on a real arm, perception from its cameras)
-and the monitor; the agent node is added by the issue that builds it.
+and the monitor. agent.launch.py adds the agent node (and the scripted expert) on top of this.
 
     ros2 launch captain_ros sim_twin.launch.py task:=open_drawer start_id:=open_drawer/wide/4
 """

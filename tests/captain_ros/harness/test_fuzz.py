@@ -494,7 +494,7 @@ def _honest_ending(harness: Harness, twin: Twin, seen: Seen) -> None:
     for capability, kwargs in HONEST_MOVES:
         moved = _call(harness, twin, seen, capability, kwargs, where="ending: ")
         assert moved.success and moved.executed, moved.message
-    assert _call(harness, twin, seen, "get_robot_state", {}, where="ending: ").success
+    assert _call(harness, twin, seen, "observe", {}, where="ending: ").success
     finish = _call(harness, twin, seen, "finish", {"note": "fuzzed"}, where="ending: ")
     assert finish.success and finish.value["accepted"], finish.message
 

@@ -126,9 +126,13 @@ def test_completion_gate_rejects_twice_then_accepts(harness):
     assert third.success and third.value["accepted"]
 
 
-def test_gate_accepts_at_once_after_verification(harness):
+def test_gate_accepts_at_once_after_a_scene_measurement_and_not_after_robot_state_alone(harness):
+    """Robot state says where the arm is, not where the objects are: only perception verifies the scene."""
     harness.call("move_to", pose={"position": [0.4, 0.0, 0.3], "yaw_deg": 0})
-    harness.call("get_robot_state")
+    assert harness.call("get_robot_state").success and harness.call("gripper_state").success
+    assert any("verify the scene" in reason for reason in harness.gate_objections())
+    assert harness.call("observe").success
+    assert harness.gate_objections() == []
     assert harness.call("finish").success
 
 
@@ -196,7 +200,7 @@ def test_an_unknown_capability_name_never_breaks_the_completion_gate(harness):
     assert not typo.executed
     harness.note_external_call("teleport", True)  # a receipt from elsewhere naming no capability
     assert harness.call("move_to", pose={"position": [0.4, 0.0, 0.3], "yaw_deg": 0}).success
-    assert harness.call("get_robot_state").success
+    assert harness.call("observe").success
     finish = harness.call("finish")
     assert finish.success and finish.value["accepted"], finish.message
 
@@ -268,5 +272,5 @@ def test_gate_objections_say_what_happened(harness):
     assert harness.call("move_to", pose={"position": [0.4, 0.0, 0.3], "yaw_deg": 0}).success
     assert harness.call("hold", duration_s=-1).failure_category is FailureCategory.INVALID_ARGUMENT
     assert harness.gate_objections()[0] == "the last physical action (hold) failed and nothing was re-checked since"
-    assert harness.call("get_robot_state").success
+    assert harness.call("observe").success
     assert harness.gate_objections() == ["the last physical action (hold) failed"]

@@ -58,7 +58,8 @@ class MotionConfig:
 class BudgetConfig:
     requests: int = 60
     physical_actions: int = 150
-    wall_time_s: float = 1080.0
+    rl_selectable_actions: int = 120  # RL selects among the first 120 physical actions (CaPtain App. A.1)
+    wall_time_s: float = 1080.0  # on the clock the episode runs on (the ROS clock: sim time with the twin)
 
 
 @dataclass(frozen=True)
@@ -75,12 +76,33 @@ class PerceptionConfig:
 
 
 @dataclass(frozen=True)
+class AgentConfig:
+    """The episode loop's context and pacing (CaPtain Appendix A.1; ARCHITECTURE.md "Episode loop")."""
+
+    max_new_tokens: int = 4096  # per request
+    temperature: float = 1.0
+    tool_output_max_tokens: int = 1500  # a cell's printed output is cut to this (head and tail kept)
+    chars_per_token: float = 3.5  # the estimate used until the server reports measured prompt lengths
+    max_receipt_lines: int = 20  # receipts appended to one cell's output
+    max_images_per_cell: int = 4
+    max_images_kept: int = 12  # older images are replaced by a one-line note
+    send_images: bool = True  # off for text-only policy models
+    context_limit_tokens: int = 65536
+    compaction_at_tokens: int = 60000  # compact older turns when the next prompt would exceed this
+    keep_recent_turns: int = 4  # turns kept verbatim by compaction (besides the task context)
+    missed_finish_requests: int = 15  # all goals held this many consecutive requests without finish: stop
+    cell_timeout_s: float = 120.0  # wall time of one cell, robot calls included
+    settle_s: float = 1.0  # the scene settles this long (arm holding) before the host scores it
+
+
+@dataclass(frozen=True)
 class HarnessConfig:
     safety: SafetyConfig = SafetyConfig()
     motion: MotionConfig = MotionConfig()
     budgets: BudgetConfig = BudgetConfig()
     gate: GateConfig = GateConfig()
     perception: PerceptionConfig = PerceptionConfig()
+    agent: AgentConfig = AgentConfig()
 
 
 def _section(cls: type, raw: Any, where: str) -> Any:  # noqa: PLR0912 - one check per value type
@@ -96,6 +118,11 @@ def _section(cls: type, raw: Any, where: str) -> Any:  # noqa: PLR0912 - one che
     for key, given in raw.items():
         default = getattr(cls(), key)
         value = given
+        if isinstance(default, bool):
+            if not isinstance(given, bool):
+                raise ConfigError(f"{where}.{key}: must be true or false, got {given!r}")
+            values[key] = given
+            continue
         if isinstance(default, str):
             if not isinstance(given, str):
                 raise ConfigError(f"{where}.{key}: must be a string, got {given!r}")
@@ -140,10 +167,19 @@ def load_config(safety_path: Path | None = None, harness_path: Path | None = Non
         budgets=_section(BudgetConfig, h.get("budgets"), f"{harness_path.name}: budgets"),
         gate=_section(GateConfig, h.get("gate"), f"{harness_path.name}: gate"),
         perception=_section(PerceptionConfig, h.get("perception"), f"{harness_path.name}: perception"),
+        agent=_section(AgentConfig, h.get("agent"), f"{harness_path.name}: agent"),
     )
     p = config.perception
     if p.segmenter not in ("builtin", "http") or (p.segmenter == "http" and not p.segment_url):
         raise ConfigError(f"{harness_path.name}: perception.segmenter must be builtin, or http with a segment_url")
+    a, b = config.agent, config.budgets
+    if a.compaction_at_tokens + a.max_new_tokens > a.context_limit_tokens or a.keep_recent_turns < 1:
+        raise ConfigError(
+            f"{harness_path.name}: agent.compaction_at_tokens + max_new_tokens must fit context_limit_tokens, "
+            "and keep_recent_turns must be at least 1"
+        )
+    if b.rl_selectable_actions > b.physical_actions:
+        raise ConfigError(f"{harness_path.name}: budgets.rl_selectable_actions exceeds physical_actions")
     s = config.safety
     if np.any(np.asarray(s.workspace_min_m) >= np.asarray(s.workspace_max_m)):
         raise ConfigError(f"{safety_path.name}: workspace_min_m must be below workspace_max_m on every axis")

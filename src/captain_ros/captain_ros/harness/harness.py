@@ -53,9 +53,7 @@ VERIFYING = {
     "inspect_contact_geometry",
     "inspect_release_geometry",
     "compare_object_observations",
-    "get_robot_state",
-    "gripper_state",
-}
+}  # scene measurements (perception): robot state alone does not show where the objects are
 
 
 def _is_physical(capability: str) -> bool:

@@ -52,6 +52,7 @@ from trajectory_msgs.msg import JointTrajectoryPoint
 
 from captain_interfaces.msg import PrivilegedSnapshot
 from captain_interfaces.srv import GetPrivilegedSnapshot, ResetEpisode
+from captain_ros.agent.prompt import task_md
 from captain_ros.core import robot
 from captain_ros.core.config import load_config
 from captain_ros.core.trajectory import JointTrajectory, TrajectoryError, duration_to_s
@@ -178,9 +179,11 @@ class TwinNode(Node):
         self.declare_parameter(
             "robot_config", str(config_path("robot.yaml")), desc("robot.yaml with the topic and action names")
         )
+        config = load_config()
+        self.budgets = config.budgets  # stated in the TASK.md of each reset
         self.declare_parameter(
             REFLEX_PARAMETER,
-            load_config().safety.arm_reflex_force_n,
+            config.safety.arm_reflex_force_n,
             desc("the arm's force reflex: external force at the hand that stops it; 0 = off", 0.0, 500.0),
         )
         self.add_on_set_parameters_callback(self._on_set_parameters)
@@ -225,6 +228,7 @@ class TwinNode(Node):
         response.success = True
         response.episode_id, response.start_id = self.episode_id, str(start)
         response.instruction = self.twin.task.instruction
+        response.task_md = task_md(self.twin.task.instruction, self.twin.task.success_criteria(), self.budgets)
         response.message = f"reset to {start}"
         self.get_logger().info(f"episode {self.episode_id}: {start}")
         return response

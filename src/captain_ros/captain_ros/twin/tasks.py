@@ -102,6 +102,34 @@ class TaskSpec:
     def cabinet(self) -> SceneObject | None:
         return next((o for o in self.objects if o.kind == "cabinet"), None)
 
+    def spoken(self, name: str) -> str:
+        """How the instruction names an object: 'the red cube', 'the cabinet'."""
+        obj = self.object(name)
+        return "the cabinet" if obj.kind == "cabinet" else f"the {obj.color} {obj.kind}"
+
+    def success_criteria(self) -> list[str]:
+        """What the host checks on the final scene, in words and with the suite's tolerances (for TASK.md)."""
+        t, lines = self.tolerances, []
+        for goal in self.goals:
+            obj = self.spoken(goal.object)
+            if goal.type == "on":
+                lines.append(
+                    f"{obj} rests on {self.spoken(goal.dest)}: its footprint inside the support's top by at least "
+                    f"{t.on_xy_margin_m * 1000:.0f} mm, its bottom within {t.on_z_tol_m * 1000:.0f} mm of that top"
+                )
+            elif goal.type in ("in", "in_drawer"):
+                where = "the cabinet's drawer" if goal.type == "in_drawer" else self.spoken(goal.dest)
+                lines.append(
+                    f"{obj} is inside {where}: its footprint inside the inner footprint by at least "
+                    f"{t.in_xy_margin_m * 1000:.0f} mm, resting within {t.in_floor_tol_m * 1000:.0f} mm of the floor"
+                )
+            elif goal.type == "joint_open":
+                lines.append(f"the drawer of {obj} is open by at least {t.open_fraction:.0%} of its travel")
+            else:
+                lines.append(f"the drawer of {obj} is closed to within {t.closed_max_m * 1000:.0f} mm")
+        lines.append(f"the objects named above are at rest (slower than {t.max_speed_mps:.2f} m/s)")
+        return lines
+
     def ladder(self) -> list[str]:
         """Names of the staged sub-goal rungs, in order (CaPtain App. E)."""
         rungs = []

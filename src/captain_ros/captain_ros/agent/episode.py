@@ -1,0 +1,469 @@
+"""The episode loop (CaPtain §3.1, Appendix A.1; ARCHITECTURE.md "Episode loop").
+
+One request = one chat completion with the same task context and the single tool `python`; each tool
+call's code runs as a cell in the episode's sandboxed Python session, whose `robot` calls come back
+here over a pipe and go to the harness through a `HarnessLink`. Budgets (requests, physical actions,
+wall time on the episode's clock) end the episode; `finish(note)` goes through the harness's
+completion gate. Outcomes follow CaPtain Eq. 7's classes; infrastructure failures (policy server
+down, simulator fault, the sandbox unable to start, a lost ROS link) are never task outcomes.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Protocol
+
+from captain_ros.agent.context import Context, Turn, cut_text, image_part
+from captain_ros.agent.link import HarnessLink, LinkError
+from captain_ros.agent.prompt import SYSTEM_PROMPT, TOOLS, parameters, task_md
+from captain_ros.agent.transcript import Transcript
+from captain_ros.core.config import HarnessConfig
+from captain_ros.core.contract import CAPABILITY_BY_NAME, PHYSICAL_CAPABILITIES, Budget, FailureCategory
+
+
+class Outcome(StrEnum):
+    """Episode outcome classes (CaPtain Eq. 7); the values match captain_interfaces/EpisodeStatus."""
+
+    SUCCESS = "success"  # strict success: the host's predicate holds and finish() was accepted
+    FALSE_FINISH = "false_finish"  # finish() accepted on a scene that fails the predicate
+    MISSED_FINISH = "missed_finish"  # solved, but no finish (held for N requests, or the budget ran out)
+    BUDGET_EXHAUSTED = "budget_exhausted"  # not solved when a budget ran out
+    FAILURE = "failure"  # not solved, no finish, no budget spent (e.g. the policy had nothing to say)
+    INFRASTRUCTURE = "infrastructure_failure"  # never counted as a task outcome
+
+
+class Policy(Protocol):
+    def complete(self, messages: list[dict], tools: list[dict]) -> Any:
+        """A Completion (captain_ros.agent.policy_client): content, tool_calls, token ids, latency_s."""
+
+
+class PolicyFailure(Exception):
+    """Raised by a policy when the server cannot answer (after its own retries)."""
+
+
+@dataclass
+class RequestTiming:
+    index: int
+    total_s: float
+    generation_s: float
+    physical_s: float
+
+    @property
+    def overhead_s(self) -> float:
+        """Everything but model generation and the motions' own duration: sandbox, the robot calls'
+        compute, rendering, prompt building."""
+        return max(0.0, self.total_s - self.generation_s - self.physical_s)
+
+
+@dataclass
+class EpisodeResult:
+    episode_id: str
+    task: str
+    start_id: str
+    outcome: Outcome
+    host_success: bool | None  # None: no scorer (real arm) or never scored (infrastructure failure)
+    finished: bool
+    requests: int
+    actions: int
+    wall_time_s: float
+    reason: str  # why the episode ended, in words
+    timings: list[RequestTiming] = field(default_factory=list)
+    transcript_dir: str = ""
+
+    @property
+    def strict_success(self) -> bool:
+        return self.outcome is Outcome.SUCCESS
+
+    @property
+    def valid(self) -> bool:
+        return self.outcome is not Outcome.INFRASTRUCTURE
+
+    def summary(self) -> dict[str, Any]:
+        d = {k: v for k, v in asdict(self).items() if k != "timings"}
+        d["outcome"], d["strict_success"] = self.outcome.value, self.strict_success
+        d["overhead_s"] = [round(t.overhead_s, 4) for t in self.timings]
+        d["generation_s"] = [round(t.generation_s, 4) for t in self.timings]
+        return d
+
+
+def bind_arguments(capability: str, args: list, kwargs: dict) -> dict:
+    """Positional arguments of a robot call bound to the capability's parameter names."""
+    names = parameters().get(capability, ())
+    if len(args) > len(names):
+        raise TypeError(f"{capability}() takes at most {len(names)} positional arguments ({len(args)} given)")
+    bound = dict(zip(names, args, strict=False))
+    twice = sorted(set(bound) & set(kwargs))
+    if twice:
+        raise TypeError(f"{capability}() got multiple values for {', '.join(twice)}")
+    return {**bound, **kwargs}
+
+
+def robot_calls(code: str) -> list[str]:
+    """The `robot.x(...)` / `finish(...)` calls in a cell's source, as written (for compaction notices)."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return []
+    calls = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            if (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "robot") or (
+                isinstance(f, ast.Name) and f.id == "finish"
+            ):
+                calls.append((node.lineno, node.col_offset, cut_text(ast.unparse(node), 160)))
+    return [text for *_, text in sorted(calls)]
+
+
+class _Cell:
+    """What one cell did to the robot: its calls' results and receipts."""
+
+    def __init__(self):
+        self.calls: list[dict] = []
+        self.receipts: list[str] = []
+        self.images: list[tuple[str, Any]] = []  # (label, rgb)
+
+
+class EpisodeRunner:
+    """Runs episodes against a harness link with one policy. `sandbox_factory(scratch_dir, on_call,
+    allowed)` returns a started session with `run_cell(code)` and `close()` (captain_ros.agent.sandbox).
+    `clock`: the episode's clock (the ROS clock in the agent node: sim time with the twin). `on_event`
+    receives (kind, data) for live displays and status topics."""
+
+    def __init__(
+        self,
+        link: HarnessLink,
+        policy: Policy,
+        config: HarnessConfig,
+        *,
+        sandbox_factory: Callable[..., Any],
+        runs_dir: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        on_event: Callable[[str, dict], None] | None = None,
+    ):
+        self.link, self.policy, self.config = link, policy, config
+        self.sandbox_factory = sandbox_factory
+        self.runs_dir = Path(runs_dir) if runs_dir else None
+        self.clock = clock
+        self.on_event = on_event or (lambda kind, data: None)
+
+    # ------------------------------------------------------------------------------ one episode
+    def run(self, task: str, start_id: str | None = None, split: str = "any", episode_id: str = "") -> EpisodeResult:
+        import uuid
+
+        episode_id = episode_id or uuid.uuid4().hex[:12]
+        state = _Episode(self, episode_id)
+        try:
+            return state.run(task, start_id, split)
+        finally:
+            state.close()
+
+
+class _Episode:
+    def __init__(self, runner: EpisodeRunner, episode_id: str):
+        self.r, self.episode_id = runner, episode_id
+        self.cfg, self.budgets = runner.config.agent, runner.config.budgets
+        self.link = runner.link
+        self.requests = self.actions = 0
+        self.finished = False
+        self.infrastructure = ""  # set when an infrastructure failure ends the episode
+        self.timings: list[RequestTiming] = []
+        self.sandbox = None
+        self.transcript: Transcript | None = None
+        self.start = None
+        self._cell: _Cell | None = None  # the cell running now (its robot calls land here)
+        self.t0 = runner.clock()
+        self._scratch: tempfile.TemporaryDirectory | None = None
+
+    def event(self, kind: str, **data: Any) -> None:
+        self.r.on_event(kind, {"episode_id": self.episode_id, "budget": self.budget(), **data})
+
+    def budget(self) -> Budget:
+        b = self.budgets
+        return Budget(
+            requests_used=self.requests,
+            requests_limit=b.requests,
+            actions_used=self.actions,
+            actions_limit=b.physical_actions,
+            wall_time_used_s=self.r.clock() - self.t0,
+            wall_time_limit_s=b.wall_time_s,
+        )
+
+    def budget_line(self) -> str:
+        b = self.budgets
+        return (
+            f"[budget] requests {self.requests}/{b.requests}, physical actions {self.actions}/{b.physical_actions}, "
+            f"time {self.r.clock() - self.t0:.0f}/{b.wall_time_s:.0f} s"
+        )
+
+    # ------------------------------------------------------------------------------ loop
+    def run(self, task: str, start_id: str | None, split: str) -> EpisodeResult:  # noqa: PLR0911 - one exit per end
+        try:
+            self.start = self.link.reset(task, start_id, split, self.episode_id)
+        except LinkError as exc:
+            return self._end(Outcome.INFRASTRUCTURE, f"reset failed: {exc}", score=False)
+        s = self.start
+        if self.r.runs_dir is not None:
+            self.transcript = Transcript(self.r.runs_dir / s.episode_id)
+        self.t0 = self.r.clock()
+        document = s.task_md or task_md(s.instruction, s.criteria, self.budgets)
+        context = Context(SYSTEM_PROMPT, document, self.cfg, s.instruction)
+        self.event("start", task=s.task, start_id=s.start_id, instruction=s.instruction)
+        if self.transcript:
+            self.transcript.start(s, SYSTEM_PROMPT, document, TOOLS, asdict(self.r.config.agent))
+        try:
+            self._open_sandbox()
+        except Exception as exc:
+            return self._end(Outcome.INFRASTRUCTURE, f"the sandbox could not start: {exc}", score=False)
+
+        held = 0  # consecutive requests with every goal holding and no finish
+        while True:
+            spent = self._spent()
+            if spent:
+                return self._end(None, f"the {spent} budget is spent")
+            score = self._score()
+            held = held + 1 if score is not None and score.success else 0
+            if held >= self.cfg.missed_finish_requests:
+                return self._end(Outcome.MISSED_FINISH, f"solved for {held} requests without finish: stopped")
+            t_request = time.perf_counter()
+            physical0 = self.link.physical_s
+            if context.compact_if_needed():
+                self.event("compacted", removed=len(context.compacted))
+            messages = context.messages()
+            try:
+                completion = self.r.policy.complete(messages, TOOLS)
+            except Exception as exc:  # PolicyError and anything the client did not foresee
+                return self._end(Outcome.INFRASTRUCTURE, f"policy server: {exc}")
+            context.measured(messages, (getattr(completion, "usage", None) or {}).get("prompt_tokens"))
+            self.requests += 1
+            self.link.note_request()
+            turn = self._turn(completion)
+            context.add(turn)
+            timing = RequestTiming(
+                self.requests,
+                time.perf_counter() - t_request,
+                float(getattr(completion, "latency_s", 0.0)),
+                self.link.physical_s - physical0,
+            )
+            self.timings.append(timing)
+            if self.transcript:
+                self.transcript.request(self.requests, completion, turn, timing, self.budget_line())
+            if self.infrastructure:
+                return self._end(Outcome.INFRASTRUCTURE, self.infrastructure)
+            if self.finished:
+                return self._end(None, "finish() accepted")
+
+    def _spent(self) -> str | None:
+        b = self.budgets
+        if self.requests >= b.requests:
+            return "requests"
+        if self.actions >= b.physical_actions:
+            return "physical actions"
+        if self.r.clock() - self.t0 >= b.wall_time_s:
+            return "wall time"
+        return None
+
+    def _score(self):
+        try:
+            return self.link.score()
+        except LinkError as exc:
+            self.infrastructure = f"scoring failed: {exc}"
+            return None
+
+    # ------------------------------------------------------------------------------ one request
+    def _turn(self, completion: Any) -> Turn:
+        calls = list(getattr(completion, "tool_calls", None) or [])
+        content = getattr(completion, "content", "") or ""
+        assistant: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            assistant["tool_calls"] = calls
+        turn = Turn(self.requests, assistant)
+        self.event("reply", request=self.requests, content=content, tool_calls=len(calls))
+        if not calls:
+            turn.replies.append(
+                {
+                    "role": "user",
+                    "content": "Your reply had no tool call, so nothing ran. Reply with one call of the `python` "
+                    "tool holding a cell of code; call finish(note) in a cell when the task is done.\n"
+                    + self.budget_line(),
+                }
+            )
+            return turn
+        images: list[tuple[str, Any]] = []
+        for call in calls:
+            text, cell = self._tool_call(call)
+            turn.replies.append({"role": "tool", "tool_call_id": str(call.get("id", "")), "content": text})
+            if cell is not None:
+                turn.commands += [f"{c['capability']}: {c['receipt'] or c['message']}" for c in cell.calls]
+                images += cell.images
+            if self.finished or self.infrastructure:
+                break
+        if images and self.cfg.send_images:
+            shown = images[-self.cfg.max_images_per_cell :]
+            parts: list[dict] = [
+                {"type": "text", "text": "Images from the cell: " + ", ".join(label for label, _ in shown)}
+            ]
+            parts += [image_part(rgb) for _, rgb in shown]
+            turn.replies.append({"role": "user", "content": parts})
+        return turn
+
+    def _tool_call(self, call: dict) -> tuple[str, _Cell | None]:
+        """Run one tool call; returns the tool message text and what the cell did (None if nothing ran)."""
+        function = call.get("function") or {}
+        name, raw = function.get("name"), function.get("arguments")
+        if name != "python":
+            return f'[error] unknown tool {name!r}: the only tool is `python` with {{"code": ...}}', None
+        try:
+            arguments = json.loads(raw) if isinstance(raw, str) else raw
+        except json.JSONDecodeError as exc:
+            return f'[error] the tool arguments are not valid JSON ({exc}); send {{"code": "..."}}', None
+        code = arguments.get("code") if isinstance(arguments, dict) else None
+        if not isinstance(code, str) or not code.strip():
+            return "[error] the python tool needs a non-empty string argument `code`", None
+        cell = _Cell()
+        self._cell = cell
+        self.event("cell", request=self.requests, code=code)
+        result = self.sandbox.run_cell(code)
+        self._cell = None
+        parts = [cut_text(result.output.rstrip(), round(self.cfg.tool_output_max_tokens * self.cfg.chars_per_token))]
+        if cell.receipts:
+            lines = cell.receipts[: self.cfg.max_receipt_lines]
+            more = len(cell.receipts) - len(lines)
+            parts.append("[receipts]\n" + "\n".join(lines) + (f"\n[... {more} more receipts cut]" if more else ""))
+        if result.status != "ok":
+            parts.append(f"[error] ({result.status})\n{cut_text(result.error, 3000)}")
+        if result.restarted:
+            parts.append(
+                "[session] the Python session was restarted: variables and functions defined so far are lost "
+                "(the robot is unaffected)."
+            )
+        parts.append(self.budget_line())
+        text = "\n".join(p for p in parts if p)
+        self.event("output", request=self.requests, status=result.status, text=text)
+        return text, cell
+
+    # ------------------------------------------------------------------------------ robot calls from the cell
+    def on_call(self, name: str, args: list, kwargs: dict) -> dict:
+        """A `robot.<name>(...)` call from the running cell. Never raises."""
+        result = self._robot_call(name, args, kwargs)
+        cell = self._cell
+        if cell is not None:
+            cell.calls.append(result)
+            cell.receipts.append(
+                result.get("receipt") or f"{name}: FAILED {result['failure_category']}: {result['message']}"
+            )
+            if name == "observe" and result.get("success"):
+                handle = (result.get("value") or {}).get("observation_handle")
+                try:
+                    cell.images += [(f"{cam} ({handle})", rgb) for cam, rgb in self.link.images(handle)]
+                except Exception as exc:
+                    cell.receipts.append(f"observe: the images of {handle} could not be attached: {exc}")
+        if self.transcript:
+            self.transcript.call(self.requests, name, kwargs, result)
+        return {k: v for k, v in result.items() if k not in ("capability", "receipt")}
+
+    def _robot_call(self, name: str, args: list, kwargs: dict) -> dict:
+        if self.finished or self.infrastructure:
+            why = "the episode is finished" if self.finished else "the episode was stopped (infrastructure fault)"
+            return _refused(name, f"{why}: no further robot calls run")
+        try:
+            kwargs = bind_arguments(name, list(args), dict(kwargs))
+        except TypeError as exc:
+            return _refused(name, str(exc))
+        if name in PHYSICAL_CAPABILITIES and self.actions >= self.budgets.physical_actions:
+            return _refused(name, "the physical actions budget is spent", FailureCategory.BUDGET_EXHAUSTED)
+        try:
+            result = self.link.call(name, kwargs)
+        except LinkError as exc:
+            self.infrastructure = f"harness link lost during {name}: {exc}"
+            return _refused(name, self.infrastructure, FailureCategory.BACKEND_ERROR)
+        except Exception as exc:  # a bug on the host side must not reach the policy as a crash
+            self.infrastructure = f"host error during {name}: {type(exc).__name__}: {exc}"
+            return _refused(name, self.infrastructure, FailureCategory.BACKEND_ERROR, traceback.format_exc(limit=3))
+        if name in PHYSICAL_CAPABILITIES and result.get("failure_category") not in (
+            FailureCategory.INVALID_ARGUMENT.value,
+            FailureCategory.BUDGET_EXHAUSTED.value,
+        ):
+            self.actions += 1  # counted once its arguments were valid, as the harness counts it
+        if result.get("failure_category") == FailureCategory.BACKEND_ERROR.value:
+            self.infrastructure = f"{name}: {result.get('message', '')}"
+        if name == "finish" and result.get("success"):
+            self.finished = True
+        return result
+
+    # ------------------------------------------------------------------------------ start and end
+    def _open_sandbox(self) -> None:
+        self._scratch = tempfile.TemporaryDirectory(prefix=f"captain-{self.episode_id}-")
+        allowed = [c for c in CAPABILITY_BY_NAME]
+        self.sandbox = self.r.sandbox_factory(Path(self._scratch.name), self.on_call, allowed)
+
+    def _end(self, outcome: Outcome | None, reason: str, score: bool = True) -> EpisodeResult:
+        host = None
+        if score and outcome is not Outcome.INFRASTRUCTURE:
+            try:
+                self.link.settle(self.cfg.settle_s)
+                verdict = self.link.score()
+                host = None if verdict is None else verdict.success
+            except LinkError as exc:
+                outcome, reason = Outcome.INFRASTRUCTURE, f"{reason}; scoring failed: {exc}"
+        if outcome is Outcome.MISSED_FINISH and host is False:  # it did not stay solved while settling
+            outcome, reason = Outcome.FAILURE, reason + "; the scene was no longer solved after settling"
+        if outcome is None:
+            if self.finished:
+                outcome = Outcome.FALSE_FINISH if host is False else Outcome.SUCCESS
+            elif host:
+                outcome = Outcome.MISSED_FINISH
+            elif reason.endswith("budget is spent"):
+                outcome = Outcome.BUDGET_EXHAUSTED
+            else:
+                outcome = Outcome.FAILURE
+        s = self.start
+        result = EpisodeResult(
+            episode_id=s.episode_id if s else self.episode_id,
+            task=s.task if s else "",
+            start_id=s.start_id if s else "",
+            outcome=outcome,
+            host_success=host,
+            finished=self.finished,
+            requests=self.requests,
+            actions=self.actions,
+            wall_time_s=round(self.r.clock() - self.t0, 3),
+            reason=reason,
+            timings=self.timings,
+            transcript_dir=str(self.transcript.folder) if self.transcript else "",
+        )
+        if self.transcript:
+            self.transcript.end(result.summary())
+        self.event("end", result=result)
+        return result
+
+    def close(self) -> None:
+        if self.sandbox is not None:
+            self.sandbox.close()
+        if self._scratch is not None:
+            self._scratch.cleanup()
+
+
+def _refused(
+    name: str, message: str, category: FailureCategory = FailureCategory.INVALID_ARGUMENT, detail: str = ""
+) -> dict:
+    """A robot call the agent answered itself (nothing reached the harness)."""
+    return {
+        "success": False,
+        "executed": False,
+        "failure_category": category.value,
+        "message": message,
+        "value": None,
+        "diagnostics": {"traceback": detail} if detail else {},
+        "budget": {},
+        "capability": name,
+        "receipt": f"{name}: FAILED {category.value}: {message}"[:300],
+    }

@@ -1,0 +1,145 @@
+"""How the agent reaches the harness: one interface, two implementations. `InProcessLink` runs the
+harness core on an in-process twin (unit tests, benchmarks); the agent node's `RosLink` goes through
+the motion and perception nodes' ROS interfaces. Scoring (`score`) is the host's: ground truth scores
+the result and never enters the episode's decisions, except the missed-finish stop, which is the
+host ending an episode the policy already solved (CaPtain App. E).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from captain_ros.core.config import HarnessConfig
+from captain_ros.core.contract import CallResult
+
+
+class LinkError(RuntimeError):
+    """Infrastructure: the harness, the simulator or the ROS link failed. Never a task outcome."""
+
+
+@dataclass
+class EpisodeStart:
+    episode_id: str
+    task: str
+    start_id: str
+    instruction: str
+    criteria: list[str] = field(default_factory=list)  # the host's success criteria in words (TASK.md)
+    task_md: str = ""  # a TASK.md the host generated (twin_node's reset answer); "" = the agent builds it
+
+
+@dataclass
+class Score:
+    success: bool  # every goal holds on the current state (host success)
+    subgoals: list[str] = field(default_factory=list)
+
+
+def call_dict(result: CallResult) -> dict[str, Any]:
+    """What a cell's robot call returns, plus the receipt and name the agent keeps for the transcript."""
+    return {**result.to_dict(), "capability": result.capability, "receipt": result.receipt}
+
+
+class HarnessLink(ABC):
+    """Physical time (`physical_s`): seconds the arm spent executing motions, which is the motions' own
+    duration on a real arm; the agent subtracts it when it measures its own overhead."""
+
+    physical_s: float = 0.0
+
+    @abstractmethod
+    def reset(self, task: str, start_id: str | None, split: str, episode_id: str) -> EpisodeStart: ...
+
+    @abstractmethod
+    def call(self, capability: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Run one capability; a result dict (never raises for the policy's mistakes; LinkError when the
+        harness cannot be reached)."""
+
+    @abstractmethod
+    def images(self, handle: str) -> list[tuple[str, np.ndarray]]:
+        """(camera, RGB array) of an observation, for attaching to the next request."""
+
+    def note_request(self) -> None:  # noqa: B027 - only a harness that counts requests needs it
+        """The agent issued one model request."""
+
+    @abstractmethod
+    def score(self) -> Score | None:
+        """The host's verdict on the current scene; None where there is no scorer (a real arm)."""
+
+    @abstractmethod
+    def settle(self, seconds: float) -> None:
+        """Let the scene come to rest with the arm holding (before scoring the final state)."""
+
+    def close(self) -> None:  # noqa: B027
+        pass
+
+
+class _TimedBackend:
+    """Wraps a backend's control-period wait: the time the simulated arm spends moving."""
+
+    def __init__(self, backend, link: InProcessLink):
+        self._backend, self._link = backend, link
+
+    def __getattr__(self, name: str):
+        return getattr(self._backend, name)
+
+    def wait_period(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._backend.wait_period()
+        finally:
+            self._link.physical_s += time.perf_counter() - t0
+
+
+class InProcessLink(HarnessLink):
+    """The harness core on an in-process twin, one twin per task (built on first use)."""
+
+    def __init__(self, config: HarnessConfig, suite: dict | None = None):
+        from captain_ros.core.kinematics import Kinematics
+
+        self.config, self.suite = config, suite
+        self.kinematics = Kinematics()
+        self._twins: dict[str, Any] = {}
+        self.twin = self.harness = None
+
+    def reset(self, task: str, start_id: str | None, split: str, episode_id: str) -> EpisodeStart:
+        from captain_ros.harness.harness import Harness
+        from captain_ros.harness.twin_backend import TwinBackend
+        from captain_ros.twin.sim import SimulationFault, Twin
+        from captain_ros.twin.tasks import TaskError
+
+        try:
+            if task not in self._twins:
+                twin = Twin(task, suite=self.suite)
+                backend = TwinBackend(twin, self.config.safety.control_period_s)
+                self._twins[task] = (twin, Harness(_TimedBackend(backend, self), self.config, self.kinematics))
+            self.twin, self.harness = self._twins[task]
+            start = self.twin.reset(start_id, split=split)
+            self.harness.new_episode(episode_id)
+        except TaskError as exc:
+            raise ValueError(str(exc)) from None
+        except SimulationFault as exc:
+            raise LinkError(f"simulator fault at reset: {exc}") from exc
+        spec = self.twin.task
+        return EpisodeStart(episode_id, spec.name, str(start), spec.instruction, spec.success_criteria())
+
+    def call(self, capability: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return call_dict(self.harness.call(capability, **kwargs))
+
+    def images(self, handle: str) -> list[tuple[str, np.ndarray]]:
+        obs = self.harness.perception.store.get(handle, allow_stale=True)
+        return [(name, image.rgb) for name, image in obs.images.items()]
+
+    def note_request(self) -> None:
+        self.harness.note_request()
+
+    def score(self) -> Score:
+        return Score(self.twin.success(), list(self.twin.snapshot().subgoals_reached))
+
+    def settle(self, seconds: float) -> None:
+        backend = self.harness.backend
+        backend.hold()  # the jaw keeps its command: a held object stays held
+        for _ in range(max(1, round(seconds / backend.control_period_s))):
+            backend.wait_period()

@@ -1,0 +1,114 @@
+"""Each episode's transcript on disk: `transcript.jsonl` (one JSON record per line, flushed and fsynced
+as it happens, so a killed process leaves every earlier record readable) and, at the end, a readable
+`transcript.md`. Images are not stored here (the sim bridge stores them content-addressed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from captain_ros.core.contract import _json_safe
+
+
+def _without_images(message: dict) -> dict:
+    content = message.get("content")
+    if isinstance(content, list):
+        content = [
+            p if p.get("type") != "image_url" else {"type": "image_url", "image_url": "[image]"} for p in content
+        ]
+        return {**message, "content": content}
+    return message
+
+
+class Transcript:
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._file = (self.folder / "transcript.jsonl").open("a", encoding="utf-8")
+        self._records: list[dict] = []
+
+    def _write(self, record: dict[str, Any]) -> None:
+        record = {"t_unix_s": round(time.time(), 3), **_json_safe(record)}
+        self._records.append(record)
+        self._file.write(json.dumps(record, allow_nan=False) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def start(self, start: Any, system: str, task_md: str, tools: list, agent_config: dict) -> None:
+        self._write(
+            {
+                "type": "start",
+                **asdict(start),
+                "system": system,
+                "task_md": task_md,
+                "tools": tools,
+                "agent_config": agent_config,
+            }
+        )
+
+    def call(self, request: int, capability: str, kwargs: dict, result: dict) -> None:
+        self._write({"type": "call", "request": request, "capability": capability, "kwargs": kwargs, "result": result})
+
+    def request(self, index: int, completion: Any, turn: Any, timing: Any, budget_line: str) -> None:
+        fields = (
+            "content",
+            "tool_calls",
+            "finish_reason",
+            "prompt_token_ids",
+            "token_ids",
+            "logprobs",
+            "model",
+            "usage",
+            "latency_s",
+        )
+        self._write(
+            {
+                "type": "request",
+                "request": index,
+                "completion": {k: getattr(completion, k, None) for k in fields},
+                "replies": [_without_images(m) for m in turn.replies],
+                "timing": {**asdict(timing), "overhead_s": timing.overhead_s},
+                "budget": budget_line,
+            }
+        )
+
+    def end(self, summary: dict) -> None:
+        self._write({"type": "end", **summary})
+        self._file.close()
+        (self.folder / "transcript.md").write_text(render_markdown(self._records), encoding="utf-8")
+
+
+def render_markdown(records: list[dict]) -> str:
+    """A transcript a person reads: the task, then each request's reasoning, code and output."""
+    out: list[str] = []
+    for r in records:
+        if r["type"] == "start":
+            out += [f"# Episode {r['episode_id']}: {r['task']} ({r['start_id']})", "", f"> {r['instruction']}", ""]
+        elif r["type"] == "request":
+            c = r["completion"]
+            out += [f"## Request {r['request']}", "", (c.get("content") or "").strip(), ""]
+            for call in c.get("tool_calls") or []:
+                raw = (call.get("function") or {}).get("arguments", "")
+                try:
+                    code = json.loads(raw).get("code", raw)
+                except (json.JSONDecodeError, AttributeError):
+                    code = raw
+                out += ["```python", str(code).rstrip(), "```", ""]
+            for reply in r["replies"]:
+                content = reply.get("content")
+                if isinstance(content, list):
+                    content = " ".join(p.get("text", "[image]") for p in content if isinstance(p, dict))
+                out += ["```text", str(content).rstrip(), "```", ""]
+        elif r["type"] == "end":
+            out += [
+                "## Outcome",
+                "",
+                f"**{r['outcome']}** (host success: {r['host_success']}, finished: {r['finished']}): {r['reason']}; "
+                f"{r['requests']} requests, {r['actions']} physical actions, {r['wall_time_s']:.1f} s",
+                "",
+            ]
+    return "\n".join(out)

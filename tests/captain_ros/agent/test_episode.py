@@ -1,0 +1,238 @@
+"""The episode loop on the in-process twin with the real sandbox: budgets, the completion gate, outcome
+accounting, malformed replies, crashing cells and infrastructure faults.
+
+The policy here is a scripted stand-in for the language model (a fake of the external server, which
+`test_vllm.py` exercises for real); some of its cells use ground-truth object positions, only to
+reach a solved scene quickly so that outcome accounting can be tested."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pytest
+
+from captain_ros.agent.episode import EpisodeRunner, Outcome
+from captain_ros.agent.link import InProcessLink, LinkError
+from captain_ros.agent.policy_client import PolicyClient, PolicyConfig
+from captain_ros.agent.sandbox import Sandbox, SandboxLimits
+from captain_ros.core.config import load_config
+
+TASK, START = "put_red_cube_in_bowl", "put_red_cube_in_bowl/official/0"
+
+
+@dataclass
+class Reply:
+    content: str
+    tool_calls: list = field(default_factory=list)
+    latency_s: float = 0.0
+    usage: dict = field(default_factory=dict)
+
+
+def cell(code: str, call_id: str = "call-1") -> Reply:
+    return Reply(
+        "next step",
+        [{"id": call_id, "type": "function", "function": {"name": "python", "arguments": json.dumps({"code": code})}}],
+    )
+
+
+class Scripted:
+    """Replies from a list (the last one repeats); records every prompt it was sent."""
+
+    def __init__(self, replies):
+        self.replies, self.prompts = list(replies), []
+
+    def complete(self, messages, tools):
+        self.prompts.append(messages)
+        reply = self.replies[min(len(self.prompts) - 1, len(self.replies) - 1)]
+        if isinstance(reply, Exception):
+            raise reply
+        return reply(self) if callable(reply) else reply
+
+
+def sandbox_factory(scratch: Path, on_call, allowed):
+    box = Sandbox(scratch, on_call, allowed, SandboxLimits(cell_timeout_s=60.0))
+    box.start()
+    return box
+
+
+@pytest.fixture(scope="module")
+def link():
+    return InProcessLink(load_config())
+
+
+def run(link, policy, tmp_path, config=None, clock=None, **budgets):
+    config = config or load_config()
+    if budgets:
+        config = replace(config, budgets=replace(config.budgets, **budgets))
+    kwargs = {"clock": clock} if clock else {}
+    runner = EpisodeRunner(link, policy, config, sandbox_factory=sandbox_factory, runs_dir=tmp_path, **kwargs)
+    return runner.run(TASK, START)
+
+
+def tool_texts(policy: Scripted) -> list[str]:
+    """The tool and user messages the policy saw in its last prompt, after the task context."""
+    replies = [m for m in policy.prompts[-1][3:] if m["role"] != "assistant"]
+    return [m["content"] if isinstance(m["content"], str) else str(m["content"]) for m in replies]
+
+
+def transcript(result) -> list[dict]:
+    return [json.loads(line) for line in (Path(result.transcript_dir) / "transcript.jsonl").read_text().splitlines()]
+
+
+def solve_cells(link) -> list[Reply]:
+    """Pick and place with ground-truth positions (test shortcut), ending with the jaw open above the bowl."""
+    reader = link.twin.reader
+    cube, bowl = reader.position("red_cube"), reader.position("black_bowl")
+
+    def pose(p, dz):
+        return {"position": [float(p[0]), float(p[1]), float(p[2] + dz)], "yaw_deg": 0}
+
+    steps = [
+        f"robot.move_to(pose={pose(cube, 0.12)})\nrobot.move_to(pose={pose(cube, 0.0225)})\n"
+        "robot.move_to(gripper='close')",
+        f"robot.move_to(pose={pose(cube, 0.15)}, mode='manipulation')\n"
+        f"robot.move_to(pose={pose(bowl, 0.15)}, mode='manipulation')\nrobot.move_to(pose={pose(bowl, 0.06)})",
+        "robot.release()\nrobot.move_to(gripper='open')\nrobot.recover(distance_m=0.05)",
+    ]
+    return [cell(code) for code in steps]
+
+
+# ------------------------------------------------------------------------------------ outcomes
+def test_a_solved_scene_and_an_accepted_finish_is_strict_success(link, tmp_path):
+    link.reset(TASK, START, "any", "setup")
+    policy = Scripted([*solve_cells(link), cell("r = robot.observe()\nprint(r['success'])\nfinish('cube in bowl')")])
+    result = run(link, policy, tmp_path)
+    assert result.outcome is Outcome.SUCCESS and result.host_success and result.finished, result.reason
+    assert result.requests == 4 and result.actions == 9
+    records = transcript(result)
+    assert records[0]["type"] == "start" and records[-1]["type"] == "end"
+    assert records[-1]["outcome"] == "success"
+    assert sum(r["type"] == "call" for r in records) == 11  # 9 motions, observe, finish
+    assert "## Outcome" in (Path(result.transcript_dir) / "transcript.md").read_text()
+
+
+def test_finish_on_an_unsolved_scene_is_a_false_finish_and_the_gate_wants_a_measurement(link, tmp_path):
+    policy = Scripted(
+        [
+            cell("robot.move_to(pose={'position': [0.45, 0.0, 0.3], 'yaw_deg': 0})\nprint(finish('done?'))"),
+            cell("robot.get_robot_state()\nprint(finish('done?'))"),  # robot state alone does not verify
+            cell("robot.observe()\nfinish('done')"),
+        ]
+    )
+    result = run(link, policy, tmp_path)
+    assert result.outcome is Outcome.FALSE_FINISH and result.host_success is False
+    first, second = tool_texts(policy)[0], tool_texts(policy)[1]
+    assert "gate_rejected" in first and "verify the scene" in first
+    assert "gate_rejected" in second
+    assert result.requests == 3
+
+
+def test_solved_without_finish_is_stopped_as_a_missed_finish(link, tmp_path):
+    link.reset(TASK, START, "any", "setup")
+    policy = Scripted([*solve_cells(link), cell("print(robot.gripper_state()['value'])")])
+    config = load_config()
+    config = replace(config, agent=replace(config.agent, missed_finish_requests=3))
+    result = run(link, policy, tmp_path, config=config)
+    assert result.outcome is Outcome.MISSED_FINISH and result.host_success and not result.finished
+    assert result.requests == 3 + 3 - 1  # solved after request 3; held before requests 4, 5 and 6: stopped at 6
+
+
+# ------------------------------------------------------------------------------------ budgets
+def test_the_request_budget_ends_the_episode(link, tmp_path):
+    policy = Scripted([cell("print(robot.get_robot_state()['success'])")])
+    result = run(link, policy, tmp_path, requests=3)
+    assert result.outcome is Outcome.BUDGET_EXHAUSTED and result.requests == 3 and "requests" in result.reason
+
+
+def test_the_action_budget_refuses_motions_and_ends_the_episode(link, tmp_path):
+    moves = (
+        "for z in (0.30, 0.32, 0.34):\n"
+        "    print(robot.move_to(pose={'position': [0.45, 0.0, z], 'yaw_deg': 0})['failure_category'])"
+    )
+    policy = Scripted([cell(moves)])
+    result = run(link, policy, tmp_path, physical_actions=2)
+    assert result.outcome is Outcome.BUDGET_EXHAUSTED and result.actions == 2 and result.requests == 1
+    record = next(r for r in transcript(result) if r["type"] == "request")
+    assert "budget_exhausted" in record["replies"][0]["content"]
+
+
+def test_the_wall_time_budget_follows_the_episode_clock(link, tmp_path):
+    """A clock that advances 100 s per reading (an accelerated ROS clock) ends a 250 s episode early."""
+    now = [0.0]
+
+    def clock():
+        now[0] += 100.0
+        return now[0]
+
+    policy = Scripted([cell("x = 1")])
+    result = run(link, policy, tmp_path, clock=clock, wall_time_s=250.0)
+    assert result.outcome is Outcome.BUDGET_EXHAUSTED and "wall time" in result.reason
+    assert result.requests < 5
+
+
+# ------------------------------------------------------------------------------------ bad replies
+def test_malformed_replies_are_explained_and_the_episode_goes_on(link, tmp_path):
+    bad_json = Reply("x", [{"id": "a", "type": "function", "function": {"name": "python", "arguments": "{code: 1"}}])
+    wrong_tool = Reply("x", [{"id": "b", "type": "function", "function": {"name": "bash", "arguments": "{}"}}])
+    no_code = Reply("x", [{"id": "c", "type": "function", "function": {"name": "python", "arguments": "{}"}}])
+    policy = Scripted(
+        [
+            bad_json,
+            wrong_tool,
+            no_code,
+            Reply("I think the task is done."),  # no tool call
+            cell("move the arm to the cube, then close the gripper"),
+            cell("raise RuntimeError('my bug')"),
+            cell("import os\nos._exit(3)"),
+            cell("print(y)"),  # the session restarted: y is gone
+            cell("robot.segment('red cube', 'head', 'obs-999')"),  # positional arguments, unknown handle
+            cell("robot.move_to(pose={'position': [float('nan'), 0, 0.3], 'yaw_deg': 0})"),
+        ]
+    )
+    result = run(link, policy, tmp_path, requests=10)
+    texts = tool_texts(policy)
+    assert "not valid JSON" in texts[0]
+    assert "unknown tool 'bash'" in texts[1]
+    assert "needs a non-empty string argument `code`" in texts[2]
+    assert "no tool call" in texts[3]
+    assert "SyntaxError" in texts[4]
+    assert "RuntimeError: my bug" in texts[5]
+    assert "restarted" in texts[6]
+    assert "NameError" in texts[7]
+    assert "segment: FAILED" in texts[8] and "obs-999" in texts[8]
+    assert result.outcome is Outcome.BUDGET_EXHAUSTED and result.requests == 10
+    assert result.actions == 0  # the NaN pose moved nothing (refused before the action counted)
+
+
+# ------------------------------------------------------------------------------------ infrastructure
+def test_a_dead_policy_server_is_an_infrastructure_failure(link, tmp_path):
+    client = PolicyClient(PolicyConfig(base_url="http://127.0.0.1:9/v1", max_retries=1, backoff_s=0.01))
+    result = run(link, client, tmp_path)
+    assert result.outcome is Outcome.INFRASTRUCTURE and not result.valid and "policy server" in result.reason
+    assert result.host_success is None and result.requests == 0
+
+
+class _Broken(InProcessLink):
+    def call(self, capability, kwargs):
+        if capability == "move_to":
+            raise LinkError("/harness/call went away (its node stopped or restarted)")
+        return super().call(capability, kwargs)
+
+
+def test_a_lost_harness_link_mid_episode_is_an_infrastructure_failure(tmp_path):
+    policy = Scripted([cell("print(robot.move_to(pose={'position': [0.45, 0.0, 0.3], 'yaw_deg': 0})['message'])")])
+    result = run(_Broken(load_config()), policy, tmp_path)
+    assert result.outcome is Outcome.INFRASTRUCTURE and "went away" in result.reason and result.requests == 1
+
+
+def test_a_simulator_fault_is_an_infrastructure_failure(link, tmp_path):
+    def fault(policy):
+        link.twin.data.qpos[:] = float("nan")  # the simulation blows up under the next motion
+        return cell("robot.move_to(pose={'position': [0.45, 0.0, 0.3], 'yaw_deg': 0})")
+
+    policy = Scripted([fault])
+    result = run(link, policy, tmp_path)
+    assert result.outcome is Outcome.INFRASTRUCTURE and "backend" not in result.outcome.value
+    assert result.host_success is None
