@@ -261,7 +261,7 @@ def _honest_episode(rig: Rig) -> None:
     wait_for(lambda: rig.call("perception", "observe", {}).success, CALL_TIMEOUT_S, "an observation")
     assert rig.call("harness", "get_robot_state", {}).success
     # the observe receipt reaches the motion node on its own topic: wait until its gate has seen it
-    wait_for(lambda: rig.gate_clear(), CALL_TIMEOUT_S, "the gate to see the observation")
+    wait_for(rig.gate_clear, CALL_TIMEOUT_S, "the gate to see the observation")
     finish = rig.call("harness", "finish", {"note": "honest"})
     assert finish.success and json.loads(finish.value_json)["accepted"], finish.message
 

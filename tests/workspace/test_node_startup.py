@@ -27,6 +27,7 @@ from rclpy.action import ActionClient  # noqa: E402
 
 from captain_interfaces.action import MoveTo  # noqa: E402
 from captain_interfaces.srv import HarnessCall, ResetEpisode  # noqa: E402
+from tests.scripted_policy import ScriptedPolicy  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
@@ -80,7 +81,7 @@ def harness_call(client, service: str, node: NodeProcess, capability: str, **kwa
 
 
 def test_the_nodes_are_this_environments(nodes):
-    for name in ("twin_node", "motion_node", "perception_node"):
+    for name in ("twin_node", "motion_node", "perception_node", "agent_node"):
         shebang = (BIN / name).read_text().splitlines()[0]
         assert shebang == f"#!{sys.executable}", f"{name} runs {shebang}, not this {distro()} interpreter"
     assert distro() in DISTROS.values(), f"unknown ROS 2 distro: {distro()}"
@@ -146,6 +147,34 @@ def test_perception_node_observes_the_twin_cameras(nodes, client):
         observed = harness_call(client, "/perception/call", nodes["perception"], "observe")
     assert observed.success, f"{observed.failure_category}: {observed.message}"
     assert json.loads(observed.value_json)["observation_handle"].startswith("obs-")
+
+
+def test_agent_node_runs_an_episode_on_this_distro(nodes, tmp_path):
+    """The agent node (its sandbox runs this venv's Python) through the three nodes above: observe, move,
+    observe, finish; it exits with 0 after writing the summary."""
+    cells = [
+        "print(robot.observe()['success'])",
+        "print(robot.move_to(pose={'position': [0.45, 0.0, 0.3], 'yaw_deg': 0})['success'])",
+        "print(robot.observe()['success'])\nprint(finish('checked')['success'])",
+    ]
+    policy = ScriptedPolicy(lambda n: cells[min(n, 3) - 1])
+    agent = start_node(
+        BIN / "agent_node",
+        ("llm_base_url", policy.url),
+        ("task", TASK),
+        ("start_id", START),
+        ("runs_dir", str(tmp_path)),
+        ("send_images", False),
+        ("use_sim_time", True),
+    )
+    try:
+        agent.wait_for_line("1 valid episodes", timeout_s=300)
+        assert agent.proc.wait(timeout=60) == 0, agent.output()
+    finally:
+        agent.stop()
+        policy.close()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary[0]["outcome"] == "false_finish" and summary[0]["requests"] == 3, (summary, agent.output())
 
 
 def test_nodes_exit_cleanly_on_ctrl_c_and_sigterm(nodes):

@@ -366,6 +366,8 @@ class _Episode:
                     cell.images += [(f"{cam} ({handle})", rgb) for cam, rgb in self.link.images(handle)]
                 except Exception as exc:
                     cell.receipts.append(f"observe: the images of {handle} could not be attached: {exc}")
+        # the episode's budget is the agent's (a harness node does not see requests, and its clock may differ)
+        result["budget"] = asdict(self.budget())
         if self.transcript:
             self.transcript.call(self.requests, name, kwargs, result)
         return {k: v for k, v in result.items() if k not in ("capability", "receipt")}

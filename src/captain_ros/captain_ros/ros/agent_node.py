@@ -65,12 +65,13 @@ class RosLink(HarnessLink):
         self.reset_client = client(ResetEpisode, "/twin/reset") if use_twin else None
         self.snapshot = client(GetPrivilegedSnapshot, "/twin/training_only/privileged_snapshot") if use_twin else None
         self.episode_id = ""
+        self.harness_episode = ""
         self.instruction = ""
         self._verified_since_motion = False
 
     def _call(self, client, request, what: str, timeout_s: float | None = None):
         limit = self.call_timeout_s if timeout_s is None else timeout_s
-        if not client.wait_for_service(timeout_sec=min(limit, 30.0)):
+        if not client.wait_for_service(timeout_sec=limit):
             raise LinkError(f"{client.srv_name} is not available ({what})")
         done = threading.Event()
         future = client.call_async(request)
@@ -91,6 +92,7 @@ class RosLink(HarnessLink):
     def reset(self, task: str, start_id: str | None, split: str, episode_id: str) -> EpisodeStart:
         from captain_ros.agent.prompt import task_md
 
+        self.episode_id = episode_id
         start = EpisodeStart(episode_id, task, start_id or "", self.instruction or task)
         if self.use_twin:
             request = ResetEpisode.Request(task=task, start_id=start_id or "", split=split, episode_id=episode_id)
@@ -100,9 +102,10 @@ class RosLink(HarnessLink):
             start = EpisodeStart(
                 response.episode_id, task, response.start_id, response.instruction, task_md=response.task_md
             )
-        answer = self._call(self.new_episode, Trigger.Request(), "new episode", timeout_s=60.0)
+        answer = self._call(self.new_episode, Trigger.Request(), "new episode", timeout_s=120.0)
         if not answer.success:
             raise LinkError(f"the motion node refused a new episode: {answer.message}")
+        self.harness_episode = answer.message  # the motion node's episode: its budgets and the gate's record
         if not start.task_md:
             start.task_md = task_md(start.instruction, [], load_config().budgets)
         self._verified_since_motion = False
@@ -121,6 +124,11 @@ class RosLink(HarnessLink):
         request = HarnessCall.Request(capability=capability, args_json=args_json, episode_id=self.episode_id)
         response = self._call(self.perception if to_perception else self.harness, request, capability)
         result = call_result_from_msg(response.result)
+        if not to_perception and result.episode_id and result.episode_id != self.harness_episode:
+            raise LinkError(
+                f"the motion node answered {capability} for harness episode {result.episode_id}, not "
+                f"{self.harness_episode}: it restarted mid-episode, and its budgets and the gate's record are gone"
+            )
         out = {**result.to_dict(), "capability": result.capability, "receipt": result.receipt}
         if capability in PHYSICAL_CAPABILITIES and result.executed:
             self.physical_s += float((out.get("value") or {}).get("duration_s") or 0.0)

@@ -1,0 +1,126 @@
+"""The agent node over DDS: whole episodes through the twin, motion and perception nodes, its status topic
+and heartbeat, and a motion node that restarts mid-episode (an infrastructure failure, never a task
+outcome; the next episode runs once the node is back).
+
+The policy is tests/scripted_policy.py, a scripted server in this process."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from std_msgs.msg import Empty
+
+from captain_interfaces.msg import EpisodeStatus
+from tests.scripted_policy import ScriptedPolicy
+
+from .helpers import (
+    LOADED_MACHINE_PERCEPTION,
+    LOADED_MACHINE_STATE_TIMEOUT_S,
+    LOADED_MACHINE_WRENCH_LAG_S,
+    launch_node,
+    launch_twin,
+    stop,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.ros, pytest.mark.slow]
+
+TASK = "put_red_cube_in_bowl"
+START = f"{TASK}/official/0"
+EPISODE_LIMIT_S = 300.0  # a loaded 2-core machine; an episode here is a few seconds of robot time
+
+
+MOVE = "print(robot.move_to(pose={'position': [0.45, 0.0, 0.3], 'yaw_deg': 0})['success'])"
+CHECK_AND_FINISH = "print(robot.observe()['success'])\nprint(finish('looked again')['success'])"
+
+
+def start_motion():
+    return launch_node(
+        "motion_node",
+        ("watchdog", False),
+        ("state_timeout_s", LOADED_MACHINE_STATE_TIMEOUT_S),
+        ("wrench_max_lag_s", LOADED_MACHINE_WRENCH_LAG_S),
+    )
+
+
+@pytest.fixture(scope="module")
+def stack():
+    twin = launch_twin(TASK, START, real_time_factor=1.0, camera_rate_hz=5.0)
+    perception = launch_node("perception_node", *LOADED_MACHINE_PERCEPTION)
+    nodes = {"twin": twin, "perception": perception, "motion": start_motion()}
+    yield nodes
+    for proc, _ in nodes.values():
+        stop(proc)
+
+
+def start_agent(policy: ScriptedPolicy, runs, episodes: int):
+    return launch_node(
+        "agent_node",
+        ("llm_base_url", policy.url),
+        ("task", TASK),
+        ("start_id", START),
+        ("episodes", episodes),
+        ("runs_dir", str(runs)),
+        ("send_images", False),
+        ("use_sim_time", True),
+    )
+
+
+def watch(node) -> tuple[list[EpisodeStatus], list[Empty]]:
+    statuses: list[EpisodeStatus] = []
+    beats: list[Empty] = []
+    node.create_subscription(EpisodeStatus, "/agent/status", statuses.append, 50)
+    node.create_subscription(Empty, "/agent/heartbeat", beats.append, 50)
+    return statuses, beats
+
+
+def finished(proc, lines, what: str) -> int:
+    wait_for(lambda: proc.poll() is not None, EPISODE_LIMIT_S, f"{what}:\n{''.join(lines[-60:])}")
+    return proc.returncode
+
+
+def test_the_agent_node_runs_an_episode_through_the_harness_nodes(stack, client_node, tmp_path):
+    policy = ScriptedPolicy(
+        lambda n: ["r = robot.observe()\nprint(r['success'])", MOVE, CHECK_AND_FINISH][min(n, 3) - 1]
+    )
+    statuses, beats = watch(client_node)
+    agent, lines = start_agent(policy, tmp_path, episodes=1)
+    try:
+        assert finished(agent, lines, "the episode") == 0, "".join(lines[-60:])
+    finally:
+        stop(agent)
+        policy.close()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert len(summary) == 1 and summary[0]["outcome"] == "false_finish", summary  # moved, checked, not solved
+    assert summary[0]["requests"] == 3 and summary[0]["actions"] == 1 and summary[0]["host_success"] is False
+    text = "".join(lines)
+    assert "--- request 1" in text and "observe: obs-" in text and "finish: accepted" in text
+    assert "1 valid episodes: host success 0/1, strict success 0/1" in text
+    wait_for(lambda: any(s.state == EpisodeStatus.STATE_FINISHED for s in statuses), 30, "the final status")
+    final = next(s for s in reversed(statuses) if s.state == EpisodeStatus.STATE_FINISHED)
+    assert final.outcome == EpisodeStatus.OUTCOME_FALSE_FINISH and final.budget.requests_used == 3
+    assert any(s.state == EpisodeStatus.STATE_RUNNING for s in statuses) and beats
+
+
+def test_a_motion_node_restarting_mid_episode_is_an_infrastructure_failure(stack, client_node, tmp_path):
+    """Request 1 holds the arm for 20 s; the motion node is stopped meanwhile and started again. The episode
+    ends as an infrastructure failure (not a task outcome), and the next episode runs on the new node."""
+    policy = ScriptedPolicy(lambda n: ["print(robot.hold(duration_s=20.0))", MOVE, CHECK_AND_FINISH][min(n, 3) - 1])
+    statuses, _ = watch(client_node)
+    agent, lines = start_agent(policy, tmp_path, episodes=2)
+    try:
+        assert policy.asked[1].wait(EPISODE_LIMIT_S), "".join(lines[-60:])
+        wait_for(lambda: any(s.request_index == 1 for s in statuses), 60, "the agent to report request 1")
+        motion, _ = stack["motion"]
+        stop(motion)
+        stack["motion"] = start_motion()
+        code = finished(agent, lines, "two episodes")
+    finally:
+        stop(agent)
+        policy.close()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [e["outcome"] for e in summary] == ["infrastructure_failure", "false_finish"], summary
+    assert summary[0]["host_success"] is None and "hold" in summary[0]["reason"], summary[0]["reason"]
+    assert code == 1  # an infrastructure failure ended an episode: the run says so
+    assert stack["twin"][0].poll() is None  # the twin (the arm) is still up
