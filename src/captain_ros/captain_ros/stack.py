@@ -124,7 +124,7 @@ class Stack:
                     params_file=config_path("twin.yaml"),
                 ),
             )
-            self._start("motion", self._node("motion_node"))
+            self._start("motion", self._node("motion_node", ("use_sim_time", "true")))
             self._start("perception", self._node("perception_node"))
             agent = self._start(
                 "agent",

@@ -43,6 +43,12 @@ def generate_launch_description() -> LaunchDescription:
             description="hold the arm when the agent's /agent/heartbeat and calls go silent",
         ),
         DeclareLaunchArgument(
+            "use_sim_time",
+            default_value="false",
+            choices=["true", "false"],
+            description="the motion node's watchdog and wall-time budget on /clock (true with the MuJoCo twin)",
+        ),
+        DeclareLaunchArgument(
             "control_period_s",
             default_value="0.01",
             description="force-monitoring period: the period of the arm's /joint_states",
@@ -60,6 +66,7 @@ def generate_launch_description() -> LaunchDescription:
                 "harness_config": typed("harness_config", str),
                 "watchdog": typed("watchdog", bool),
                 "control_period_s": typed("control_period_s", float),
+                "use_sim_time": typed("use_sim_time", bool),
             }
         ],
     )

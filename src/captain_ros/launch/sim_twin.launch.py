@@ -78,6 +78,7 @@ def generate_launch_description() -> LaunchDescription:
         PythonLaunchDescriptionSource(
             PathJoinSubstitution([FindPackageShare("captain_ros"), "launch", "harness.launch.py"])
         ),
+        launch_arguments={"use_sim_time": "true"}.items(),
     )  # launch configurations reach included files: robot_config here, safety_config etc. declared there
     monitor = IncludeLaunchDescription(
         PythonLaunchDescriptionSource(

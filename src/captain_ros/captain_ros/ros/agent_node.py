@@ -39,6 +39,7 @@ from std_srvs.srv import Trigger
 from captain_interfaces.msg import EpisodeStatus
 from captain_interfaces.srv import GetObservation, GetPrivilegedSnapshot, HarnessCall, ResetEpisode
 from captain_ros.agent.link import EpisodeStart, HarnessLink, LinkError, Score
+from captain_ros.core.clock import ForwardClock
 from captain_ros.core.config import load_config
 from captain_ros.core.contract import CAPABILITY_BY_NAME, PHYSICAL_CAPABILITIES
 from captain_ros.paths import config_path
@@ -281,7 +282,7 @@ class AgentNode(Node):
                 box.start()
                 return box
 
-            clock = lambda: self.get_clock().now().nanoseconds * 1e-9  # noqa: E731
+            clock = ForwardClock(lambda: self.get_clock().now().nanoseconds * 1e-9)  # sim time with the twin
             runner = EpisodeRunner(
                 self.link,
                 policy,

@@ -43,6 +43,7 @@ from captain_interfaces.action import MoveTo
 from captain_interfaces.msg import CallResult as CallResultMsg
 from captain_interfaces.srv import HarnessCall
 from captain_ros.core import robot
+from captain_ros.core.clock import ForwardClock
 from captain_ros.core.config import load_config
 from captain_ros.core.contract import CallResult, FailureCategory
 from captain_ros.harness.backend import BackendError
@@ -119,7 +120,10 @@ class MotionNode(Node):
             wrench_max_lag_s=float(param("wrench_max_lag_s").value),
         )
         watchdog_s = float(param("watchdog_timeout_s").value) or self.config.safety.watchdog_timeout_s
-        self.watchdog = Watchdog(watchdog_s) if param("watchdog").value else None
+        # the node's clock (sim time with the twin): the watchdog and the wall-time budget mean the same at any
+        # real-time factor; ForwardClock ignores the jump back to 0 when the twin resets
+        self.clock = ForwardClock(lambda: self.get_clock().now().nanoseconds * 1e-9)
+        self.watchdog = Watchdog(watchdog_s, clock=self.clock) if param("watchdog").value else None
         self.harness: Harness | None = None
         self._busy = threading.Lock()
         self._goal = None  # the MoveTo goal being executed
@@ -130,7 +134,7 @@ class MotionNode(Node):
     def connect(self, timeout_s: float = 30.0) -> None:
         """Wait for the arm's joint states, then start serving (the executor must already spin)."""
         state = self.backend.wait_for_state(timeout_s)
-        self.harness = Harness(self.backend, self.config, watchdog=self.watchdog)
+        self.harness = Harness(self.backend, self.config, clock=self.clock, watchdog=self.watchdog)
         self.harness.on_progress = self._feedback
         self.harness.new_episode(uuid.uuid4().hex)
         # serve only now: clients that wait for these services wait for a connected arm
