@@ -195,6 +195,34 @@ STRESS = (
     "at most {run_s_max:.0f} s; `bench/results/stress_dds.json`, {machine[date_utc]}).\n"
 )
 
+AGENT = (
+    (
+        "`expert_strict_success` / `expert_host_success`: the scripted expert on {episodes} evaluation start "
+        "states ({per_task} per task, every task), whole episodes through the loop, sandbox and harness",
+        "{expert_strict_success:.3f} / {expert_host_success:.3f}",
+        "strict ≥ 0.8",
+    ),
+    ("per family (strict)", "{family_strict}", "each ≥ 0.6"),
+    (
+        "`harness_overhead_s_p50` / `_p90`: per request, everything but generation and the motions' own "
+        "duration (sandbox, robot calls' compute, rendering, image encoding, prompt building)",
+        "{harness_overhead_s_p50:.3f} s / {harness_overhead_s_p90:.3f} s ({overhead_ratio_p50:.3f} of CaPtain's "
+        "{overhead_anchor_s} s)",
+        "p50 ≤ 0.3 s",
+    ),
+    (
+        "`episodes_per_hour`: one at a time, twin in-process (physics faster than real time); with the motions "
+        "at real time",
+        "{episodes_per_hour:.0f}; {episodes_per_hour_real_time_motions:.0f}",
+        "",
+    ),
+    (
+        "per episode: requests, physical actions, sandbox start",
+        "{requests_mean:.1f}, {actions_mean:.1f}, {sandbox_start_s_p50:.2f} s",
+        "",
+    ),
+)
+
 BLOCKS = {
     "motion": Block("motion", rows=MOTION),
     "perception": Block("perception", rows=PERCEPTION),
@@ -202,6 +230,7 @@ BLOCKS = {
     "twin": Block("twin", rows=TWIN),
     "ros_rtt": Block("ros_rtt", rows=ROS_RTT),
     "stress_dds": Block("stress_dds", text=STRESS),
+    "agent": Block("agent", rows=AGENT),
 }
 
 
@@ -218,6 +247,14 @@ def derived(name: str, values: dict) -> dict:
             "by_kind": ", ".join(f"{k} {v['successes']}/{v['queries']}" for k, v in sorted(kinds.items())),
             "failures": "; ".join(f"`{f}`" for f in values.get("e2e_failures", [])) or "none",
             "noisy_depth_e2e_failure_count": len(values.get("noisy_depth_e2e_failures", [])),
+        }
+    if name == "agent":
+        families = {k: v for k, v in values.get("per_family", {}).items() if k != "all"}
+        every = values.get("per_family", {}).get("all", {})
+        return {
+            "family_strict": ", ".join(f"{k} {v['strict']:.2f} ({v['episodes']})" for k, v in sorted(families.items())),
+            "requests_mean": every.get("requests", float("nan")),
+            "actions_mean": every.get("actions", float("nan")),
         }
     if name == "twin":
         return {"contact_pct": 100 * values.get("physics_contact_step_fraction", float("nan"))}

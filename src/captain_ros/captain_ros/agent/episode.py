@@ -77,6 +77,7 @@ class EpisodeResult:
     reason: str  # why the episode ended, in words
     timings: list[RequestTiming] = field(default_factory=list)
     transcript_dir: str = ""
+    sandbox_start_s: float = 0.0  # once per episode, before the first request
 
     @property
     def strict_success(self) -> bool:
@@ -180,6 +181,7 @@ class _Episode:
         self.transcript: Transcript | None = None
         self.start = None
         self._cell: _Cell | None = None  # the cell running now (its robot calls land here)
+        self.sandbox_start_s = 0.0
         self.t0 = runner.clock()
         self._scratch: tempfile.TemporaryDirectory | None = None
 
@@ -220,7 +222,9 @@ class _Episode:
         if self.transcript:
             self.transcript.start(s, SYSTEM_PROMPT, document, TOOLS, asdict(self.r.config.agent))
         try:
+            t_sandbox = time.perf_counter()
             self._open_sandbox()
+            self.sandbox_start_s = time.perf_counter() - t_sandbox
         except Exception as exc:
             return self._end(Outcome.INFRASTRUCTURE, f"the sandbox could not start: {exc}", score=False)
 
@@ -440,6 +444,7 @@ class _Episode:
             wall_time_s=round(self.r.clock() - self.t0, 3),
             reason=reason,
             timings=self.timings,
+            sandbox_start_s=round(self.sandbox_start_s, 3),
             transcript_dir=str(self.transcript.folder) if self.transcript else "",
         )
         if self.transcript:

@@ -76,21 +76,37 @@ class HarnessLink(ABC):
         pass
 
 
-class _TimedBackend:
-    """Wraps a backend's control-period wait: the time the simulated arm spends moving."""
+class _MotionTimer:
+    """Times the arm's own motion in-process: a motion's control loop (the executor, and the jaw's settle
+    loop) is paced by the arm on real hardware and lasts the motion's duration there; here the twin runs it
+    as fast as it can. Planning before it (IK, checks) stays outside: that is the harness's overhead."""
 
-    def __init__(self, backend, link: InProcessLink):
-        self._backend, self._link = backend, link
+    def __init__(self, link: InProcessLink):
+        self.link, self.depth = link, 0
+
+    def timed(self, fn):
+        def wrapper(*args, **kwargs):
+            self.depth += 1
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.depth -= 1
+                if self.depth == 0:
+                    self.link.physical_s += time.perf_counter() - t0
+
+        return wrapper
+
+
+class _TimedBackend:
+    """The backend with its control-period wait timed (the jaw's settle loop waits on it)."""
+
+    def __init__(self, backend, timer: _MotionTimer):
+        self._backend = backend
+        self.wait_period = timer.timed(backend.wait_period)
 
     def __getattr__(self, name: str):
         return getattr(self._backend, name)
-
-    def wait_period(self) -> None:
-        t0 = time.perf_counter()
-        try:
-            self._backend.wait_period()
-        finally:
-            self._link.physical_s += time.perf_counter() - t0
 
 
 class InProcessLink(HarnessLink):
@@ -113,8 +129,11 @@ class InProcessLink(HarnessLink):
         try:
             if task not in self._twins:
                 twin = Twin(task, suite=self.suite)
-                backend = TwinBackend(twin, self.config.safety.control_period_s)
-                self._twins[task] = (twin, Harness(_TimedBackend(backend, self), self.config, self.kinematics))
+                timer = _MotionTimer(self)
+                backend = _TimedBackend(TwinBackend(twin, self.config.safety.control_period_s), timer)
+                harness = Harness(backend, self.config, self.kinematics)
+                harness.executor.execute = timer.timed(harness.executor.execute)
+                self._twins[task] = (twin, harness)
             self.twin, self.harness = self._twins[task]
             start = self.twin.reset(start_id, split=split)
             self.harness.new_episode(episode_id)
