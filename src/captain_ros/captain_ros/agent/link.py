@@ -110,14 +110,14 @@ class _TimedBackend:
 
 
 class InProcessLink(HarnessLink):
-    """The harness core on an in-process twin, one twin per task (built on first use)."""
+    """The harness core on an in-process twin: one twin at a time, rebuilt when the task changes (a twin left
+    open beside another was seen to render wrong observations)."""
 
     def __init__(self, config: HarnessConfig, suite: dict | None = None):
         from captain_ros.core.kinematics import Kinematics
 
         self.config, self.suite = config, suite
         self.kinematics = Kinematics()
-        self._twins: dict[str, Any] = {}
         self.twin = self.harness = None
 
     def reset(self, task: str, start_id: str | None, split: str, episode_id: str) -> EpisodeStart:
@@ -127,14 +127,13 @@ class InProcessLink(HarnessLink):
         from captain_ros.twin.tasks import TaskError
 
         try:
-            if task not in self._twins:
-                twin = Twin(task, suite=self.suite)
+            if self.twin is None or self.twin.task.name != task:
+                self.close()
+                self.twin = Twin(task, suite=self.suite)
                 timer = _MotionTimer(self)
-                backend = _TimedBackend(TwinBackend(twin, self.config.safety.control_period_s), timer)
-                harness = Harness(backend, self.config, self.kinematics)
-                harness.executor.execute = timer.timed(harness.executor.execute)
-                self._twins[task] = (twin, harness)
-            self.twin, self.harness = self._twins[task]
+                backend = _TimedBackend(TwinBackend(self.twin, self.config.safety.control_period_s), timer)
+                self.harness = Harness(backend, self.config, self.kinematics)
+                self.harness.executor.execute = timer.timed(self.harness.executor.execute)
             start = self.twin.reset(start_id, split=split)
             self.harness.new_episode(episode_id)
         except TaskError as exc:
@@ -156,6 +155,11 @@ class InProcessLink(HarnessLink):
 
     def score(self) -> Score:
         return Score(self.twin.success(), list(self.twin.snapshot().subgoals_reached))
+
+    def close(self) -> None:
+        if self.twin is not None:
+            self.twin.close()
+        self.twin = self.harness = None
 
     def settle(self, seconds: float) -> None:
         backend = self.harness.backend

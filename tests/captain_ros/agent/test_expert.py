@@ -1,0 +1,466 @@
+"""The scripted expert and its policy server.
+
+The expert must write cells that use only the public robot API, solve tasks of every family from perception
+alone (the twin's ground truth only scores the episode here), react to failures by re-observing rather than
+pressing on, and never declare a false success. The server must speak enough of the OpenAI chat-completions
+protocol for the agent loop's policy client.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import json
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from types import SimpleNamespace
+
+import pytest
+
+from captain_ros.agent import expert
+from captain_ros.agent.expert import MAX_ATTEMPTS, ScriptedExpert, parse_instruction
+from captain_ros.agent.expert_server import MODEL_ID, serve
+from captain_ros.core.contract import CAPABILITY_BY_NAME
+from captain_ros.twin.tasks import FAMILIES, default_suite
+
+ALLOWED_MODULES = {"math", "numpy"}
+FORBIDDEN_NAMES = {"__import__", "eval", "exec", "open", "compile", "getattr", "setattr", "globals", "locals", "vars"}
+
+
+def task_md(instruction: str) -> str:
+    return f"# TASK.md\n\n## Instruction\n{instruction}\n\n## API\n(robot.<capability>(...), finish(note))\n"
+
+
+def conversation(instruction: str, *turns: tuple[str, str]) -> list[dict]:
+    """A chat history: the task, then (cell, tool output) pairs as the agent loop renders them."""
+    messages = [
+        {"role": "system", "content": "You control a robot arm by writing Python."},
+        {"role": "developer", "content": task_md(instruction)},
+        {"role": "user", "content": f"{instruction}\n(TASK.md has the API and how the scene is judged.)"},
+    ]
+    for i, (code, output) in enumerate(turns):
+        call = {
+            "id": f"c{i}",
+            "type": "function",
+            "function": {"name": "python", "arguments": json.dumps({"code": code})},
+        }
+        messages.append({"role": "assistant", "content": "...", "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": output})
+    return messages
+
+
+def tool_output(printed: str, requests: int = 3) -> str:
+    return (
+        f"{printed}\n[receipts]\nmove_to: ...\n[budget] requests {requests}/60, physical actions 5/150, time 9/1080 s"
+    )
+
+
+def every_cell(instruction: str) -> list[str]:
+    """Every cell the expert can write for an instruction (the first look and the surveys with all helper parts)."""
+    goals = parse_instruction(instruction)
+    n, cells = len(goals), [expert._setup(goals, 1, 1, frozenset())]
+    everything = tuple(expert.HELPERS)
+    for k, goal in enumerate(goals, start=1):
+        if goal.action == "place":
+            cells.append(expert._survey_place(goal, k, 1, everything, n))
+            cells.append(expert._survey_place(goal, k, 2, (), n, from_above=True))
+            cells += [
+                make(goal, k, 1, n) for make in (expert._approach, expert._grasp, expert._transfer, expert._place)
+            ]
+        else:
+            cells.append(expert._survey_drawer(goal, k, 1, everything, n))
+            makers = (expert._drawer_approach, expert._drawer_pull, expert._drawer_push)
+            cells += [make(goal, k, 1, n) for make in makers]
+        cells.append(expert._verify(goals, k, 1))
+    cells.append(expert._finish(goals, expert.Turn("verify", n, 1, "verified", ["all good"], "", "")))
+    return cells
+
+
+# ------------------------------------------------------------------------------------------------ instructions
+
+
+def test_every_task_instruction_parses_into_goals():
+    suite = default_suite()
+    for task in suite.values():
+        goals = parse_instruction(task.instruction)
+        assert len(goals) == len(task.goals), task.name
+    assert parse_instruction(suite["stack_three_blocks"].instruction) == [
+        expert.Goal("place", "green block", "blue block", "on"),
+        expert.Goal("place", "red block", "green block", "on"),
+    ]
+    between = parse_instruction(suite["bowl_between_plate_and_cup_on_plate"].instruction)[0]
+    assert (between.target, between.dest, between.relation, between.refs) == (
+        "black bowl",
+        "plate",
+        "between",
+        ("white plate", "orange cup"),
+    )
+    drawer = parse_instruction(suite["put_cube_in_drawer"].instruction)
+    assert [g.action for g in drawer] == ["open", "place"] and drawer[1].dest == "drawer"
+    assert parse_instruction("juggle three oranges") == []
+
+
+# ------------------------------------------------------------------------------------------------ the cells
+
+
+def _names(tree: ast.AST) -> tuple[set[str], set[str]]:
+    """(names read, names bound) anywhere in the tree; scopes are flattened, which is enough to catch typos."""
+    read, bound = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, ast.FunctionDef | ast.ClassDef):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.alias):
+            bound.add((node.asname or node.name).split(".")[0])
+    return read, bound
+
+
+def test_cells_are_python_on_the_public_robot_api_only():
+    capabilities = set(CAPABILITY_BY_NAME)
+    trees = [ast.parse(cell) for task in default_suite().values() for cell in every_cell(task.instruction)]
+    bound = set(dir(builtins)) | {"robot", "finish"}
+    for tree in trees:
+        bound |= _names(tree)[1]
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+                assert set(modules) <= ALLOWED_MODULES, modules
+            if isinstance(node, ast.Attribute):
+                assert not node.attr.startswith("_"), f"private attribute .{node.attr}"
+                if isinstance(node.value, ast.Name) and node.value.id == "robot":
+                    assert node.attr in capabilities, f"robot.{node.attr} is not a capability"
+            if isinstance(node, ast.Name):
+                assert node.id not in FORBIDDEN_NAMES, node.id
+                assert "captain" not in node.id and "mujoco" not in node.id
+        read, _ = _names(tree)
+        assert read <= bound, f"names never defined: {sorted(read - bound)}"
+    used = {
+        n.attr
+        for t in trees
+        for n in ast.walk(t)
+        if isinstance(n, ast.Attribute) and getattr(n.value, "id", "") == "robot"
+    }
+    # the transcripts exercise much of the API, not just motion
+    assert {"observe", "segment", "measure_object_geometry", "check_motion", "inspect_contact_geometry"} <= used
+    assert {"move_to", "release", "recover", "gripper_state", "measure_image_points"} <= used
+
+
+def test_every_cell_names_its_step_and_prints_a_status():
+    for task in default_suite().values():
+        for cell in every_cell(task.instruction):
+            assert expert.STEP_RE.match(cell), cell[:80]
+            assert "status: " in cell
+
+
+# ------------------------------------------------------------------------------------------------ reactions
+
+PICK = "put the red cube in the black bowl"
+
+
+def _cell_of(step: str, goal: int = 1, attempt: int = 1, helpers: bool = False) -> str:
+    library = "".join(f"{marker}*args): ...\n" for marker in expert.HELPER_MARKERS.values()) if helpers else ""
+    return f"# step: {step} goal={goal} attempt={attempt}\n# ...\n{library}print('...')\n"
+
+
+def test_first_reply_observes_and_defines_its_helpers():
+    reasoning, code = ScriptedExpert().reply(conversation(PICK))
+    assert code.startswith("# step: setup goal=1")
+    assert "def go(" in code and "def verdict(" in code and "robot.observe()" in code
+    assert "def cabinet(" not in code  # only the parts this task needs
+    assert "put the red cube in the black bowl" in reasoning
+    after = conversation(PICK, (code, tool_output("result: in view: 1 red cube, 1 black bowl\nstatus: ready", 1)))
+    _, survey = ScriptedExpert().reply(after)
+    assert survey.startswith("# step: survey goal=1 attempt=1")
+    assert "def grasp_options(" in survey and "def go(" not in survey  # the part the setup did not define
+
+
+HAPPY = {
+    "setup": "ready",
+    "survey": "ready",
+    "approach": "at_grasp",
+    "grasp": "holding",
+    "transfer": "above_release",
+    "place": "released",
+    "pull": "pulled",
+    "push": "pushed",
+    "verify": "verified",
+    "finish": "finished",
+}
+
+
+def happy_path(instruction: str) -> list[str]:
+    """The expert's cells when every step reports success, up to its last (finish) cell."""
+    turns, cells = [], []
+    for request in range(1, 30):
+        _, code = ScriptedExpert().reply(conversation(instruction, *turns))
+        if code is None:
+            return cells
+        cells.append(code)
+        step = expert.STEP_RE.match(code).group("step")
+        title = code.splitlines()[1]
+        status = "at_handle" if step == "approach" and "handle" in title else HAPPY[step]
+        turns.append((code, tool_output(f"result: fine\nstatus: {status}", request)))
+    raise AssertionError("no finish within 30 requests")
+
+
+def test_a_smooth_episode_takes_few_requests_and_small_cells():
+    """Every task ends in finish() after 5-14 requests when nothing fails, and no cell (its helper parts included)
+    is longer than about 3,500 tokens: a policy writes each in one completion (CaPtain: at most 4,096 tokens),
+    and code runs about 3.5 characters per token."""
+    for task in default_suite().values():
+        cells = happy_path(task.instruction)
+        assert 5 <= len(cells) <= 14, (task.name, len(cells))
+        assert cells[-1].startswith("# step: finish")
+        for cell in cells:
+            assert len(cell) < 3500 * 3.5, (task.name, cell[:60], len(cell))
+
+
+def test_an_empty_grasp_is_followed_by_a_fresh_survey_not_by_lifting():
+    history = conversation(
+        PICK,
+        (_cell_of("survey", helpers=True), tool_output("result: red cube at (0.45, 0.15, 0.02)\nstatus: ready", 1)),
+        (_cell_of("approach"), tool_output("result: at the grasp pose\nstatus: at_grasp", 2)),
+        (_cell_of("grasp"), tool_output("result: the jaw closed to 0 mm: nothing between the pads\nstatus: empty")),
+    )
+    reasoning, code = ScriptedExpert().reply(history)
+    assert code.startswith("# step: survey goal=1 attempt=2")
+    assert "robot.observe()" in code and "def go(" not in code  # the helpers are still defined
+    assert "nothing between the pads" in reasoning
+
+
+def test_a_contact_stop_before_the_grasp_height_is_followed_by_a_fresh_survey():
+    history = conversation(
+        PICK,
+        (_cell_of("survey", helpers=True), tool_output("result: ...\nstatus: ready", 1)),
+        (_cell_of("approach"), tool_output("result: the descent stopped (contact_stop) at ...\nstatus: contact_stop")),
+    )
+    _, code = ScriptedExpert().reply(history)
+    assert code.startswith("# step: survey goal=1 attempt=2")
+    # and the approach cell itself backs off along the trace after a contact stop
+    assert "robot.recover(" in expert._approach(parse_instruction(PICK)[0], 1, 1, 1)
+
+
+def test_a_successful_grasp_goes_on_to_the_transfer():
+    history = conversation(
+        PICK,
+        (_cell_of("survey"), tool_output("status: ready", 1)),
+        (_cell_of("approach"), tool_output("status: at_grasp", 2)),
+        (_cell_of("grasp"), tool_output("result: lifted, still holding 45 mm\nstatus: holding")),
+    )
+    _, code = ScriptedExpert().reply(history)
+    assert code.startswith("# step: transfer goal=1")
+
+
+def test_an_object_missing_from_its_destination_is_picked_again():
+    history = conversation(
+        PICK,
+        (_cell_of("setup", helpers=True), tool_output("status: ready", 1)),
+        (_cell_of("place"), tool_output("result: released\nstatus: released", 5)),
+        (_cell_of("verify"), tool_output("goal 1 (...): NOT met\nresult: goal 1 is not met\nstatus: failed_1", 6)),
+    )
+    _, code = ScriptedExpert().reply(history)
+    assert code.startswith("# step: survey goal=1")
+    assert "finish(" not in code
+
+
+def test_it_finishes_only_after_a_verification_of_every_goal():
+    two = "put the green block on the blue block, then the red block on the green block"
+    setup = (_cell_of("setup", helpers=True), tool_output("status: ready", 1))
+    first = conversation(
+        two, setup, (_cell_of("verify", 1), tool_output("result: every goal so far holds\nstatus: verified"))
+    )
+    _, code = ScriptedExpert().reply(first)
+    assert code.startswith("# step: survey goal=2")
+    done = conversation(two, (_cell_of("verify", 2), tool_output("result: every goal so far holds\nstatus: verified")))
+    _, code = ScriptedExpert().reply(done)
+    assert code.startswith("# step: finish") and "finish(" in code
+    accepted = conversation(two, (code, tool_output("status: finished")))
+    assert ScriptedExpert().reply(accepted)[1] is None
+
+
+def test_after_compaction_it_defines_its_helpers_again_and_keeps_its_records():
+    survey = (_cell_of("survey", helpers=True), tool_output("status: ready", 1))
+    failed = (_cell_of("verify"), tool_output("result: goal 1 is not met\nstatus: failed_1", 7))
+    _, code = ScriptedExpert().reply(conversation(PICK, survey, failed))
+    assert code.startswith("# step: survey goal=1") and "def go(" not in code  # still defined in the session
+    history = conversation(PICK, survey, failed)
+    history.insert(5, {"role": "user", "content": "[compacted] Requests 1-6 were removed to fit the context."})
+    _, code = ScriptedExpert().reply(history)
+    assert code.startswith("# step: setup goal=1") and "def go(" in code and "robot.observe()" in code
+    assert 'if "placed_at" not in dir():' in code  # what was placed where survives the second definition
+
+
+def test_it_gives_up_without_a_false_finish():
+    turns = [
+        (_cell_of("survey", 1, a, helpers=True), tool_output(f"attempt {a} at goal 1\nstatus: not_found", a))
+        for a in (1, 2)
+    ]
+    # after a compaction only the session's own count tells how many attempts there were
+    turns.append((_cell_of("survey", 1, 3), tool_output(f"attempt {MAX_ATTEMPTS} at goal 1\nstatus: not_found", 9)))
+    reasoning, code = ScriptedExpert().reply(conversation(PICK, *turns))
+    assert code is None and "without declaring success" in reasoning
+
+
+def test_an_error_in_a_cell_sends_it_back_to_a_survey():
+    output = "[error] (error)\nTraceback ...\nNameError: name 'plan' is not defined\n[budget] requests 4/60"
+    history = conversation(PICK, (_cell_of("survey"), tool_output("status: ready", 1)), (_cell_of("grasp"), output))
+    _, code = ScriptedExpert().reply(history)
+    assert code.startswith("# step: setup goal=1") and "def go(" in code
+
+
+# ------------------------------------------------------------------------------------------------ in the twin
+
+
+class InProcessExpert:
+    """The expert as the loop's policy without its HTTP server (tests of the server are below)."""
+
+    def __init__(self):
+        self.expert, self.replies = ScriptedExpert(), []
+
+    def complete(self, messages, tools):
+        reasoning, code = self.expert.reply(messages)
+        self.replies.append(reasoning)
+        calls = (
+            []
+            if code is None
+            else [
+                {
+                    "id": f"r{len(self.replies)}",
+                    "type": "function",
+                    "function": {"name": "python", "arguments": json.dumps({"code": code})},
+                }
+            ]
+        )
+        return SimpleNamespace(content=reasoning, tool_calls=calls, latency_s=0.0, usage={})
+
+
+def run_episode(start_id: str, tmp_path):
+    """A whole episode through the real loop: the bubblewrap sandbox, the harness on the in-process twin; ground
+    truth only scores."""
+    from captain_ros.agent.episode import EpisodeRunner
+    from captain_ros.agent.link import InProcessLink
+    from captain_ros.agent.sandbox import Sandbox
+    from captain_ros.core.config import load_config
+
+    def sandbox(scratch, on_call, allowed):
+        box = Sandbox(scratch, on_call, allowed)
+        box.start()
+        return box
+
+    config, policy = load_config(), InProcessExpert()
+    link = InProcessLink(config)
+    try:
+        runner = EpisodeRunner(link, policy, config, sandbox_factory=sandbox, runs_dir=tmp_path)
+        return runner.run(start_id.split("/", maxsplit=1)[0], start_id, split="eval"), policy
+    finally:
+        link.close()
+
+
+ONE_PER_FAMILY = {
+    "pick_place": "put_red_cube_in_bowl/official/11",
+    "stack": "stack_red_on_blue/official/12",
+    "spatial": "red_cube_left_of_bowl_in_box/official/13",
+    "articulated": "open_drawer/official/14",
+}
+
+
+def test_one_start_state_per_family():
+    assert set(ONE_PER_FAMILY) == set(FAMILIES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("start_id", sorted(ONE_PER_FAMILY.values()))
+def test_it_solves_a_task_of_every_family_and_finishes(start_id, tmp_path):
+    result, policy = run_episode(start_id, tmp_path)
+    assert result.strict_success and result.host_success, (result.reason, policy.replies[-4:])
+    assert result.requests <= 12  # about 5-12 requests per episode
+
+
+# ------------------------------------------------------------------------------------------------ the server
+
+
+@pytest.fixture
+def server_url():
+    server = serve("127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    host, port = server.server_address[:2]
+    yield f"http://{host}:{port}"
+    server.shutdown()
+    server.server_close()
+
+
+def _request(url: str, body: bytes | None = None) -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_server_answers_a_chat_completion_with_one_python_tool_call(server_url):
+    assert _request(f"{server_url}/health") == (200, {"status": "ok", "model": MODEL_ID})
+    status, listing = _request(f"{server_url}/v1/models")
+    assert status == 200 and [m["id"] for m in listing["data"]] == [MODEL_ID]
+    body = {"model": MODEL_ID, "messages": conversation(PICK), "tools": [], "return_token_ids": True}
+    status, reply = _request(f"{server_url}/v1/chat/completions", json.dumps(body).encode())
+    assert status == 200 and reply["object"] == "chat.completion"
+    choice = reply["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["role"] == "assistant"
+    (call,) = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["function"]["name"] == "python"
+    assert json.loads(call["function"]["arguments"])["code"].startswith("# step: setup goal=1")
+    assert reply["prompt_token_ids"] is None and choice["token_ids"] is None
+    usage = reply["usage"]
+    assert usage["prompt_tokens"] > 0 and usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def test_server_ends_the_episode_with_a_reply_without_tool_calls(server_url):
+    done = conversation(PICK, ("# step: finish goal=0 attempt=1\nfinish('x')", tool_output("status: finished")))
+    status, reply = _request(f"{server_url}/v1/chat/completions", json.dumps({"messages": done}).encode())
+    assert status == 200 and reply["choices"][0]["finish_reason"] == "stop"
+    assert "tool_calls" not in reply["choices"][0]["message"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b"[]",
+        b'{"messages": "hello"}',
+        b'{"messages": []}',
+        b'{"messages": [{"content": "x"}]}',
+        b'{"messages": [{"role": "user", "content": "x"}], "stream": true}',
+    ],
+)
+def test_server_rejects_malformed_requests_with_400(server_url, body):
+    status, reply = _request(f"{server_url}/v1/chat/completions", body)
+    assert status == 400 and reply["error"]["type"] == "invalid_request_error" and reply["error"]["message"]
+
+
+def test_server_answers_unknown_paths_with_404(server_url):
+    assert _request(f"{server_url}/v1/completions", b"{}")[0] == 404
+    assert _request(f"{server_url}/nothing")[0] == 404
+
+
+def test_server_process_prints_ready_with_its_url():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "captain_ros.agent.expert_server", "--host", "127.0.0.1", "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("READY http://127.0.0.1:") and line.rstrip().endswith("/v1")
+        assert _request(line.split()[1].removesuffix("/v1") + "/health")[0] == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
