@@ -106,6 +106,7 @@ def test_twin_node_starts_and_resets_over_dds(nodes, client):
     reply = result_of(reset.call_async(ResetEpisode.Request(task=TASK, start_id=start, split="any")), 120)
     assert reply.success, reply.message
     assert reply.start_id == start and reply.episode_id and reply.instruction
+    assert f"## Instruction\n{reply.instruction}" in reply.task_md and "robot.move_to(" in reply.task_md
 
 
 def test_motion_node_answers_a_call_and_moves_the_twin(nodes, client):

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 
 from captain_ros.agent.context import Context, Turn, cut_text, image_part
-from captain_ros.agent.episode import bind_arguments, robot_calls
+from captain_ros.agent.episode import bind_arguments
 from captain_ros.agent.prompt import TOOLS, api_reference, parameters, task_md
 from captain_ros.core.config import AgentConfig, load_config
 from captain_ros.core.contract import CAPABILITIES
@@ -114,12 +114,6 @@ def test_positional_robot_arguments_bind_to_the_capability_parameters():
             assert error in str(exc)
         else:
             raise AssertionError("no TypeError")
-
-
-def test_robot_calls_are_listed_in_source_order():
-    code = "a = robot.observe()\nif a['success']:\n    robot.segment('cube')\nfinish('done')\nprint(1)"
-    assert robot_calls(code) == ["robot.observe()", "robot.segment('cube')", "finish('done')"]
-    assert robot_calls("not python (") == []
 
 
 def test_the_agent_section_of_harness_yaml_is_the_dataclass_default():

@@ -10,11 +10,11 @@ down, simulator fault, the sandbox unable to start, a lost ROS link) are never t
 
 from __future__ import annotations
 
-import ast
 import json
 import tempfile
 import time
 import traceback
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -107,23 +107,6 @@ def bind_arguments(capability: str, args: list, kwargs: dict) -> dict:
     return {**bound, **kwargs}
 
 
-def robot_calls(code: str) -> list[str]:
-    """The `robot.x(...)` / `finish(...)` calls in a cell's source, as written (for compaction notices)."""
-    try:
-        tree = ast.parse(code)
-    except SyntaxError:
-        return []
-    calls = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            f = node.func
-            if (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "robot") or (
-                isinstance(f, ast.Name) and f.id == "finish"
-            ):
-                calls.append((node.lineno, node.col_offset, cut_text(ast.unparse(node), 160)))
-    return [text for *_, text in sorted(calls)]
-
-
 class _Cell:
     """What one cell did to the robot: its calls' results and receipts."""
 
@@ -158,8 +141,6 @@ class EpisodeRunner:
 
     # ------------------------------------------------------------------------------ one episode
     def run(self, task: str, start_id: str | None = None, split: str = "any", episode_id: str = "") -> EpisodeResult:
-        import uuid
-
         episode_id = episode_id or uuid.uuid4().hex[:12]
         state = _Episode(self, episode_id)
         try:
@@ -200,10 +181,10 @@ class _Episode:
         )
 
     def budget_line(self) -> str:
-        b = self.budgets
+        b = self.budget()
         return (
-            f"[budget] requests {self.requests}/{b.requests}, physical actions {self.actions}/{b.physical_actions}, "
-            f"time {self.r.clock() - self.t0:.0f}/{b.wall_time_s:.0f} s"
+            f"[budget] requests {b.requests_used}/{b.requests_limit}, physical actions {b.actions_used}/"
+            f"{b.actions_limit}, time {b.wall_time_used_s:.0f}/{b.wall_time_limit_s:.0f} s"
         )
 
     # ------------------------------------------------------------------------------ loop
