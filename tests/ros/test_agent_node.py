@@ -121,6 +121,8 @@ def test_a_motion_node_restarting_mid_episode_is_an_infrastructure_failure(stack
         policy.close()
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert [e["outcome"] for e in summary] == ["infrastructure_failure", "false_finish"], summary
-    assert summary[0]["host_success"] is None and "hold" in summary[0]["reason"], summary[0]["reason"]
+    # the stopping node may still answer the hold; then the next call finds it gone or finds the new node
+    reason = summary[0]["reason"]
+    assert summary[0]["host_success"] is None and ("went away" in reason or "restarted" in reason), reason
     assert code == 1  # an infrastructure failure ended an episode: the run says so
     assert stack["twin"][0].poll() is None  # the twin (the arm) is still up
