@@ -215,6 +215,7 @@ class AgentNode(Node):
         )
         self.link.instruction = p["instruction"]
         self.results: list = []
+        self.display = None  # the live view, set when the episodes start (live_display)
         self.status = EpisodeStatus(state=EpisodeStatus.STATE_IDLE)
         self._worker = threading.Thread(target=self._run, name="episodes", daemon=True)
         self.create_timer(0.1, self._beat)
@@ -310,8 +311,6 @@ class AgentNode(Node):
         finally:
             self.done.set()
             rclpy.try_shutdown(context=self.context)
-
-    display = None
 
     def _await_services(self, timeout_s: float) -> None:
         link = self.link
