@@ -25,3 +25,6 @@ def _work_in_a_scratch_directory(tmp_path_factory):
     os.chdir(tmp_path_factory.mktemp("cwd"))
     yield
     os.chdir(previous)
+
+
+from tests.vllm_server import vllm_server  # noqa: E402,F401 - the session fixture, for every test folder

@@ -20,7 +20,7 @@ from captain_ros.agent.policy_client import PolicyClient, PolicyConfig
 from captain_ros.agent.prompt import TOOLS
 from captain_ros.agent.sandbox import Sandbox, SandboxLimits
 from captain_ros.core.config import load_config
-from tests.captain_ros.agent.test_vllm import render
+from tests.vllm_server import render
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ class Recording(PolicyClient):
         super().__init__(config)
         self.sent: list[tuple[list[dict], object]] = []
 
-    def complete(self, messages, tools):
+    def complete(self, messages, tools, headers=None):
         completion = super().complete(messages, tools)
         self.sent.append((json.loads(json.dumps(messages)), completion))
         return completion

@@ -43,7 +43,7 @@ class Scripted:
     def __init__(self, replies):
         self.replies, self.prompts = list(replies), []
 
-    def complete(self, messages, tools):
+    def complete(self, messages, tools, headers=None):
         self.prompts.append(messages)
         reply = self.replies[min(len(self.prompts) - 1, len(self.replies) - 1)]
         if isinstance(reply, Exception):

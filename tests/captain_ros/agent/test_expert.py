@@ -324,7 +324,7 @@ class InProcessExpert:
     def __init__(self):
         self.expert, self.replies = ScriptedExpert(), []
 
-    def complete(self, messages, tools):
+    def complete(self, messages, tools, headers=None):
         reasoning, code = self.expert.reply(messages)
         self.replies.append(reasoning)
         calls = (

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 from dataclasses import replace
 
 import pytest
 
 from captain_ros.agent.policy_client import Completion, PolicyClient, PolicyConfig
+from tests.vllm_server import render
 
 pytestmark = pytest.mark.slow
 
@@ -56,27 +56,6 @@ CONVERSATION = [
     {"role": "tool", "tool_call_id": "call_1", "content": "[observe] ok in 0.12 s; 2 cameras, 512x512"},
     {"role": "user", "content": "The cube is left of the bowl. Continue."},
 ]
-
-# Runs in .venv-vllm: transformers is not in .venv.
-RENDER = """
-import json, sys
-from transformers import AutoTokenizer
-req = json.load(sys.stdin)
-tok = AutoTokenizer.from_pretrained(req["model_dir"])
-kw = dict(tools=req["tools"] or None, add_generation_prompt=True)
-ids = tok.apply_chat_template(req["messages"], tokenize=True, return_dict=False, **kw)
-print(json.dumps({"ids": list(ids), "text": tok.apply_chat_template(req["messages"], tokenize=False, **kw)}))
-"""
-
-
-def render(server, messages: list[dict], tools: list[dict]) -> dict:
-    """transformers' apply_chat_template of the tiny model, in .venv-vllm: {"ids": [...], "text": "..."}."""
-    request = json.dumps({"model_dir": str(server.model_dir), "messages": messages, "tools": tools})
-    done = subprocess.run(
-        [str(server.python), "-c", RENDER], input=request, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
 
 
 @pytest.fixture(scope="module")

@@ -41,8 +41,27 @@ class Outcome(StrEnum):
 
 
 class Policy(Protocol):
-    def complete(self, messages: list[dict], tools: list[dict]) -> Any:
-        """A Completion (captain_ros.agent.policy_client): content, tool_calls, token ids, latency_s."""
+    def complete(self, messages: list[dict], tools: list[dict], headers: dict[str, str] | None = None) -> Any:
+        """A Completion (captain_ros.agent.policy_client): content, tool_calls, token ids, latency_s. `headers`
+        name the episode and request for a recording proxy (ignored by a plain server)."""
+
+
+class Recorder(Protocol):
+    """Sees an episode as it runs, for training records (captain_ros.bridge.recorder). A hook that raises
+    ends the episode as an infrastructure failure: an episode whose record is broken is never a task outcome."""
+
+    def started(self, start: Any) -> None: ...
+
+    def before_request(self, index: int) -> None: ...
+
+    def after_request(self, index: int, timing: RequestTiming, calls: list[dict], images: list[tuple]) -> None: ...
+
+    def ended(self, result: EpisodeResult) -> None: ...
+
+
+def request_headers(episode_id: str, index: int) -> dict[str, str]:
+    """What the recording proxy attributes a model call by (captain_ros.bridge.proxy)."""
+    return {"X-Captain-Episode": episode_id, "X-Captain-Request": str(index)}
 
 
 class PolicyFailure(Exception):
@@ -132,8 +151,10 @@ class EpisodeRunner:
         runs_dir: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_event: Callable[[str, dict], None] | None = None,
+        recorder: Recorder | None = None,
     ):
         self.link, self.policy, self.config = link, policy, config
+        self.recorder = recorder
         self.sandbox_factory = sandbox_factory
         self.runs_dir = Path(runs_dir) if runs_dir else None
         self.clock = clock
@@ -162,6 +183,8 @@ class _Episode:
         self.transcript: Transcript | None = None
         self.start = None
         self._cell: _Cell | None = None  # the cell running now (its robot calls land here)
+        self._request_calls: list[dict] = []  # every robot call of the request running now
+        self._request_images: list[tuple[str, dict]] = []  # (label, image part) shown after it
         self.sandbox_start_s = 0.0
         self.t0 = runner.clock()
         self._scratch: tempfile.TemporaryDirectory | None = None
@@ -188,7 +211,7 @@ class _Episode:
         )
 
     # ------------------------------------------------------------------------------ loop
-    def run(self, task: str, start_id: str | None, split: str) -> EpisodeResult:  # noqa: PLR0911 - one exit per end
+    def run(self, task: str, start_id: str | None, split: str) -> EpisodeResult:  # noqa: PLR0911, PLR0912 - one exit per end
         try:
             self.start = self.link.reset(task, start_id, split, self.episode_id)
         except LinkError as exc:
@@ -200,6 +223,8 @@ class _Episode:
         document = s.task_md or task_md(s.instruction, s.criteria, self.budgets)
         context = Context(SYSTEM_PROMPT, document, self.cfg, s.instruction)
         self.event("start", task=s.task, start_id=s.start_id, instruction=s.instruction)
+        if not self._record("started", s):
+            return self._end(Outcome.INFRASTRUCTURE, self.infrastructure, score=False)
         if self.transcript:
             self.transcript.start(s, SYSTEM_PROMPT, document, TOOLS, asdict(self.r.config.agent))
         try:
@@ -218,17 +243,21 @@ class _Episode:
             held = held + 1 if score is not None and score.success else 0
             if held >= self.cfg.missed_finish_requests:
                 return self._end(Outcome.MISSED_FINISH, f"solved for {held} requests without finish: stopped")
+            index = self.requests + 1
+            if not self._record("before_request", index):
+                return self._end(Outcome.INFRASTRUCTURE, self.infrastructure)
             t_request = time.perf_counter()
             physical0 = self.link.physical_s
             if context.compact_if_needed():
                 self.event("compacted", removed=len(context.compacted))
             messages = context.messages()
             try:
-                completion = self.r.policy.complete(messages, TOOLS)
+                completion = self.r.policy.complete(messages, TOOLS, headers=request_headers(self.episode_id, index))
             except Exception as exc:  # PolicyError and anything the client did not foresee
                 return self._end(Outcome.INFRASTRUCTURE, f"policy server: {exc}")
             context.measured(messages, (getattr(completion, "usage", None) or {}).get("prompt_tokens"))
-            self.requests += 1
+            self.requests = index
+            self._request_calls, self._request_images = [], []
             self.link.note_request()
             turn = self._turn(completion)
             context.add(turn)
@@ -241,6 +270,7 @@ class _Episode:
             self.timings.append(timing)
             if self.transcript:
                 self.transcript.request(self.requests, completion, turn, timing, self.budget_line())
+            self._record("after_request", index, timing, self._request_calls, self._request_images)
             if self.infrastructure:
                 return self._end(Outcome.INFRASTRUCTURE, self.infrastructure)
             if self.finished:
@@ -296,7 +326,9 @@ class _Episode:
             parts: list[dict] = [
                 {"type": "text", "text": "Images from the cell: " + ", ".join(label for label, _ in shown)}
             ]
-            parts += [image_part(rgb) for _, rgb in shown]
+            image_parts = [image_part(rgb) for _, rgb in shown]
+            self._request_images = [(label, part) for (label, _), part in zip(shown, image_parts, strict=True)]
+            parts += image_parts
             turn.replies.append({"role": "user", "content": parts})
         return turn
 
@@ -339,6 +371,7 @@ class _Episode:
     def on_call(self, name: str, args: list, kwargs: dict) -> dict:
         """A `robot.<name>(...)` call from the running cell. Never raises."""
         result = self._robot_call(name, args, kwargs)
+        self._request_calls.append({"arguments": kwargs, **result})
         cell = self._cell
         if cell is not None:
             cell.calls.append(result)
@@ -430,8 +463,21 @@ class _Episode:
         )
         if self.transcript:
             self.transcript.end(result.summary())
+        self._record("ended", result)
         self.event("end", result=result)
         return result
+
+    def _record(self, hook: str, *args: Any) -> bool:
+        """Call the recorder's hook; a failure makes the episode an infrastructure failure (False)."""
+        if self.r.recorder is None:
+            return True
+        try:
+            getattr(self.r.recorder, hook)(*args)
+            return True
+        except Exception as exc:
+            if not self.infrastructure:
+                self.infrastructure = f"recording failed ({hook}): {type(exc).__name__}: {exc}"
+            return False
 
     def close(self) -> None:
         if self.sandbox is not None:

@@ -128,8 +128,9 @@ class PolicyClient:
             raise PolicyError(exc.message) from exc
         return self._pick_model(models)
 
-    def complete(self, messages: list[dict], tools: list[dict]) -> Completion:
-        """One assistant turn for `messages` with `tools` offered (tool_choice "auto")."""
+    def complete(self, messages: list[dict], tools: list[dict], headers: dict[str, str] | None = None) -> Completion:
+        """One assistant turn for `messages` with `tools` offered (tool_choice "auto"). `headers` go with the
+        request (the recording proxy's X-Captain-Episode / X-Captain-Request attribution)."""
         model = self._resolve_model()
         body: dict[str, Any] = {
             "model": model,
@@ -153,7 +154,7 @@ class PolicyClient:
 
         def attempt() -> Completion:
             t0 = time.monotonic()
-            reply = self._send("POST", url, content=payload)
+            reply = self._send("POST", url, content=payload, headers=headers)
             data = _json_of(reply, url)
             try:
                 return _parse_completion(data, model, time.monotonic() - t0)

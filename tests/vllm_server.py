@@ -1,8 +1,11 @@
-"""A real vLLM OpenAI server on the tiny Qwen2 model, started once per test session for the tests that ask."""
+"""A real vLLM OpenAI server on the tiny Qwen2 model, started once per test session for the tests that ask
+(the `vllm_server` fixture, registered in tests/conftest.py); `render` is transformers' rendering of a
+conversation with the same model, run in .venv-vllm."""
 
 from __future__ import annotations
 
 import collections
+import json
 import os
 import signal
 import socket
@@ -15,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[1]
 VLLM_VENV = ROOT / ".venv-vllm"
 VLLM_PYTHON = VLLM_VENV / "bin" / "python"
 TINY_MODEL = ROOT / ".cache" / "tiny-qwen2"
@@ -142,3 +145,25 @@ def vllm_server(tmp_path_factory) -> Iterator[VllmServer]:
         yield VllmServer(base_url=f"http://127.0.0.1:{port}/v1", model_dir=TINY_MODEL, python=VLLM_PYTHON, log=log)
     finally:
         _stop(proc)
+
+
+# Runs in .venv-vllm: transformers is not in .venv.
+RENDER = """
+import json, sys
+from transformers import AutoTokenizer
+req = json.load(sys.stdin)
+tok = AutoTokenizer.from_pretrained(req["model_dir"])
+kw = dict(tools=req["tools"] or None, add_generation_prompt=True)
+ids = tok.apply_chat_template(req["messages"], tokenize=True, return_dict=False, **kw)
+print(json.dumps({"ids": list(ids), "text": tok.apply_chat_template(req["messages"], tokenize=False, **kw)}))
+"""
+
+
+def render(server, messages: list[dict], tools: list[dict]) -> dict:
+    """transformers' apply_chat_template of the tiny model, in .venv-vllm: {"ids": [...], "text": "..."}."""
+    request = json.dumps({"model_dir": str(server.model_dir), "messages": messages, "tools": tools})
+    done = subprocess.run(
+        [str(server.python), "-c", RENDER], input=request, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)

@@ -1,0 +1,198 @@
+"""The episode adapter on the twin: writes an episode's start, one `step` per request and its end into the
+episode store, beside the `model_call` records the recording proxy writes for the same requests.
+
+Before every request it takes the twin's privileged snapshot (CaPtain App. A.2: the 36 critic features
+plus raw poses; TRAINING ONLY). The snapshot goes to the store and nowhere else: nothing of it reaches the
+messages, so the policy never sees it. After the request it stores that request's robot calls with their
+receipts, the images the policy was shown (content-addressed), its timing and its App. E costs. At the end
+it stores the adapter's values: outcome, reward R_i (Eq. 7), the staged sub-goal reward of hard tasks, the
+return G_i = R_i + sum c_t, and validity (infrastructure failures and incomplete records are invalid).
+"""
+
+from __future__ import annotations
+
+import base64
+import platform
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from captain_ros.bridge.rewards import CostTracker, RewardConfig, subgoal_reward, terminal_reward
+from captain_ros.bridge.schema import Record
+from captain_ros.bridge.store import EpisodeStore
+from captain_ros.core.contract import PHYSICAL_CAPABILITIES, _json_safe
+from captain_ros.core.robot import ARM_JOINTS
+
+
+@dataclass
+class EpisodeMeta:
+    """Who runs an episode and as which attempt of which group."""
+
+    attempt: int = 0
+    group_id: str = ""
+    policy_version: int = 0
+    policy: str = ""  # a label: "expert", a model name or checkpoint
+    worker: str = ""
+    split: str = "any"
+    host: str = field(default_factory=platform.node)
+
+
+def snapshot_payload(twin: Any) -> dict[str, Any]:
+    """The twin's hidden state as stored (TRAINING ONLY): its PrivilegedState plus the robot's joints."""
+    snap = twin.snapshot().as_dict()
+    snap["robot"] = {
+        "arm_joint_names": list(ARM_JOINTS),
+        "arm_q_rad": [float(q) for q in twin.arm_q()],
+        "jaw_opening_m": float(twin.jaw_opening_m()),
+    }
+    return snap
+
+
+class EpisodeRecorder:
+    """One episode's records (the agent's `Recorder` hooks). `twin` returns the in-process twin the link
+    drives (the recorder reads it directly; the link's policy-facing side never carries it).
+    `expect_model_calls`: the policy's requests go through the recording proxy into the same store, so an
+    episode missing any request's model_call is incomplete and invalid."""
+
+    def __init__(
+        self,
+        store: EpisodeStore,
+        episode_id: str,
+        twin: Any,
+        meta: EpisodeMeta,
+        *,
+        rewards: RewardConfig = RewardConfig(),
+        expect_model_calls: bool = True,
+    ):
+        self.store, self.episode_id, self.twin_of, self.meta = store, episode_id, twin, meta
+        self.rewards, self.expect_model_calls = rewards, expect_model_calls
+        self.costs: CostTracker | None = None
+        self._snapshot: dict[str, Any] | None = None
+        self._snapshot_s = 0.0
+        self.first_solved: int | None = None
+        self.cost_total = 0.0
+        self.record_s = 0.0  # the recorder's own time (snapshots, encoding, durable writes)
+        self.steps = 0
+
+    def _append(self, kind: str, index: int, payload: dict[str, Any]) -> None:
+        self.store.append(Record(self.episode_id, kind, index, _json_safe(payload)))
+
+    def started(self, start: Any) -> None:
+        t0 = time.perf_counter()
+        twin = self.twin_of()
+        self.costs = CostTracker(start.task, self.rewards)
+        self._append(
+            "episode_start",
+            0,
+            {
+                "task": start.task,
+                "family": twin.task.family,
+                "start_id": start.start_id,
+                "split": self.meta.split,
+                "attempt": self.meta.attempt,
+                "group_id": self.meta.group_id or f"{start.task}/{start.start_id}",
+                "policy_version": self.meta.policy_version,
+                "policy": self.meta.policy,
+                "worker": self.meta.worker,
+                "host": self.meta.host,
+                "instruction": start.instruction,
+                "started_unix_s": time.time(),
+            },
+        )
+        self.record_s += time.perf_counter() - t0
+
+    def before_request(self, index: int) -> None:
+        t0 = time.perf_counter()
+        self._snapshot = snapshot_payload(self.twin_of())
+        self._snapshot_s = time.perf_counter() - t0
+        self._started_unix_s = time.time()
+        if self._snapshot["success"] and self.first_solved is None:
+            self.first_solved = index
+        self.record_s += self._snapshot_s
+
+    def after_request(self, index: int, timing: Any, calls: list[dict], images: list[tuple]) -> None:
+        t0 = time.perf_counter()
+        solved_before = self.first_solved is not None and index >= self.first_solved
+        physical = [c for c in calls if c.get("capability") in PHYSICAL_CAPABILITIES]
+        costs = self.costs.request(physical, solved_before)
+        self.cost_total += costs["total"]
+        shown = []
+        for label, part in images:
+            header, _, data = part["image_url"]["url"].partition(",")
+            media_type = header.removeprefix("data:").split(";")[0]
+            digest = self.store.put_blob(base64.b64decode(data), media_type)
+            shown.append({"label": label, "media_type": media_type, "sha256": digest})
+        self._append(
+            "step",
+            index,
+            {
+                "snapshot": self._snapshot,
+                "calls": [
+                    {
+                        "capability": c.get("capability"),
+                        "arguments": c.get("arguments", {}),
+                        "success": bool(c.get("success")),
+                        "executed": bool(c.get("executed")),
+                        "failure_category": c.get("failure_category"),
+                        "message": c.get("message", ""),
+                        "receipt": c.get("receipt") or "",
+                        "physical": c.get("capability") in PHYSICAL_CAPABILITIES,
+                    }
+                    for c in calls
+                ],
+                "images": shown,
+                "timing": {
+                    "started_unix_s": self._started_unix_s,
+                    "total_s": timing.total_s,
+                    "generation_s": timing.generation_s,
+                    "physical_s": timing.physical_s,
+                    "overhead_s": timing.overhead_s,
+                    "snapshot_s": self._snapshot_s,
+                },
+                "costs": costs,
+                "solved_before": solved_before,
+            },
+        )
+        self.steps = index
+        self.record_s += time.perf_counter() - t0
+
+    def ended(self, result: Any) -> None:
+        t0 = time.perf_counter()
+        outcome = result.outcome.value
+        valid, invalid_reason = result.valid, "" if result.valid else result.reason
+        if valid and self.expect_model_calls:
+            calls = self.store.record_ids(self.episode_id, "model_call")
+            missing = [t for t in range(1, result.requests + 1) if t not in calls]
+            if missing:
+                valid, invalid_reason = False, f"incomplete record: no model_call for request(s) {missing[:5]}"
+        twin = self.twin_of()
+        rungs = len(twin.task.ladder()) if twin is not None else 0
+        reached = 0
+        if twin is not None and valid:
+            reached = len(twin.snapshot().subgoals_reached)
+        bonus = subgoal_reward(outcome, bool(twin and twin.task.hard), reached, rungs, self.rewards)
+        reward = terminal_reward(outcome) + bonus
+        self._append(
+            "episode_end",
+            0,
+            {
+                "outcome": outcome,
+                "host_success": result.host_success,
+                "finished": result.finished,
+                "requests": result.requests,
+                "actions": result.actions,
+                "wall_time_s": result.wall_time_s,
+                "reason": result.reason,
+                "reward": reward,
+                "subgoal_reward": bonus,
+                "return": reward + self.cost_total,
+                "costs_total": self.cost_total,
+                "valid": valid,
+                "invalid_reason": invalid_reason,
+                "first_solved_request": self.first_solved,
+                "rungs_reached": reached,
+                "rungs": rungs,
+                "ended_unix_s": time.time(),
+            },
+        )
+        self.record_s += time.perf_counter() - t0

@@ -1,0 +1,99 @@
+"""The episode adapter on the twin: a whole expert episode through the real loop and sandbox, recorded."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from captain_ros.bridge.recorder import EpisodeMeta, EpisodeRecorder
+from captain_ros.bridge.store import EpisodeReader, EpisodeStore, StoreFull
+from captain_ros.twin.privileged import FEATURE_NAMES
+from tests.captain_ros.agent.test_expert import InProcessExpert
+
+pytestmark = pytest.mark.slow
+START = "put_red_cube_in_bowl/official/11"
+
+
+class WatchedExpert(InProcessExpert):
+    """The expert, keeping every message list the policy was sent."""
+
+    def __init__(self):
+        super().__init__()
+        self.sent: list[str] = []
+
+    def complete(self, messages, tools, headers=None):
+        self.sent.append(json.dumps(messages))
+        return super().complete(messages, tools, headers)
+
+
+class FailingStore(EpisodeStore):
+    """A store whose disk fills up at the third step record (the real full-disk path is in test_transport)."""
+
+    def append(self, record, digest=None):
+        if record.kind == "step" and record.index == 3:
+            raise StoreFull("storing step 3: the disk or quota is full (test)")
+        return super().append(record, digest)
+
+
+def _run(store, policy, tmp_path, episode_id):
+    from captain_ros.agent.episode import EpisodeRunner
+    from captain_ros.agent.link import InProcessLink
+    from captain_ros.agent.sandbox import Sandbox
+    from captain_ros.core.config import load_config
+
+    def sandbox(scratch, on_call, allowed):
+        box = Sandbox(scratch, on_call, allowed)
+        box.start()
+        return box
+
+    config = load_config()
+    link = InProcessLink(config)
+    meta = EpisodeMeta(attempt=2, group_id="g7", policy_version=5, policy="expert", worker="w1", split="eval")
+    recorder = EpisodeRecorder(store, episode_id, lambda: link.twin, meta, expect_model_calls=False)
+    runner = EpisodeRunner(link, policy, config, sandbox_factory=sandbox, runs_dir=tmp_path, recorder=recorder)
+    try:
+        return runner.run("put_red_cube_in_bowl", START, "eval", episode_id)
+    finally:
+        link.close()
+
+
+def test_an_expert_episode_is_recorded_with_snapshots_the_policy_never_sees(tmp_path):
+    policy = WatchedExpert()
+    with EpisodeStore(tmp_path / "s.sqlite") as store:
+        result = _run(store, policy, tmp_path, "ep1")
+    assert result.strict_success, result.reason
+    episode = EpisodeReader(tmp_path / "s.sqlite").load("ep1")
+    start, end = episode.start, episode.end
+    assert (start["family"], start["attempt"], start["group_id"], start["policy_version"]) == ("pick_place", 2, "g7", 5)
+    assert [r.index for r in episode.requests] == list(range(1, result.requests + 1))
+    for request in episode.requests:
+        snap = request.step["snapshot"]
+        assert sorted(snap["features"]) == sorted(FEATURE_NAMES)  # canonical JSON sorts keys: order by name
+        assert len(snap["robot"]["arm_q_rad"]) == 7 and "red_cube" in snap["object_poses"]
+    # the privileged snapshot is stored and never reaches a message
+    for text in policy.sent:
+        assert not any(name in text for name in ("target_goal_dist_norm", "ee_target_dist_m", "target_ever_held"))
+    # post-success flags: from the first request whose snapshot shows the scene solved
+    first = end["first_solved_request"]
+    assert first is not None and episode.requests[first - 1].step["snapshot"]["success"]
+    assert [r.post_success for r in episode.requests] == [r.index >= first for r in episode.requests]
+    # the adapter's values
+    costs = sum(r.step["costs"]["total"] for r in episode.requests)
+    assert (end["outcome"], end["reward"], end["valid"]) == ("success", 1.0, True)
+    assert end["return"] == pytest.approx(1.0 + costs) and costs < 0  # the request after solving costs
+    # every robot call with its receipt; the images the policy was shown, stored once
+    calls = [c for r in episode.requests for c in r.step["calls"]]
+    assert len([c for c in calls if c["physical"]]) == result.actions
+    assert all(c["receipt"] for c in calls)
+    images = [i for r in episode.requests for i in r.step["images"]]
+    assert images and all(EpisodeStore(tmp_path / "s.sqlite").has_blob(i["sha256"]) for i in images)
+
+
+def test_a_store_that_fails_mid_episode_makes_it_an_invalid_infrastructure_failure(tmp_path):
+    with FailingStore(tmp_path / "s.sqlite") as store:
+        result = _run(store, WatchedExpert(), tmp_path, "ep2")
+        end = store.record("ep2", "episode_end").payload
+    assert result.outcome.value == "infrastructure_failure"
+    assert "recording failed (after_request): StoreFull" in result.reason
+    assert result.requests == 3 and not end["valid"] and "disk or quota is full" in end["invalid_reason"]
