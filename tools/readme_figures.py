@@ -223,6 +223,34 @@ AGENT = (
     ),
 )
 
+BRIDGE = (
+    (
+        "`episodes_per_hour_per_core`: the scripted expert behind the recording proxy, {workers} twin workers, "
+        "every request recorded and the store streamed to a local receiver ({clean_episodes} episodes)",
+        "{episodes_per_hour_per_core:.0f}",
+        "",
+    ),
+    (
+        "`recording_overhead_share`: the proxy's own time plus the recorder's snapshots and durable writes, "
+        "over request time (the expert generates in ms: an upper bound for an LLM policy)",
+        "{recording_overhead_share:.4f}",
+        "≤ 0.02",
+    ),
+    (
+        "`zmq_records_per_s` / `zmq_mb_per_s`: shipper → receiver on loopback, {zmq[records]} records of "
+        "{zmq[payload_bytes]} B, each acknowledged only once committed to the trainer's store",
+        "{zmq_records_per_s:.0f} / {zmq_mb_per_s:.1f}",
+        "",
+    ),
+    (
+        "`records_lost_under_kill`: {faulted_episodes} episodes while {kills} kill -9 hit {injected}; every "
+        "record compared by id and SHA-256 between the host's and the trainer's store, valid episodes checked "
+        "whole",
+        "{records_lost_under_kill} ({abandoned} episodes abandoned as invalid and re-run)",
+        "0",
+    ),
+)
+
 BLOCKS = {
     "motion": Block("motion", rows=MOTION),
     "perception": Block("perception", rows=PERCEPTION),
@@ -231,6 +259,7 @@ BLOCKS = {
     "ros_rtt": Block("ros_rtt", rows=ROS_RTT),
     "stress_dds": Block("stress_dds", text=STRESS),
     "agent": Block("agent", rows=AGENT),
+    "bridge": Block("bridge", rows=BRIDGE),
 }
 
 
@@ -255,6 +284,14 @@ def derived(name: str, values: dict) -> dict:
             "family_strict": ", ".join(f"{k} {v['strict']:.2f} ({v['episodes']})" for k, v in sorted(families.items())),
             "requests_mean": every.get("requests", float("nan")),
             "actions_mean": every.get("actions", float("nan")),
+        }
+    if name == "bridge":
+        faulted = values.get("faulted", {})
+        return {
+            "clean_episodes": values.get("clean", {}).get("episodes", 0),
+            "faulted_episodes": faulted.get("episodes", 0),
+            "abandoned": len(faulted.get("abandoned", [])),
+            "injected": ", ".join(f"{k} ×{v}" for k, v in sorted(faulted.get("injected", {}).items())) or "nothing",
         }
     if name == "twin":
         return {"contact_pct": 100 * values.get("physics_contact_step_fraction", float("nan"))}

@@ -1,6 +1,10 @@
 """captain-ros: the project's command-line tool.
 
 captain-ros run             the main job: episodes on the twin over ROS (expert policy by default)
+captain-ros rollout         record twin episodes for training (proxy, workers, store, shipping to a trainer)
+captain-ros eval            run|report|compare: evaluation over suites x start states x attempts
+captain-ros export          mcap|parquet: episodes for ROS tools (rosbag2 MCAP) and tables for analysis
+captain-ros transport       receive|ship: the trainer-side receiver and the rollout host's shipper
 captain-ros doctor          check that this machine can run the stack
 captain-ros capabilities    the policy-facing API (22 capabilities plus finish)
 captain-ros failures        the closed set of failure categories
@@ -61,6 +65,12 @@ def _run(args: argparse.Namespace) -> int:
     return Stack(options).run()
 
 
+def _rollout(args: argparse.Namespace) -> int:
+    from captain_ros.bridge.cli import run_rollout
+
+    return run_rollout(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="captain-ros", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -94,13 +104,41 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--no-images", action="store_true", help="do not attach camera images (text-only models)")
     run.set_defaults(fn=_run)
+    from captain_ros.bridge.cli import add_rollout_arguments
+
+    rollout = sub.add_parser(
+        "rollout",
+        help="record twin episodes for training",
+        description="Run groups of G attempts per start state on N parallel twin workers with the policy behind "
+        "the recording proxy; every request's model call and privileged snapshot go to the episode store "
+        "(<run dir>/rollout.sqlite), which the shipper streams to a trainer-side receiver (a local one, "
+        "<run dir>/trainer.sqlite, unless --ship names the trainer's).",
+    )
+    add_rollout_arguments(rollout)
+    rollout.set_defaults(fn=_rollout)
+    for name, text in DELEGATED.items():
+        sub.add_parser(name, help=text, add_help=False)
     sub.add_parser("doctor", help="check that this machine can run the stack").set_defaults(fn=_doctor)
     sub.add_parser("capabilities", help="list the policy-facing API").set_defaults(fn=_capabilities)
     sub.add_parser("failures", help="list the failure categories").set_defaults(fn=_failures)
     return parser
 
 
+# commands whose module parses its own arguments: `captain-ros eval --help` shows theirs
+DELEGATED = {
+    "eval": "evaluation: run episodes and report, or report/compare stores (eval --help)",
+    "export": "export episodes to rosbag2 MCAP or Parquet (export --help)",
+    "transport": "the trainer-side receiver and the shipper (transport --help)",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in DELEGATED:
+        from importlib import import_module
+
+        module = {"eval": "cli", "export": "export", "transport": "transport"}[argv[0]]
+        return import_module(f"captain_ros.bridge.{module}").main(argv[1:])
     args = build_parser().parse_args(argv)
     return args.fn(args)
 

@@ -44,15 +44,13 @@ def _executable(name: str) -> str:
     return str(found) if found.exists() else (shutil.which(name) or name)
 
 
-def start_expert(env: dict[str, str], log: Path) -> tuple[subprocess.Popen, str]:
-    """The scripted-expert policy server on a free loopback port; returns the process and its /v1 URL."""
+def start_ready(
+    argv: list[str], env: dict[str, str], log: Path, what: str, timeout_s: float = EXPERT_READY_TIMEOUT_S
+) -> tuple[subprocess.Popen, str]:
+    """Start a service that prints `READY <url>` on stdout once it listens (its stderr goes to `log`); returns
+    the process and the URL. Raises RuntimeError naming the log if it exits or stays silent."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "captain_ros.agent.expert_server", "--host", "127.0.0.1", "--port", "0"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=log.open("w"),
-        text=True,
-        start_new_session=True,
+        argv, env=env, stdout=subprocess.PIPE, stderr=log.open("w"), text=True, start_new_session=True
     )
     found: list[str] = []
     ready = threading.Event()
@@ -62,12 +60,20 @@ def start_expert(env: dict[str, str], log: Path) -> tuple[subprocess.Popen, str]
             if line.startswith("READY ") and not ready.is_set():
                 found.append(line.split()[1])
                 ready.set()
+        ready.set()  # stdout closed: the process ended
 
     threading.Thread(target=read, daemon=True).start()
-    if not ready.wait(EXPERT_READY_TIMEOUT_S) or not found:
+    if not ready.wait(timeout_s) or not found:
         proc.kill()
-        raise RuntimeError(f"the expert server did not start; see {log}")
-    return proc, found[0].rstrip("/").removesuffix("/v1") + "/v1"
+        raise RuntimeError(f"the {what} did not start; see {log}")
+    return proc, found[0].rstrip("/")
+
+
+def start_expert(env: dict[str, str], log: Path) -> tuple[subprocess.Popen, str]:
+    """The scripted-expert policy server on a free loopback port; returns the process and its /v1 URL."""
+    argv = [sys.executable, "-m", "captain_ros.agent.expert_server", "--host", "127.0.0.1", "--port", "0"]
+    proc, url = start_ready(argv, env, log, "expert server")
+    return proc, url.removesuffix("/v1") + "/v1"
 
 
 class Stack:

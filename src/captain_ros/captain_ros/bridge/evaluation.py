@@ -725,7 +725,7 @@ def write_report(
 # --------------------------------------------------------------------------------------------- CLI
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="captain-ros-eval",
+        prog="captain-ros eval",
         description="Evaluation statistics and reports from episode stores (CaPtain §4 conventions).",
     )
     sub = p.add_subparsers(dest="command", required=True)

@@ -717,7 +717,7 @@ def export_parquet(store_path: str | Path, out_dir: str | Path) -> dict[str, Pat
 # -------------------------------------------------------------------------------------------- command line
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m captain_ros.bridge.export",
+        prog="captain-ros export",
         description="Export the episode store: rosbag2 (MCAP) bags for ROS tools, Parquet tables for analysis.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -1,0 +1,151 @@
+"""Rollouts end to end: the scripted expert behind the recording proxy, twin worker processes, the episode store
+streamed over pyzmq to a trainer-side receiver; kill -9 of a worker (with its twin) and of the proxy mid-episode;
+the same workers on a local Ray cluster."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from captain_ros.bridge.host import HostOptions, RolloutHost, Watchdog
+from captain_ros.bridge.rollout import Job, RolloutReport
+from captain_ros.bridge.store import EpisodeReader, EpisodeStore
+
+pytestmark = pytest.mark.slow
+WAIT_S = 300.0  # the most any condition below is waited for (a loaded CI machine)
+
+
+def _group(task: str, start: str, attempts: int) -> list[Job]:
+    return [Job(task, start, a, start, "eval") for a in range(attempts)]
+
+
+def _wait_for(condition, what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)  # poll interval
+
+
+def _check_whole(store_path) -> list[str]:
+    """Every valid episode has its start, end, and a model_call and a step for each request; returns them."""
+    reader = EpisodeReader(store_path)
+    ids = reader.episode_ids()
+    for eid in ids:
+        episode = reader.load(eid)
+        n = episode.end["requests"]
+        assert [r.index for r in episode.requests] == list(range(1, n + 1)), eid
+        assert all(r.model_call is not None and r.step is not None for r in episode.requests), eid
+    return ids
+
+
+def _same_records(a, b) -> None:
+    import sqlite3
+
+    def digests(path):
+        with sqlite3.connect(path) as db:
+            return dict(db.execute("SELECT id, sha256 FROM records").fetchall())
+
+    assert digests(a) == digests(b)
+
+
+def test_a_group_is_recorded_shipped_and_readable_by_the_trainer(tmp_path):
+    jobs = _group("put_red_cube_in_bowl", "put_red_cube_in_bowl/official/11", 2)
+    with RolloutHost(HostOptions(tmp_path / "run", workers=2, progress=False, policy_version=7)) as host:
+        report = host.run(jobs)
+        assert host.drain() == 0
+    assert (report.episodes, report.valid, report.strict) == (2, 2, 2), report.as_dict()
+    assert report.version_lag == {0: 2} and report.stale == 0
+    _same_records(host.store_path, host.trainer_store)  # every record reached the trainer, byte for byte
+    ids = _check_whole(host.trainer_store)
+    reader = EpisodeReader(host.trainer_store)
+    episodes = [reader.load(eid) for eid in ids]
+    assert sorted(e.start["attempt"] for e in episodes) == [0, 1]
+    assert {e.start["group_id"] for e in episodes} == {"put_red_cube_in_bowl/official/11"}
+    for episode in episodes:
+        assert episode.start["policy_version"] == 7 and episode.start["policy"] == "expert"
+        first = episode.requests[0].model_call
+        assert first["policy_version"] == 7 and first["messages"][0]["role"] == "system"
+        assert first["timing"]["proxy_s"] >= 0 and first["response"]["tool_calls"]
+
+
+def test_kill_9_of_a_worker_mid_episode_abandons_it_and_runs_the_job_again(tmp_path):
+    jobs = _group("open_drawer", "open_drawer/official/14", 2)
+    with RolloutHost(HostOptions(tmp_path / "run", workers=2, progress=False)) as host:
+        killed: list[str] = []
+
+        def kill_a_worker_mid_episode() -> None:
+            with EpisodeStore(host.store_path) as store:
+
+                def a_step_of_an_open_episode() -> bool:
+                    return any(store.record_ids(r["episode_id"], "step") for r in store.episodes(status="open"))
+
+                _wait_for(a_step_of_an_open_episode, "a recorded step")
+                name, pid = next(iter(host.engine.pids().items()))
+                os.kill(pid, signal.SIGKILL)
+                killed.append(name)
+
+        threading.Thread(target=kill_a_worker_mid_episode, daemon=True).start()
+        report: RolloutReport = host.run(jobs)
+        assert host.drain() == 0
+    assert killed and report.restarts >= 1
+    assert report.valid == 2 and report.episodes == 2  # both attempts ran to the end, one of them twice
+    assert len(report.abandoned) == 1 and "died (exit code -9) during the episode" in report.abandoned[0]
+    with EpisodeStore(host.trainer_store) as store:
+        abandoned = [r for r in store.episodes(status="complete", valid=False)]
+        assert len(abandoned) == 1 and abandoned[0]["outcome"] == "infrastructure_failure"
+        assert store.episodes(status="open") == []
+    assert len(_check_whole(host.trainer_store)) == 2
+    _same_records(host.store_path, host.trainer_store)
+
+
+def test_kill_9_of_the_proxy_mid_episode_loses_no_acknowledged_record(tmp_path):
+    jobs = _group("put_red_cube_in_bowl", "put_red_cube_in_bowl/official/11", 2)
+    with RolloutHost(HostOptions(tmp_path / "run", workers=1, progress=False)) as host:
+        watchdog = Watchdog(host, names=("proxy",))
+        watchdog.start()
+
+        def kill_the_proxy_mid_episode() -> None:
+            with EpisodeStore(host.store_path) as store:
+
+                def a_model_call_of_an_open_episode() -> bool:
+                    opened = store.episodes(status="open")
+                    return any(store.record_ids(r["episode_id"], "model_call") for r in opened)
+
+                _wait_for(a_model_call_of_an_open_episode, "a recorded model call")
+                host.services["proxy"].kill()
+
+        threading.Thread(target=kill_the_proxy_mid_episode, daemon=True).start()
+        try:
+            report = host.run(jobs)
+        finally:
+            watchdog.stopping.set()
+        assert host.drain() == 0
+    assert "proxy" in watchdog.restarts
+    # the agent's retries reach the restarted proxy (same port, same store), or the episode is invalid
+    assert report.episodes == 2 and report.valid + (report.episodes - report.valid) == 2
+    for line in report.errors:
+        assert "proxy" in line
+    _check_whole(host.trainer_store)
+    _same_records(host.store_path, host.trainer_store)
+
+
+def test_a_small_rollout_on_a_local_ray_cluster(tmp_path):
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"MUJOCO_GL": "egl"}})
+    try:
+        jobs = _group("put_red_cube_in_bowl", "put_red_cube_in_bowl/official/11", 2)
+        options = HostOptions(tmp_path / "run", workers=2, progress=False, engine="ray")
+        with RolloutHost(options) as host:
+            report = host.run(jobs)
+            assert host.drain() == 0
+    finally:
+        ray.shutdown()
+    assert (report.episodes, report.valid) == (2, 2), report.as_dict()
+    with EpisodeStore(host.trainer_store) as store:
+        workers = {r["worker"] for r in store.episodes()}
+    assert workers <= {"ray-w1", "ray-w2"} and workers
+    assert len(_check_whole(host.trainer_store)) == 2
