@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -36,7 +37,7 @@ class FailingStore(EpisodeStore):
         return super().append(record, digest)
 
 
-def _run(store, policy, tmp_path, episode_id):
+def _run(store, policy, tmp_path, episode_id, on_link=None):
     from captain_ros.agent.episode import EpisodeRunner
     from captain_ros.agent.link import InProcessLink
     from captain_ros.agent.sandbox import Sandbox
@@ -49,6 +50,8 @@ def _run(store, policy, tmp_path, episode_id):
 
     config = load_config()
     link = InProcessLink(config)
+    if on_link is not None:
+        on_link(link)
     meta = EpisodeMeta(attempt=2, group_id="g7", policy_version=5, policy="expert", worker="w1", split="eval")
     recorder = EpisodeRecorder(store, episode_id, lambda: link.twin, meta, expect_model_calls=False)
     runner = EpisodeRunner(link, policy, config, sandbox_factory=sandbox, runs_dir=tmp_path, recorder=recorder)
@@ -97,3 +100,25 @@ def test_a_store_that_fails_mid_episode_makes_it_an_invalid_infrastructure_failu
     assert result.outcome.value == "infrastructure_failure"
     assert "recording failed (after_request): StoreFull" in result.reason
     assert result.requests == 3 and not end["valid"] and "disk or quota is full" in end["invalid_reason"]
+
+
+class BlowUp(WatchedExpert):
+    """The expert, whose twin blows up (NaN state) while the third request is being answered."""
+
+    link = None
+
+    def complete(self, messages, tools, headers=None):
+        if len(self.sent) == 2:
+            self.link.twin.data.qpos[:] = float("nan")  # the simulation fails under the next motion
+        return super().complete(messages, tools, headers)
+
+
+def test_a_twin_that_fails_mid_episode_leaves_an_invalid_episode_with_its_earlier_records(tmp_path):
+    policy = BlowUp()
+    with EpisodeStore(tmp_path / "s.sqlite") as store:
+        result = _run(store, policy, tmp_path, "ep3", on_link=lambda link: setattr(policy, "link", link))
+    assert result.outcome.value == "infrastructure_failure" and result.requests == 3
+    episode = EpisodeReader(tmp_path / "s.sqlite").load("ep3")
+    assert not episode.valid and episode.end["invalid_reason"] == result.reason
+    assert [r.index for r in episode.requests] == [1, 2, 3]  # every request before the fault is whole
+    assert all(math.isfinite(f) for r in episode.requests[:3] for f in r.step["snapshot"]["features"].values())

@@ -154,7 +154,12 @@ class InProcessLink(HarnessLink):
         self.harness.note_request()
 
     def score(self) -> Score:
-        return Score(self.twin.success(), list(self.twin.snapshot().subgoals_reached))
+        from captain_ros.twin.sim import SimulationFault
+
+        try:
+            return Score(self.twin.success(), list(self.twin.snapshot().subgoals_reached))
+        except (SimulationFault, FloatingPointError) as exc:  # a state gone non-finite cannot be judged
+            raise LinkError(f"simulator fault while scoring: {exc}") from exc
 
     def close(self) -> None:
         if self.twin is not None:
