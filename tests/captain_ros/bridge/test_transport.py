@@ -24,6 +24,7 @@ import pytest
 import zmq
 
 from captain_ros.bridge.schema import Record, sha256
+from captain_ros.bridge.services import free_port
 from captain_ros.bridge.store import EpisodeReader, EpisodeStore
 from captain_ros.bridge.transport import (
     ACK,
@@ -35,7 +36,6 @@ from captain_ros.bridge.transport import (
     Shipper,
     TransportConfig,
     blob_frames,
-    free_tcp_port,
     main,
     record_frames,
 )
@@ -270,7 +270,7 @@ class ReceiverThread:
 
 @pytest.fixture
 def receiver(tmp_path: Path) -> Iterator[ReceiverThread]:
-    r = ReceiverThread(tmp_path / "inbox.sqlite", config(free_tcp_port()))
+    r = ReceiverThread(tmp_path / "inbox.sqlite", config(free_port()))
     try:
         yield r
     finally:
@@ -322,7 +322,7 @@ def test_streams_episodes_with_their_images_exactly_once(tmp_path: Path, procs: 
     outbox, inbox = tmp_path / "outbox.sqlite", tmp_path / "inbox.sqlite"
     n = write_outbox(outbox, range(12))
     assert n == 264
-    port = free_tcp_port()
+    port = free_port()
     recv = procs.transport("receiver", "receive", "--store", str(inbox), "--bind", f"tcp://127.0.0.1:{port}")
 
     with Shipper(outbox, config(port)) as shipper:
@@ -349,7 +349,7 @@ def test_streams_episodes_with_their_images_exactly_once(tmp_path: Path, procs: 
 def test_receiver_killed_mid_stream_loses_and_duplicates_nothing(tmp_path: Path, procs: Processes):
     outbox, inbox = tmp_path / "outbox.sqlite", tmp_path / "inbox.sqlite"
     n = write_outbox(outbox, range(8))
-    port = free_tcp_port()
+    port = free_port()
     bind = ["receive", "--store", str(inbox), "--bind", f"tcp://127.0.0.1:{port}"]
     first = procs.transport("receiver1", *bind)
     shipper = ShipperThread(outbox, config(port, window=4))
@@ -456,7 +456,7 @@ def test_full_trainer_disk_is_refused_kept_and_delivered_once_space_is_freed(tmp
         pytest.skip("unprivileged user namespaces are unavailable, so a small tmpfs cannot be mounted")
     out.mkdir()
     n = write_outbox(outbox, range(6), requests=6, image_bytes=30_000)  # ~1.3 MB of images, ~0.5 MB free
-    port = free_tcp_port()
+    port = free_port()
     wrapper = procs.start(
         "quota",
         [
@@ -608,7 +608,7 @@ def test_shipper_parks_a_conflicting_record_and_delivers_the_rest(tmp_path: Path
     with EpisodeStore(inbox) as store:  # the trainer already holds a different record under one of these ids
         theirs = all_records(outbox)["ep001/episode_end/0"]
         store.append(Record(theirs.episode_id, theirs.kind, 0, {**theirs.payload, "reward": 0.5}))
-    r = ReceiverThread(inbox, config(free_tcp_port()))
+    r = ReceiverThread(inbox, config(free_port()))
     try:
         with Shipper(outbox, r.receiver.config) as shipper:
             stats = shipper.ship_until_idle(timeout_s=DEADLINE_S)
@@ -637,7 +637,7 @@ def test_a_trainer_on_a_fresh_store_is_sent_again_the_images_it_lacks(tmp_path: 
     outbox = tmp_path / "outbox.sqlite"
     with EpisodeStore(outbox) as store:  # same seed: epB shows byte-identical images (content-addressed, stored once)
         write_episode(store, "epA", 3, random.Random(7))
-    cfg = config(free_tcp_port())
+    cfg = config(free_port())
     first = ReceiverThread(tmp_path / "inbox1.sqlite", cfg)
     try:
         with Shipper(outbox, cfg) as shipper:

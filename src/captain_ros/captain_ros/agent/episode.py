@@ -371,7 +371,11 @@ class _Episode:
     def on_call(self, name: str, args: list, kwargs: dict) -> dict:
         """A `robot.<name>(...)` call from the running cell. Never raises."""
         result = self._robot_call(name, args, kwargs)
-        self._request_calls.append({"arguments": kwargs, **result})
+        try:
+            arguments = bind_arguments(name, list(args), dict(kwargs))
+        except TypeError:  # refused above for this reason; keep what was sent
+            arguments = {"args": list(args), **kwargs}
+        self._request_calls.append({"arguments": arguments, **result})
         cell = self._cell
         if cell is not None:
             cell.calls.append(result)

@@ -214,7 +214,7 @@ def summarize(rows: Sequence[EvalRow]) -> dict[str, Any]:
         families = sorted({r.family for r in by_task[task]})
         tasks[task] = {"family": ", ".join(families), **_stats(by_task[task])}
     return {
-        "policies": sorted({r.policy for r in rows}),
+        "policies": _policies(rows),
         "overall": _stats(rows),
         "by_family": {f: _stats(by_family[f]) for f in sorted(by_family)},
         "by_task": tasks,
@@ -377,8 +377,13 @@ def compare(
     }
 
 
+def _policies(rows: Sequence[EvalRow]) -> list[str]:
+    """The policies evaluated: labels of valid episodes (an abandoned episode without a start record has none)."""
+    return sorted({r.policy for r in rows if r.valid} or {r.policy for r in rows})
+
+
 def _label(rows: Sequence[EvalRow], fallback: str) -> str:
-    names = sorted({r.policy for r in rows})
+    names = _policies(rows)
     return " + ".join(names) if names else fallback
 
 
@@ -396,10 +401,15 @@ def _groups(summary: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return [*summary["by_family"].items(), ("all", summary["overall"])]
 
 
+def _plotted_families(summaries: dict[str, dict[str, Any]]) -> list[str]:
+    """Families with a valid episode (an abandoned episode that never recorded its start has none), then "all"."""
+    return sorted({f for s in summaries.values() for f, g in s["by_family"].items() if g["valid"]}) + ["all"]
+
+
 def plot_success(summaries: dict[str, dict[str, Any]], path: Path) -> Path:
     """Host and strict success per family (and overall), one bar per policy, Wilson 95% error bars."""
     plt = _pyplot()
-    families = sorted({f for s in summaries.values() for f in s["by_family"]}) + ["all"]
+    families = _plotted_families(summaries)
     fig, axes = plt.subplots(1, 2, figsize=(max(6.0, 1.6 * len(families) * max(1, len(summaries))), 4), sharey=True)
     width = 0.8 / len(summaries)
     x = np.arange(len(families))
@@ -432,7 +442,7 @@ def plot_outcomes(summaries: dict[str, dict[str, Any]], path: Path) -> Path:
     classes = [o for o in OUTCOMES if o != INFRASTRUCTURE]
     colors = {"success": "#2a9d55", "missed_finish": "#9acd32", "false_finish": "#d62728"}
     colors |= {"budget_exhausted": "#ff9f1c", "failure": "#8c8c8c"}
-    families = sorted({f for s in summaries.values() for f in s["by_family"]}) + ["all"]
+    families = _plotted_families(summaries)
     bars: list[tuple[str, dict[str, Any]]] = []  # the policies side by side within each family
     for family in families:
         for label, summary in summaries.items():

@@ -68,7 +68,7 @@ def plan_groups(
     for task in tasks:
         for _ in range(starts_per_task):
             start = str(sample_start_id(task, split, rng))
-            jobs += [Job(task, start, attempt, f"{start}", split) for attempt in range(group_size)]
+            jobs += [Job(task, start, attempt, start, split) for attempt in range(group_size)]
     return jobs
 
 
@@ -126,6 +126,8 @@ class RolloutWorker:
         t0 = time.perf_counter()
         result = self.runner.run(job.task, job.start_id, job.split, job.episode_id)
         end = self.store.record(job.episode_id, "episode_end")
+        if end is None:  # the recorder could not write it (e.g. a full disk): close the episode as invalid
+            self.store.abandon(job.episode_id, f"its end could not be recorded ({result.reason})")
         return {
             "episode_id": job.episode_id,
             "outcome": result.outcome.value,

@@ -213,6 +213,7 @@ class EpisodeStore:
             "requests": int(requests),
             "actions": 0,
             "reason": f"abandoned: {reason}",
+            "invalid_reason": f"abandoned: {reason}",
             "abandoned": True,
         }
         try:

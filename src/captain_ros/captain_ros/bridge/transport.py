@@ -64,6 +64,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from captain_ros.bridge.schema import Record, SchemaError, from_wire, record_id, sha256
+from captain_ros.bridge.services import free_port
 from captain_ros.bridge.store import IMAGE_REF, EpisodeStore, RecordConflict, StoreError, StoreFull
 
 log = logging.getLogger(__name__)
@@ -743,12 +744,6 @@ class Shipper:
 
 
 # ================================================================================================ measure
-def free_tcp_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
 def _serve_in_process(store_path: str, config: TransportConfig, stop: Any, ready: Any) -> None:
     with Receiver(store_path, config) as receiver:
         receiver.serve(stop, ready)
@@ -768,7 +763,7 @@ def measure_throughput(n_records: int, payload_bytes: int, tmp_dir: str | Path) 
             record = Record(f"bench{i // 100}", "step", 1 + i % 100, step)
             total += len(record.encode()[0])
             store.append(record)
-    config = TransportConfig(endpoint=f"tcp://127.0.0.1:{free_tcp_port()}")
+    config = TransportConfig(endpoint=f"tcp://127.0.0.1:{free_port()}")
     mp = multiprocessing.get_context("spawn")
     stop, ready = mp.Event(), mp.Event()
     proc = mp.Process(target=_serve_in_process, args=(str(inbox), config, stop, ready), daemon=True)
