@@ -19,7 +19,7 @@ Three phases, all on this machine:
                                     intact, plus trainer records missing or differing from the host's, plus
                                     valid episodes missing a request's record; target 0
 
-  python bench/bridge.py                      # 52 clean + 260 faulted episodes, about 40 minutes here
+  python bench/bridge.py                      # 52 clean + 260 faulted episodes, about 17 minutes here
   python bench/bridge.py --clean-starts 1 --fault-starts 1 --kills 4   # a quick look
 """
 

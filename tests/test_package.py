@@ -47,6 +47,16 @@ NOT_DECLARED = {
     # `captain-ros doctor` reports whether the CPU torch build is there; the trainer (a later issue)
     # installs it from requirements/pip-only.in, which pins the CPU build rosdep's key would not.
     "torch": "optional doctor check",
+    # The sim bridge (captain_ros.bridge: rollouts, transport, exports, evaluation) and the trainer run off the robot;
+    # no node imports them. Their dependencies come from requirements/pip-only.in (`make setup`), not rosdep.
+    "tqdm": "sim bridge and trainer progress bars",
+    "zmq": "sim bridge transport (pyzmq)",
+    "pyarrow": "sim bridge Parquet export",
+    "rosbags": "sim bridge MCAP export",
+    "ray": "sim bridge rollouts across machines",
+    "matplotlib": "evaluation and trainer plots",
+    "transformers": "trainer",
+    "peft": "trainer (LoRA)",
 }
 # Packages a launch file starts (Node(package=...)) without importing them.
 LAUNCHED = {"robot_state_publisher", "tf2_ros", "rviz2"}
