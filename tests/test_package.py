@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "src" / "captain_ros"
-FIRST_PARTY = {"captain_ros", "sim_bridge", "training"}
+FIRST_PARTY = {"captain_ros", "training"}
 NODE_MODULES = [
     "captain_ros.ros.twin_node",
     "captain_ros.ros.motion_node",
@@ -153,7 +153,7 @@ def test_every_import_of_the_nodes_is_declared_with_its_rosdep_key():
 def test_package_xml_declares_nothing_that_nothing_uses():
     declared = deps(manifest(PKG / "package.xml"), "depend", "exec_depend")
     used = {rosdep_key(m) for m in node_imports()}
-    for folder in ("captain_ros", "sim_bridge", "training", "launch"):
+    for folder in ("captain_ros", "training", "launch"):
         for module in imported_top_level_modules(PKG / folder):
             if module in FIRST_PARTY or module in sys.stdlib_module_names or module in NOT_DECLARED:
                 continue

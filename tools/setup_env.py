@@ -11,7 +11,7 @@ rerun skips finished work and resumes at the first step that failed or whose inp
   colcon      colcon from PyPI into .venv (requirements/colcon.txt, --no-deps: without its pytest plugins)
   cmake-fix   repoint the wheels' exported cmake include paths to this venv
   interfaces  build and install the interface packages (captain_interfaces, ...) into .venv
-  project     pip install -e src/captain_ros (captain_ros, sim_bridge, training)
+  project     pip install -e src/captain_ros (captain_ros with its sim bridge, and training)
   verify      import rclpy, the interfaces, colcon and captain_ros inside the venv
   jazzy       the same steps (venv ... verify) for .venv-jazzy with the ROS 2 Jazzy wheels
               (requirements/jazzy-lock.txt): the nodes' start-up and DDS smoke tests run on both

@@ -30,7 +30,7 @@ NODES = {
 setup(
     name=PACKAGE,
     version="0.1.0",
-    packages=find_packages(include=["captain_ros*", "sim_bridge*", "training*"]),
+    packages=find_packages(include=["captain_ros*", "training*"]),
     data_files=[
         ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),
         (f"share/{PACKAGE}", ["package.xml"]),

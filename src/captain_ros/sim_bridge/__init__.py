@@ -1,1 +1,0 @@
-"""Sim bridge: records twin episodes (privileged state, exact tokens and logprobs) and ships them to the trainer."""
