@@ -58,7 +58,7 @@ import pyarrow.parquet as pq
 
 from captain_ros.bridge.store import EpisodeStore, StoreError
 from captain_ros.core import robot
-from captain_ros.twin.privileged import FEATURE_NAMES
+from captain_ros.twin.features import FEATURE_NAMES
 
 log = logging.getLogger(__name__)
 
