@@ -1,0 +1,331 @@
+"""The fast SFT path for Qwen2-family models: packed varlen attention and a chunked fused linear + cross-entropy.
+
+Same objective as training.sft (CaPtain Eq. 2 with AgenticRoboRL's global token normalisation), computed faster:
+
+* No logits tensor. A plain step materialises [tokens, vocab] logits (8k x 151,936 in bf16 is 2.5 GB per row,
+  twice that once upcast for the loss), which caps the micro-batch. `linear_cross_entropy` walks the target
+  positions in chunks: per chunk it computes the logits, their log-sum-exp, the loss term and, in the same pass,
+  the gradients w.r.t. the hidden states and the output embedding (softmax - one-hot, times w_i / denominator);
+  backward only scales what forward stored by the incoming gradient. Peak memory is one chunk of logits.
+* Packed rows without cross-document attention. The batch is flattened to [tokens] and each document attends only
+  to itself through `cu_seqlens` (training.data.collate): flash-attention varlen (torch.nn.attention.varlen) on
+  CUDA, one causal SDPA call per document elsewhere; no [L, L] mask is built and no padding is attended.
+* Fewer, larger GEMMs: q/k/v projections as one matmul, gate/up as one; optionally `torch.compile` of the two
+  halves of a decoder layer (norm + projections + RoPE, and o_proj + residual + norm + SwiGLU MLP), which fuses
+  the memory-bound elementwise work; the attention call stays outside the compiled regions.
+
+The forward runs on the weights of an unmodified transformers Qwen2ForCausalLM (the same module the plain path and
+checkpoints use) and reproduces its arithmetic op for op (RMSNorm in fp32, RoPE from the model's own rotary
+module), so the two paths differ only by kernel rounding; bench/train_gpu.py measures that against the plain
+path's own run-to-run noise (CaPtain Appendix F's numerical gate).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.nn.functional import linear, scaled_dot_product_attention, silu
+
+IGNORE = -100  # training.data.IGNORE
+
+
+@dataclass(frozen=True)
+class FastConfig:
+    chunk_tokens: int = 8192  # target positions per linear + cross-entropy chunk (peak memory: chunk x vocab fp32)
+    attention: str = "auto"  # "auto" (varlen on CUDA when available, else per document) | "varlen" | "sdpa"
+    compile: bool = False  # torch.compile the two halves of each decoder layer (regional compilation)
+    bf16: bool = True  # autocast to bf16 on CUDA (as training.sft); a bf16 model runs in bf16 regardless
+
+
+# ------------------------------------------------------------------------------------------------ the loss
+def _chunk_terms(logits: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """One chunk of CaPtain Eq. 2: log p(target) (fp32) and d loss / d logits = scale * (softmax - onehot) in the
+    logits' dtype (computed in fp32; one fused kernel when compiled).
+    `scale` = w_i / denominator; rows with an IGNORE target must have scale 0 (their gradient is then 0)."""
+    out_dtype = logits.dtype
+    logits = logits.float()
+    lse = torch.logsumexp(logits, dim=-1)
+    safe = targets.clamp(min=0)
+    logp = logits.gather(-1, safe[:, None]).squeeze(-1) - lse
+    grad = torch.exp(logits - lse[:, None])
+    grad.scatter_add_(-1, safe[:, None], -torch.ones_like(lse)[:, None])
+    return logp, (grad * scale[:, None]).to(out_dtype)
+
+
+def _exact_casts() -> None:
+    """Make Inductor round intermediates to bf16 where eager does (`emulate_precision_casts`), so a compiled
+    region keeps eager's arithmetic; without it fused RMSNorm/RoPE skip roundings and move log-probabilities
+    (the gate CaPtain App. F applies; torch.compile failed it there)."""
+    import torch._inductor.config as inductor_config
+
+    if hasattr(inductor_config, "emulate_precision_casts"):
+        inductor_config.emulate_precision_casts = True
+
+
+@functools.cache
+def _compiled_chunk_terms() -> Any:
+    _exact_casts()
+    return torch.compile(_chunk_terms, dynamic=False)
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """sum_i w_i * -log softmax(h_i W^T)[y_i] / denominator with the gradients computed chunk by chunk in forward."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, scale, chunk_tokens, compute_dtype, compiled):  # noqa: PLR0917 (apply's order)
+        h = hidden.to(compute_dtype)
+        w = weight.to(compute_dtype)
+        terms = _compiled_chunk_terms() if compiled else _chunk_terms
+        grad_h = torch.empty_like(h)
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for start in range(0, h.shape[0], chunk_tokens):
+            stop = min(start + chunk_tokens, h.shape[0])
+            logits = h[start:stop] @ w.T  # the plain path's lm_head in the same dtype
+            logp, grad = terms(logits, targets[start:stop], scale[start:stop])
+            loss -= (logp * scale[start:stop]).sum()
+            grad_h[start:stop] = grad @ w
+            grad_w += (grad.T @ h[start:stop]).float()
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.dtypes = (hidden.dtype, weight.dtype)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_h, grad_w = ctx.saved_tensors
+        h_dtype, w_dtype = ctx.dtypes
+        grad_hidden = (grad_h.float() * grad_loss).to(h_dtype) if ctx.needs_input_grad[0] else None
+        grad_weight = (grad_w * grad_loss).to(w_dtype) if ctx.needs_input_grad[1] else None
+        return grad_hidden, grad_weight, None, None, None, None, None
+
+
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    weights: torch.Tensor,
+    denominator: float,
+    *,
+    chunk_tokens: int = 4096,
+    compute_dtype: torch.dtype | None = None,
+    compiled: bool = False,
+) -> torch.Tensor:
+    """CaPtain Eq. 2 with global token normalisation, sum_i w_i * (-log p(y_i | h_i)) / denominator, where
+    p = softmax(h_i W^T), without materialising the [N, vocab] logits. `hidden` [N, d], `weight` [V, d] (lm_head,
+    possibly tied to the embedding), `targets` [N] (IGNORE allowed: weight it 0), `weights` [N]. Equals
+    training.sft.sft_loss(hidden @ weight.T, targets, weights, denominator), gradients included."""
+    weights = torch.where(targets == IGNORE, torch.zeros_like(weights), weights)
+    scale = weights.float() / max(float(denominator), 1.0)
+    dtype = compute_dtype or hidden.dtype
+    return _LinearCrossEntropy.apply(hidden, weight, targets, scale, chunk_tokens, dtype, compiled)
+
+
+@torch.no_grad()
+def linear_token_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, chunk_tokens: int = 4096
+) -> torch.Tensor:
+    """log p(y_i | h_i) for each row (fp32, chunked; NaN where the target is IGNORE): the quantity the numerical
+    gate compares (CaPtain Appendix F) and the policy loss consumes (Eq. 8 ratios)."""
+    out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+    w = weight.to(hidden.dtype)
+    for start in range(0, hidden.shape[0], chunk_tokens):
+        logits = (hidden[start : start + chunk_tokens] @ w.T).float()
+        t = targets[start : start + chunk_tokens]
+        logp = logits.gather(-1, t.clamp(min=0)[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        out[start : start + chunk_tokens] = torch.where(t == IGNORE, torch.full_like(logp, float("nan")), logp)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ attention
+@functools.cache
+def _varlen() -> tuple[Any, dict, bool] | None:
+    """torch's flash varlen attention and how this torch version asks for causal masking / GQA (the signature
+    moved between 2.10 (`is_causal`) and later versions (`window_size=(-1, 0)`, `enable_gqa`))."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    params = inspect.signature(varlen_attn).parameters
+    if "is_causal" in params:
+        causal = {"is_causal": True}
+    elif "window_size" in params:
+        causal = {"window_size": (-1, 0)}
+    else:
+        return None
+    return varlen_attn, causal, "enable_gqa" in params
+
+
+def varlen_available() -> bool:
+    return _varlen() is not None and torch.cuda.is_available()
+
+
+def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """[T, Hkv, D] -> [T, Hkv * groups, D], query head h using kv head h // groups (transformers' repeat_kv)."""
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+def packed_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, *, backend: str
+) -> torch.Tensor:
+    """Causal attention within each document of a flattened packed batch: q [T, H, D], k/v [T, Hkv, D],
+    document i = tokens cu_seqlens[i]:cu_seqlens[i+1]. No token sees another document (training.data packing).
+    backend "varlen": one flash varlen call; "sdpa": one causal SDPA call per document (CPU, reference)."""
+    groups = q.shape[1] // k.shape[1]
+    if backend == "auto":
+        backend = "varlen" if q.is_cuda and _varlen() is not None else "sdpa"
+    if backend == "varlen":
+        found = _varlen()
+        if found is None:
+            raise RuntimeError("torch.nn.attention.varlen.varlen_attn is not available in this torch")
+        varlen_attn, causal, gqa = found
+        cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
+        if gqa:
+            return varlen_attn(q, k, v, cu, cu, max_seqlen, max_seqlen, enable_gqa=True, **causal)
+        k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
+        return varlen_attn(q, k, v, cu, cu, max_seqlen, max_seqlen, **causal)
+    if backend != "sdpa":
+        raise ValueError(f"attention backend must be 'auto', 'varlen' or 'sdpa', not {backend!r}")
+    k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
+    outs = []
+    for a, b in itertools.pairwise(cu_seqlens.tolist()):
+        qd, kd, vd = (x[a:b].transpose(0, 1)[None] for x in (q, k, v))  # [1, H, s, D]
+        outs.append(scaled_dot_product_attention(qd, kd, vd, is_causal=True)[0].transpose(0, 1))
+    return torch.cat(outs)
+
+
+# ------------------------------------------------------------------------------------------------ the decoder
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen2RMSNorm exactly: normalise in fp32, cast back, then scale."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def attention_in(x, norm_w, qkv_w, *, qkv_b, cos, sin, eps: float, heads: int, kv_heads: int, head_dim: int):
+    """First half of a Qwen2 decoder layer: RMSNorm, fused q/k/v projection, RoPE. x [T, d] -> q, k, v."""
+    h = rms_norm(x, norm_w, eps)
+    qkv = linear(h, qkv_w, qkv_b)
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q = q.view(-1, heads, head_dim)
+    k = k.view(-1, kv_heads, head_dim)
+    v = v.view(-1, kv_heads, head_dim)
+    q = q * cos + _rotate_half(q) * sin
+    k = k * cos + _rotate_half(k) * sin
+    return q, k, v
+
+
+def attention_out_mlp(x, attn, o_w, *, norm_w, gate_up_w, down_w, eps: float):
+    """Second half: o_proj + residual, RMSNorm, SwiGLU MLP (fused gate/up projection) + residual."""
+    x = x + linear(attn.reshape(x.shape[0], -1), o_w)
+    gate, up = linear(rms_norm(x, norm_w, eps), gate_up_w).chunk(2, dim=-1)
+    return x + linear(silu(gate) * up, down_w)
+
+
+@functools.cache
+def _layer_fns(compiled: bool) -> tuple[Any, Any]:
+    if not compiled:
+        return attention_in, attention_out_mlp
+    _exact_casts()
+    return torch.compile(attention_in, dynamic=False), torch.compile(attention_out_mlp, dynamic=False)
+
+
+def packed_hidden(
+    model: Any,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    *,
+    config: FastConfig = FastConfig(),
+) -> torch.Tensor:
+    """Final hidden states [T, d] of a transformers Qwen2 causal LM on a packed batch flattened to T tokens
+    (input_ids/position_ids [B, L] or [T]; cu_seqlens over the flattened batch, as training.data.collate gives)."""
+    core = model.get_decoder()
+    cfg = model.config
+    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    eps = cfg.rms_norm_eps
+    if getattr(cfg, "use_sliding_window", False):
+        raise NotImplementedError("sliding-window attention is not supported by the fast path")
+    ids = input_ids.reshape(-1)
+    x = core.embed_tokens(ids)
+    cos, sin = core.rotary_emb(x[None], position_ids.reshape(1, -1).to(ids.device))
+    cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [T, 1, D] against q/k [T, H, D]
+    first, second = _layer_fns(config.compile)
+    for layer in core.layers:
+        a, mlp = layer.self_attn, layer.mlp
+        qkv_w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+        biases = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
+        qkv_b = torch.cat(biases) if all(b is not None for b in biases) else None
+        q, k, v = first(
+            x, layer.input_layernorm.weight, qkv_w, qkv_b=qkv_b, cos=cos, sin=sin, eps=eps, heads=heads,
+            kv_heads=kv_heads, head_dim=head_dim,
+        )  # fmt: skip
+        attn = packed_attention(q, k, v, cu_seqlens, max_seqlen, backend=config.attention)
+        gate_up_w = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+        x = second(
+            x, attn, a.o_proj.weight, norm_w=layer.post_attention_layernorm.weight, gate_up_w=gate_up_w,
+            down_w=mlp.down_proj.weight, eps=eps,
+        )  # fmt: skip
+    return rms_norm(x, core.norm.weight, eps)
+
+
+def _autocast(model: Any, config: FastConfig) -> torch.autocast:
+    device = next(model.parameters()).device
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda" and config.bf16)
+
+
+def fast_micro_batch_loss(model: Any, batch: dict, denominator: float, config: FastConfig = FastConfig()) -> Any:
+    """This micro-batch's term of the step's SFT loss (CaPtain Eq. 2, global denominator), equal to
+    training.sft.micro_batch_loss on the same batch; a drop-in for it in training.sft.sft_step."""
+    device = next(model.parameters()).device
+    weights = batch["token_weights"].to(device).reshape(-1)
+    targets = batch["targets"].to(device).reshape(-1)
+    selected = weights > 0
+    with _autocast(model, config):
+        hidden = packed_hidden(
+            model,
+            batch["input_ids"].to(device),
+            batch["position_ids"].to(device),
+            batch["cu_seqlens"].to(device),
+            int(batch["max_seqlen"]),
+            config=config,
+        )
+        dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else hidden.dtype
+    weight = model.get_output_embeddings().weight
+    return linear_cross_entropy(
+        hidden[selected], weight, targets[selected], weights[selected], denominator,
+        chunk_tokens=config.chunk_tokens, compute_dtype=dtype, compiled=config.compile,
+    )  # fmt: skip
+
+
+@torch.no_grad()
+def fast_token_logprobs(model: Any, batch: dict, config: FastConfig = FastConfig()) -> torch.Tensor:
+    """log p(target_i) at every position of the packed batch, [B, L] fp32, NaN where targets is IGNORE."""
+    device = next(model.parameters()).device
+    with _autocast(model, config):
+        hidden = packed_hidden(
+            model,
+            batch["input_ids"].to(device),
+            batch["position_ids"].to(device),
+            batch["cu_seqlens"].to(device),
+            int(batch["max_seqlen"]),
+            config=config,
+        )
+        dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else hidden.dtype
+    weight = model.get_output_embeddings().weight
+    targets = batch["targets"].to(device)
+    logp = linear_token_logprobs(
+        hidden.to(dtype), weight.to(dtype), targets.reshape(-1), chunk_tokens=config.chunk_tokens
+    )
+    return logp.view(targets.shape)

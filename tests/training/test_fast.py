@@ -1,0 +1,170 @@
+"""The fast SFT path equals the reference: the chunked fused linear + cross-entropy against training.sft.sft_loss
+(loss and gradients, ignored tokens, per-token weights, global denominator, by hand on a 3-token vocabulary), the
+packed attention against one-document-at-a-time runs, and the whole fast micro-batch loss against
+training.sft.micro_batch_loss on the tiny Qwen2, gradients of every parameter included (fp32, CPU)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from training import data, fast, sft
+from training.data import IGNORE, Example
+from training.sft import SFTConfig
+from training.tiny import tiny_model
+
+PAD = 0
+
+
+def synthetic(n: int, prompt: int, weight: float = 1.0, seed: int = 0) -> Example:
+    ids = torch.randint(3, 2000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return Example(ids, [i >= prompt for i in range(n)], weight, prompt)
+
+
+def packed_batch() -> dict:
+    """Two rows of 40 tokens: documents of 17 + 23 and 11 + 19 (+ 10 padding), weights 1, 0.5, 0, 1."""
+    examples = [synthetic(17, 5, 1.0, 1), synthetic(23, 9, 0.5, 2), synthetic(11, 4, 0.0, 3), synthetic(19, 6, 1.0, 4)]
+    rows = [data.PackedRow(), data.PackedRow()]
+    for i, ex in enumerate(examples):
+        rows[i // 2].add(ex, i)
+    return data.collate(rows, PAD, length=40)
+
+
+# ------------------------------------------------------------------------------------------------ linear + CE
+def test_linear_cross_entropy_by_hand():
+    """h = 0 gives uniform logits over V = 3: each kept token costs log 3. Weights (1, 0.5, 2 (ignored)),
+    denominator 2: loss = (1 + 0.5) log 3 / 2; d loss / d W row v = sum_i s_i (1/3 - [v = y_i]) h_i = 0 at h = 0."""
+    hidden = torch.zeros(3, 4, requires_grad=True)
+    weight = torch.zeros(3, 4, requires_grad=True)
+    targets = torch.tensor([0, 2, IGNORE])
+    loss = fast.linear_cross_entropy(hidden, weight, targets, torch.tensor([1.0, 0.5, 2.0]), 2, chunk_tokens=2)
+    assert loss.item() == pytest.approx(1.5 * math.log(3) / 2, rel=1e-6)
+    loss.backward()
+    assert torch.count_nonzero(weight.grad) == 0
+    # d loss / d h_i = s_i * sum_v (p_v - [v = y_i]) W_v = 0 with W = 0
+    assert torch.count_nonzero(hidden.grad) == 0
+
+
+def test_linear_cross_entropy_gradient_by_hand():
+    """One token, V = 2, d = 1, h = 1, W = [[a], [b]] = [[1], [0]]: p = softmax(1, 0), target 1, weight 1,
+    denominator 4. loss = -log p_1 / 4 = log(1 + e) / 4; d/dW_0 = p_0 h / 4, d/dW_1 = (p_1 - 1) h / 4,
+    d/dh = (p_0 a + (p_1 - 1) b) / 4."""
+    hidden = torch.ones(1, 1, requires_grad=True)
+    weight = torch.tensor([[1.0], [0.0]], requires_grad=True)
+    loss = fast.linear_cross_entropy(hidden, weight, torch.tensor([1]), torch.tensor([1.0]), 4)
+    loss.backward()
+    p0 = math.e / (1 + math.e)
+    assert loss.item() == pytest.approx(math.log(1 + math.e) / 4, rel=1e-6)
+    assert weight.grad[:, 0].tolist() == pytest.approx([p0 / 4, (1 - p0 - 1) / 4], rel=1e-6)
+    assert hidden.grad.item() == pytest.approx(p0 / 4, rel=1e-6)
+
+
+@pytest.mark.parametrize("chunk_tokens", [1, 7, 64])
+def test_linear_cross_entropy_equals_sft_loss(chunk_tokens):
+    """Against training.sft.sft_loss on full logits: ignored targets, weights 0 / 0.5 / 1 / 2, a global
+    denominator larger than the kept tokens (as with gradient accumulation), an upstream gradient of 3."""
+    g = torch.Generator().manual_seed(0)
+    n, d, vocab = 37, 16, 50
+    hidden = torch.randn(n, d, generator=g, dtype=torch.float64)
+    weight = torch.randn(vocab, d, generator=g, dtype=torch.float64) * 0.5
+    targets = torch.randint(0, vocab, (n,), generator=g)
+    targets[::5] = IGNORE
+    weights = torch.tensor([0.0, 0.5, 1.0, 2.0])[torch.randint(0, 4, (n,), generator=g)]
+    weights[targets == IGNORE] = 0.0
+    denominator = 61
+
+    h1, w1 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    kept = targets != IGNORE
+    ref = sft.sft_loss((h1 @ w1.T)[kept], targets[kept], weights[kept], denominator)
+    (3 * ref).backward()
+    h2, w2 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    loss = fast.linear_cross_entropy(h2, w2, targets, weights, denominator, chunk_tokens=chunk_tokens)
+    (3 * loss).backward()
+    torch.testing.assert_close(loss.double(), ref.double(), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(h2.grad, h1.grad, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(w2.grad, w1.grad, rtol=1e-6, atol=1e-7)
+
+
+def test_linear_token_logprobs_equal_log_softmax():
+    g = torch.Generator().manual_seed(1)
+    hidden, weight = torch.randn(9, 8, generator=g), torch.randn(30, 8, generator=g)
+    targets = torch.randint(0, 30, (9,), generator=g)
+    targets[3] = IGNORE
+    got = fast.linear_token_logprobs(hidden, weight, targets, chunk_tokens=4)
+    ref = torch.log_softmax(hidden @ weight.T, -1).gather(-1, targets.clamp(min=0)[:, None]).squeeze(-1)
+    assert math.isnan(got[3].item())
+    keep = targets != IGNORE
+    torch.testing.assert_close(got[keep], ref[keep], rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------ attention
+def test_packed_attention_equals_documents_one_by_one():
+    """Documents of 5, 1 and 8 tokens, 4 query heads on 2 kv heads: each document alone through causal SDPA."""
+    g = torch.Generator().manual_seed(2)
+    q, k, v = torch.randn(14, 4, 8, generator=g), torch.randn(14, 2, 8, generator=g), torch.randn(14, 2, 8, generator=g)
+    cu = torch.tensor([0, 5, 6, 14], dtype=torch.int32)
+    got = fast.packed_attention(q, k, v, cu, 8, backend="sdpa")
+    for a, b in [(0, 5), (5, 6), (6, 14)]:
+        qd = q[a:b].transpose(0, 1)
+        kd = k[a:b].repeat_interleave(2, 1).transpose(0, 1)
+        vd = v[a:b].repeat_interleave(2, 1).transpose(0, 1)
+        scores = (qd @ kd.transpose(1, 2)) / math.sqrt(8)
+        scores = scores.masked_fill(~torch.ones(b - a, b - a, dtype=torch.bool).tril(), float("-inf"))
+        ref = (scores.softmax(-1) @ vd).transpose(0, 1)
+        torch.testing.assert_close(got[a:b], ref, rtol=1e-5, atol=1e-5)
+    # the single-token document attends only to itself: its output is its own value, head h on kv head h // 2
+    torch.testing.assert_close(got[5], v[5].repeat_interleave(2, 0))
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model()
+
+
+def test_packed_hidden_equals_per_document_runs(model):
+    batch = packed_batch()
+    with torch.no_grad():
+        hidden = fast.packed_hidden(
+            model, batch["input_ids"], batch["position_ids"], batch["cu_seqlens"], batch["max_seqlen"]
+        ).view(2, 40, -1)
+        for row, spans in enumerate([[(0, 17), (17, 40)], [(0, 11), (11, 30)]]):
+            for a, b in spans:
+                alone = model.get_decoder()(input_ids=batch["input_ids"][row : row + 1, a:b]).last_hidden_state[0]
+                torch.testing.assert_close(hidden[row, a:b], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_fast_token_logprobs_equal_model_logits(model):
+    batch = packed_batch()
+    got = fast.fast_token_logprobs(model, batch, fast.FastConfig(chunk_tokens=16))
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"][0:1, :17]).logits[0]
+    ref = torch.log_softmax(logits, -1)
+    targets = batch["targets"][0, :17]
+    for i in range(17):
+        if targets[i] == IGNORE:
+            assert math.isnan(got[0, i].item())
+        else:
+            assert got[0, i].item() == pytest.approx(ref[i, targets[i]].item(), abs=1e-5)
+    assert torch.isnan(got[1, 30:]).all()  # padding carries no target
+
+
+def test_fast_loss_and_gradients_equal_sft_reference(model):
+    """fast_micro_batch_loss == training.sft.micro_batch_loss (4D block-causal mask path) on a packed batch with
+    weights 1 / 0.5 / 0 and a global denominator of two micro-batches: loss and every parameter's gradient."""
+    batch = packed_batch()
+    denominator = sft.token_denominator([batch, batch])
+
+    model.zero_grad(set_to_none=True)
+    ref = sft.micro_batch_loss(model, batch, denominator, SFTConfig(attention="mask"))
+    ref.backward()
+    ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    model.zero_grad(set_to_none=True)
+    loss = fast.fast_micro_batch_loss(model, batch, denominator, fast.FastConfig(chunk_tokens=13))
+    loss.backward()
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, ref_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    model.zero_grad(set_to_none=True)
