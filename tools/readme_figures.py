@@ -251,6 +251,35 @@ BRIDGE = (
     ),
 )
 
+TRAINING = (
+    (
+        "`advantages_s_1024x40`: critic values (the paper-sized 5×MLP ensemble, two passes) and Eq. 9–10 "
+        "advantages for 1,024 episodes of 40 requests, CPU (`python bench/advantages.py`)",
+        "{advantages_s_1024x40:.3f} s",
+        "≤ 1 s",
+    ),
+)
+
+TRAIN_GPU = (
+    (
+        "`sft_tokens_per_s` / `sft_mfu`: the fastest fast-SFT variant that passes the log-prob gate, Qwen2-0.5B "
+        "shape, bf16, packed 8k-token rows, H200",
+        "{sft_tokens_per_s:.0f} / {sft_mfu:.3f}",
+        "",
+    ),
+    (
+        "`plain_tokens_per_s`: a plain transformers step, same model and rows, its best batch",
+        "{plain_tokens_per_s:.0f}",
+        "",
+    ),
+    ("`speedup_vs_plain`", "{speedup_vs_plain:.2f}", "≥ 1.5"),
+    (
+        "`logprob_max_abs_diff` vs `plain_run_to_run_max_abs_diff` (CaPtain App. F's numerical gate)",
+        "{logprob_max_abs_diff:.4f} vs {plain_run_to_run_max_abs_diff:.4f}",
+        "≤",
+    ),
+)
+
 BLOCKS = {
     "motion": Block("motion", rows=MOTION),
     "perception": Block("perception", rows=PERCEPTION),
@@ -260,6 +289,8 @@ BLOCKS = {
     "stress_dds": Block("stress_dds", text=STRESS),
     "agent": Block("agent", rows=AGENT),
     "bridge": Block("bridge", rows=BRIDGE),
+    "advantages": Block("advantages", rows=TRAINING),
+    "train_gpu": Block("train_gpu", rows=TRAIN_GPU),
 }
 
 
