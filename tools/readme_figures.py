@@ -354,7 +354,9 @@ def render(block_name: str) -> str:
     lines += [
         "",
         f"From `bench/results/{block.results}.json`, written by `{command(block.results)}` on "
-        f"{machine.get('cpu', '?')} ({machine.get('cores', '?')} cores) at {machine.get('date_utc', '?')}.",
+        f"{machine.get('cpu', '?')} ({machine.get('cores', '?')} cores"
+        + (f", {machine['gpu']}" if machine.get("gpu") else "")
+        + f") at {machine.get('date_utc', '?')}.",
     ]
     return "\n".join(lines) + "\n"
 
