@@ -57,6 +57,7 @@ NOT_DECLARED = {
     "matplotlib": "evaluation and trainer plots",
     "transformers": "trainer",
     "peft": "trainer (LoRA)",
+    "safetensors": "trainer (weight sync; comes with transformers)",
 }
 # Packages a launch file starts (Node(package=...)) without importing them.
 LAUNCHED = {"robot_state_publisher", "tf2_ros", "rviz2"}

@@ -1,0 +1,723 @@
+"""One RL update from a round (CaPtain §3.3 Eq. 8-10, App. A.2 "RL"; AgenticRoboRL L_RL as the alternative), the
+metrics log, and the trainer's command line (`python -m training.rl {sft,rl,plot} --help`).
+
+`RLTrainer.update(round)` does, for the round's kept groups (training.rounds):
+
+  1. critic values with a snapshot of the critic taken BEFORE this round's co-training (App. A.2: "each round's
+     advantages use the critic before that round's update"), and the snapshot's AUC on this round's states, which
+     it has never been trained on;
+  2. advantages: CaPtain Eq. 9-10 through training.credit (per request, divided by the running std), or
+     AgenticRoboRL's leave-one-out A_i over the group's valid attempts (per episode);
+  3. per episode, at most 8 requests (CaPtain) or 16 responses (AgenticRoboRL) drawn uniformly from the requests
+     eligible for a policy gradient (prompt gate passed, scene not already solved: App. E), with CaPtain's
+     inclusion weight n/k or AgenticRoboRL's 1/(K L_s); every token of request t shares A_{i,t} (§3.3);
+  4. the student's log-probability of each sampled token, teacher-forced (prompt ids + sampled ids -> logits ->
+     log-softmax at the sampled id), on packed rows without cross-document attention (training.data packing,
+     training.sft's forward), and the frozen SFT model's for the k3 KL;
+  5. the loss of training.policy_loss and its backward pass, micro-batch by micro-batch, all scaled by one
+     normaliser 1 / `episodes_per_step_n` (CaPtain accumulates 1,024 episodes per optimizer step: K = 4 rounds
+     of 256). When the step is taken with a different number of trained episodes, the accumulated gradient is
+     rescaled by episodes_per_step_n / episodes, which is exactly the loss with 1 / episodes as normaliser
+     (gradients are linear in it), so a step never depends on how it was cut into micro-batches or rounds;
+  6. an AdamW step (gradient clipping, constant learning rate after warm-up, App. A.2) once enough episodes are
+     accumulated (or when asked), which increments the policy version;
+  7. two full-batch co-training steps of the critic on all the round's request states (App. A.2).
+
+Every update appends one row to a JSONL metrics log (loss, KL, kept-token fraction, advantage statistics, critic
+AUC, episodes, requests, tokens, ...); `plot_metrics` draws it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from training.data import Example, collate, pack_examples
+from training.policy_loss import (
+    ObjectiveConfig,
+    agenticroborl_token_weights,
+    captain_token_weights,
+    episode_rng,
+    leave_one_out_by_group,
+    policy_loss,
+    sample_requests,
+)
+from training.rounds import Round, RoundConfig, build_round
+from training.sft import SFTConfig, target_logits
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    """Optimizer and batching of the policy update (CaPtain App. A.2; the objective's constants live in
+    policy_loss.ObjectiveConfig, the credit's in credit.CreditConfig)."""
+
+    learning_rate: float = field(default=4.24e-6, metadata={"help": "CaPtain App. A.2: constant after warm-up"})
+    warmup_steps: int = field(default=0, metadata={"help": "linear warm-up, in optimizer steps"})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
+    adam_betas: tuple[float, float] = field(default=(0.9, 0.95), metadata={"help": "AdamW betas"})
+    adam_eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon"})
+    max_grad_norm: float | None = field(default=1.0, metadata={"help": "gradient clipping; None: none"})
+    micro_batch_tokens: int = field(default=16384, metadata={"help": "tokens per packed row (one row per micro-batch)"})
+    attention: str = field(
+        default="position_ids",
+        metadata={"help": "packing: 'position_ids' (restarting positions) | 'mask' (4D block-causal, O(L^2) memory)"},
+    )
+    bf16: bool = field(default=True, metadata={"help": "bf16 autocast on CUDA (CPU runs fp32)"})
+    co_train_critic: bool = field(default=True, metadata={"help": "CaPtain App. A.2: co-train after each round"})
+
+
+# ---------------------------------------------------------------------------------------------------- selection
+@dataclass
+class TrainItem:
+    """One sampled request (CaPtain) or response (AgenticRoboRL) and what its tokens share."""
+
+    episode_id: str
+    request: int
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]  # pi_rollout, recorded by the proxy
+    advantage: float  # A_{i,t} (CaPtain Eq. 10) or A_i (AgenticRoboRL), shared by every token
+    weight: float  # per-token weight: n/k x gate (CaPtain) or 1/(K L_s) x gate (AgenticRoboRL)
+
+
+def captain_advantages(round_: Round, critic: Any, running_std: Any, credit_config: Any) -> tuple[dict, dict]:
+    """CaPtain Eq. 9-10 per request of every round episode, with `critic` (the snapshot from before this round's
+    co-training) and the running std; returns ({episode id: [A_t for t = 1..T]}, credit statistics)."""
+    from training.credit import batch_from_episodes, credit_round
+
+    batch = batch_from_episodes([e.episode for e in round_.episodes], critic.tasks)
+    credit = credit_round(critic, batch, running_std, credit_config)
+    return credit.per_episode(), credit.stats()
+
+
+def agenticroborl_advantages(round_: Round, objective: ObjectiveConfig) -> tuple[dict, dict]:
+    """AgenticRoboRL A_i = R_i - mean of the other valid attempts' R, one value for all of an episode's
+    responses (policy_loss.leave_one_out_by_group); episodes of groups too small get no entry."""
+    episodes = round_.episodes
+    adv = leave_one_out_by_group(
+        [e.group_id for e in episodes],
+        [e.reward for e in episodes],
+        [True] * len(episodes),
+        objective.min_valid_attempts_n,
+    )
+    out = {e.episode_id: np.full(len(e.requests), a) for e, a in zip(episodes, adv, strict=True) if a is not None}
+    values = np.concatenate(list(out.values())) if out else np.zeros(0)
+    stats = {
+        "adv_mean": float(values.mean()) if values.size else 0.0,
+        "adv_std": float(values.std()) if values.size else 0.0,
+    }
+    return out, stats
+
+
+def select_items(round_: Round, advantages: dict[str, np.ndarray], objective: ObjectiveConfig) -> list[TrainItem]:
+    """Per episode, at most `objective.max_per_episode_n` eligible requests, uniformly without replacement from a
+    generator fixed by (sampler seed, episode id) (CaPtain App. A.2), with the objective's per-token weights."""
+    items = []
+    for episode in round_.episodes:
+        if episode.episode_id not in advantages:
+            continue
+        eligible = episode.eligible
+        sample = sample_requests(
+            len(eligible), objective.max_per_episode_n, episode_rng(objective.sampler_seed, episode.episode_id)
+        )
+        chosen = [episode.requests[eligible[i]] for i in sample.indices]
+        if not chosen:
+            continue
+        gates = [r.gate_weight for r in chosen]
+        if objective.objective == "captain":
+            weights = captain_token_weights(sample, gates)
+        else:
+            base = agenticroborl_token_weights([[len(r.token_ids) for r in chosen]])[0]
+            weights = [w * g for w, g in zip(base, gates, strict=True)]
+        per_request = advantages[episode.episode_id]
+        for request, weight in zip(chosen, weights, strict=True):
+            items.append(
+                TrainItem(
+                    episode.episode_id,
+                    request.index,
+                    request.prompt_ids,
+                    request.token_ids,
+                    request.logprobs,
+                    float(per_request[request.index - 1]),
+                    float(weight),
+                )
+            )
+    return items
+
+
+# ---------------------------------------------------------------------------------------------------- batches
+@dataclass
+class MicroBatch:
+    """Packed rows and, aligned with their response tokens in row order, what the loss needs per token."""
+
+    batch: dict[str, Any]
+    logp_rollout: torch.Tensor
+    advantages: torch.Tensor
+    weights: torch.Tensor
+    items: list[int]  # indices into the item list
+
+    @property
+    def tokens(self) -> int:
+        return int(self.logp_rollout.numel())
+
+
+def micro_batches(
+    items: Sequence[TrainItem], max_tokens: int, pad_id: int, mask: bool = True
+) -> tuple[list[MicroBatch], list[int]]:
+    """Items packed first-fit into rows of at most `max_tokens` (training.data.pack_examples: positions restart
+    per document, no cross-document attention), one row per micro-batch. Returns (micro-batches, indices of items
+    too long for a row). Per-token tensors follow the order in which sft.target_logits returns the targets."""
+    examples = [
+        Example(
+            list(it.prompt_ids) + list(it.token_ids),
+            [False] * len(it.prompt_ids) + [True] * len(it.token_ids),
+            1.0,
+            len(it.prompt_ids),
+        )
+        for it in items
+    ]
+    rows, too_long = pack_examples(examples, max_tokens)
+    out = []
+    for row in rows:
+        logp, adv, weight = [], [], []
+        for index in row.examples:
+            item, n = items[index], len(items[index].token_ids)
+            logp += item.logprobs
+            adv += [item.advantage] * n
+            weight += [item.weight] * n
+        out.append(
+            MicroBatch(
+                collate([row], pad_id, mask=mask),
+                torch.tensor(logp, dtype=torch.float32),
+                torch.tensor(adv, dtype=torch.float32),
+                torch.tensor(weight, dtype=torch.float32),
+                list(row.examples),
+            )
+        )
+    return out, too_long
+
+
+def sampled_token_logprobs(model: Any, batch: dict[str, Any], sft_config: SFTConfig) -> torch.Tensor:
+    """log pi(y_j | prompt, y_<j) of every response token of a packed batch, teacher-forced, in row order: one
+    forward pass, lm_head only at the response positions, log-softmax in fp32 (bf16 autocast on CUDA)."""
+    device = next(model.parameters()).device
+    autocast = device.type == "cuda" and sft_config.bf16
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+        logits, targets, _ = target_logits(model, batch, sft_config)
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+
+
+# ---------------------------------------------------------------------------------------------------- metrics
+_MEAN_KEYS = (
+    "kept_frac",
+    "ratio_mean",
+    "clipped_low_frac",
+    "clipped_high_frac",
+    "dual_clip_frac",
+    "is_weight_mean",
+    "is_truncated_frac",
+)
+
+
+def combine_loss_metrics(parts: Sequence[tuple[int, dict[str, float]]]) -> dict[str, float]:
+    """Micro-batch metrics of policy_loss into the step's: loss parts summed (each already carries the step's
+    normaliser), token fractions and means weighted by tokens, the k3 KL by kept tokens."""
+    out: dict[str, float] = {}
+    tokens = sum(n for n, _ in parts)
+    for key in ("pg_loss", "kl_loss"):
+        values = [m[key] for _, m in parts if key in m]
+        if values:
+            out[key] = float(sum(values))
+    out["loss"] = out.get("pg_loss", 0.0) + out.get("kl_loss", 0.0)
+    for key in _MEAN_KEYS:
+        if tokens and any(key in m for _, m in parts):
+            out[key] = sum(n * m.get(key, 0.0) for n, m in parts) / tokens
+    kept = [(n * m.get("kept_frac", 1.0), m["kl_k3"]) for n, m in parts if "kl_k3" in m]
+    if kept:  # 0 without kept tokens, as policy_loss reports it
+        total = sum(k for k, _ in kept)
+        out["kl_k3"] = sum(k * v for k, v in kept) / total if total > 0 else 0.0
+    return out
+
+
+def token_advantage_stats(items: Sequence[TrainItem]) -> dict[str, float]:
+    """Mean and (population) std of the advantage over the trained tokens (every token carries its request's A)."""
+    n = np.asarray([len(it.token_ids) for it in items], dtype=np.float64)
+    a = np.asarray([it.advantage for it in items], dtype=np.float64)
+    if not n.sum():
+        return {"token_adv_mean": 0.0, "token_adv_std": 0.0}
+    mean = float((n * a).sum() / n.sum())
+    return {"token_adv_mean": mean, "token_adv_std": float(math.sqrt((n * (a - mean) ** 2).sum() / n.sum()))}
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def append_metrics(path: str | Path, row: dict[str, Any]) -> None:
+    """One JSON object per line; NaN/inf become null so the file stays strict JSON."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fh.write(json.dumps(_finite(row), sort_keys=True) + "\n")
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+PLOT_KEYS = ("loss", "kl_k3", "kept_frac", "adv_mean", "adv_std", "critic_auc", "reward_mean", "tokens")
+
+
+def plot_metrics(path: str | Path, out: str | Path, keys: Sequence[str] = PLOT_KEYS) -> Path:
+    """One panel per metric against the update index (missing or null values skipped), written as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(path)
+    keys = [k for k in keys if any(r.get(k) is not None for r in rows)]
+    cols = min(4, max(1, len(keys)))
+    n_rows = max(1, math.ceil(len(keys) / cols))
+    fig, axes = plt.subplots(n_rows, cols, figsize=(3.6 * cols, 2.6 * n_rows), squeeze=False)
+    for ax, key in zip(axes.flat, keys, strict=False):
+        points = [(r.get("update", i), r[key]) for i, r in enumerate(rows) if r.get(key) is not None]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3)
+        ax.set_title(key)
+        ax.set_xlabel("update")
+    for ax in list(axes.flat)[len(keys) :]:
+        ax.axis("off")
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- trainer
+class RLTrainer:
+    """The policy being trained, its frozen SFT reference, the critic and the running advantage std, and one
+    AdamW optimizer; `update(round)` is one round of the module doc, `step()` applies the accumulated gradient."""
+
+    def __init__(
+        self,
+        model: Any,
+        ref_model: Any = None,
+        critic: Any = None,
+        *,
+        tokenizer: Any = None,
+        config: RLConfig = RLConfig(),
+        objective: ObjectiveConfig = ObjectiveConfig(),
+        credit_config: Any = None,
+        policy_version: int = 0,
+        metrics_path: str | Path | None = None,
+    ):
+        from training.credit import CreditConfig, RunningStd
+
+        self.model, self.ref_model, self.critic, self.tokenizer = model, ref_model, critic, tokenizer
+        self.config, self.objective = config, objective
+        self.credit_config = credit_config or CreditConfig()
+        self.running_std = RunningStd(self.credit_config.std_momentum, self.credit_config.min_std)
+        self.policy_version = policy_version
+        self.metrics_path = Path(metrics_path) if metrics_path else None
+        self.sft_config = SFTConfig(attention=config.attention, bf16=config.bf16)
+        self.used: set[str] = set()  # episodes already trained on (single-pass RL)
+        self.pending_episodes = 0  # trained episodes whose gradient waits for the next optimizer step
+        self.updates = 0
+        self.last_items: list[TrainItem] = []  # the previous update's sampled requests (inspection, tests)
+        if ref_model is not None:
+            ref_model.eval()
+            for p in ref_model.parameters():
+                p.requires_grad_(False)
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            params,
+            lr=config.learning_rate,
+            betas=config.adam_betas,
+            eps=config.adam_eps,
+            weight_decay=config.weight_decay,
+        )
+        warmup = max(config.warmup_steps, 0)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)))
+        self.optimizer.zero_grad(set_to_none=True)
+
+    @property
+    def pad_id(self) -> int:
+        pad = getattr(getattr(self.model, "config", None), "pad_token_id", None)
+        return int(pad if pad is not None else 0)
+
+    def build_round(self, reader: Any, config: RoundConfig = RoundConfig()) -> Round:
+        """training.rounds.build_round at this trainer's policy version, with its tokenizer (gate), its critic's
+        task vocabulary and its ledger of used episodes."""
+        tasks = self.critic.tasks if self.critic is not None else None
+        return build_round(
+            reader,
+            self.policy_version,
+            config=config,
+            objective=self.objective,
+            tokenizer=self.tokenizer,
+            tasks=tasks,
+            used=self.used,
+        )
+
+    # ---------------------------------------------------------------------------------- pieces
+    def advantages(self, round_: Round, critic: Any) -> tuple[dict, dict]:
+        if self.objective.objective == "captain":
+            if critic is None:
+                raise ValueError("the CaPtain objective needs a critic (CaPtain Eq. 9-10)")
+            return captain_advantages(round_, critic, self.running_std, self.credit_config)
+        return agenticroborl_advantages(round_, self.objective)
+
+    def micro_batches(self, items: Sequence[TrainItem]) -> tuple[list[MicroBatch], list[int]]:
+        mask = self.config.attention == "mask"
+        return micro_batches(items, self.config.micro_batch_tokens, self.pad_id, mask=mask)
+
+    def micro_batch_loss(self, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """policy_loss of one micro-batch: the student's log-probs (with grad unless disabled by the caller), the
+        frozen SFT model's for CaPtain's k3 KL, and the step's fixed normaliser 1 / episodes_per_step_n."""
+        device = next(self.model.parameters()).device
+        logp_new = sampled_token_logprobs(self.model, mb.batch, self.sft_config)
+        logp_ref = None
+        if self.ref_model is not None and self.objective.objective == "captain":
+            with torch.no_grad():
+                logp_ref = sampled_token_logprobs(self.ref_model, mb.batch, self.sft_config)
+        return policy_loss(
+            self.objective,
+            logp_new,
+            mb.logp_rollout.to(device),
+            mb.advantages.to(device),
+            logp_ref=logp_ref,
+            token_weight=mb.weights.to(device),
+            normaliser=1.0 / self.objective.episodes_per_step_n,
+        )
+
+    def accumulate(self, items: Sequence[TrainItem]) -> tuple[dict[str, float], int]:
+        """Forward and backward over the items' micro-batches (module doc, step 5); the gradients add up in the
+        parameters' .grad until `step`. Returns the combined loss metrics and the number of items too long for a
+        packed row (skipped)."""
+        batches, too_long = self.micro_batches(items)
+        self.model.train()
+        parts = []
+        for mb in batches:
+            loss, metrics = self.micro_batch_loss(mb)
+            loss.backward()
+            parts.append((mb.tokens, metrics))
+        return combine_loss_metrics(parts), len(too_long)
+
+    @torch.no_grad()
+    def evaluate(self, items: Sequence[TrainItem]) -> dict[str, float]:
+        """The loss metrics `accumulate` would report for `items` under the current weights, without gradients."""
+        return combine_loss_metrics([(mb.tokens, self.micro_batch_loss(mb)[1]) for mb in self.micro_batches(items)[0]])
+
+    def step(self) -> dict[str, float]:
+        """Apply the accumulated gradient: rescale it to 1 / (episodes accumulated) (module doc, step 5), clip,
+        AdamW, zero; the policy version goes up by one. A step without any accumulated episode does nothing."""
+        if self.pending_episodes == 0:
+            return {"stepped": 0.0}
+        params = [p for p in self.model.parameters() if p.requires_grad and p.grad is not None]
+        scale = self.objective.episodes_per_step_n / self.pending_episodes
+        for p in params:
+            p.grad.mul_(scale)
+        if self.config.max_grad_norm is not None and params:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm))
+        else:
+            grad_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))) if params else 0.0
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        episodes, self.pending_episodes = self.pending_episodes, 0
+        self.policy_version += 1
+        return {"stepped": 1.0, "grad_norm": grad_norm, "lr": lr, "step_episodes": float(episodes)}
+
+    # ---------------------------------------------------------------------------------- one round
+    def update(self, round_: Round, *, step: bool | None = None) -> dict[str, Any]:
+        """One round (module doc, steps 1-7). `step`: True forces the optimizer step after this round, False
+        defers it, None steps once `episodes_per_step_n` episodes are accumulated. Returns the metrics row (also
+        appended to the metrics log)."""
+        from training.critic import evaluate, states_from_episodes
+
+        t0 = time.perf_counter()
+        episodes = round_.episodes
+        row: dict[str, Any] = {
+            "update": self.updates,
+            "policy_version": self.policy_version,
+            "objective": self.objective.objective,
+            "groups": len(round_.groups),
+            "episodes": len(episodes),
+            "requests": sum(len(e.requests) for e in episodes),
+            "episodes_dropped": round_.report.episodes_dropped,
+            "dropped": dict(round_.report.dropped),
+            "reward_mean": float(np.mean([e.reward for e in episodes])) if episodes else None,
+            "success_rate": float(np.mean([bool(e.episode.end.get("host_success")) for e in episodes]))
+            if episodes
+            else None,
+        }
+        snapshot = self.critic.snapshot() if self.critic is not None else None
+        states = (
+            states_from_episodes([e.episode for e in episodes], self.critic.tasks) if self.critic is not None else None
+        )
+        if snapshot is not None and len(states):
+            row.update({f"critic_{k}": v for k, v in evaluate(snapshot, states).items()})
+        if episodes:
+            advantages, adv_stats = self.advantages(round_, snapshot)
+            row.update(adv_stats)
+            items = select_items(round_, advantages, self.objective)
+            self.last_items = items
+            loss_metrics, too_long = self.accumulate(items)
+            row.update(loss_metrics)
+            trained = {it.episode_id for it in items}
+            self.pending_episodes += len(trained)
+            self.used.update(e.episode_id for e in episodes)
+            row.update(token_advantage_stats(items))
+            row.update(
+                trained_episodes=len(trained),
+                sampled_requests=len(items),
+                tokens=int(sum(len(it.token_ids) for it in items)),
+                too_long=too_long,
+            )
+        stepped = step if step is not None else self.pending_episodes >= self.objective.episodes_per_step_n
+        row.update(self.step() if stepped else {"stepped": 0.0})
+        row["policy_version_after"] = self.policy_version
+        if self.critic is not None and self.config.co_train_critic and states is not None and len(states):
+            losses = self.critic.co_train(states)
+            row["critic_co_train_loss_first"] = losses[0]
+            row["critic_co_train_loss_last"] = losses[-1]
+        row["elapsed_s"] = time.perf_counter() - t0
+        self.updates += 1
+        if self.metrics_path is not None:
+            append_metrics(self.metrics_path, row)
+        return row
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+def _load_policy(path: str | None, tiny: bool) -> tuple[Any, Any]:
+    """(model, tokenizer) from a transformers folder, or the tiny Qwen2 (training.tiny) with --tiny."""
+    if tiny:
+        from training.tiny import tiny_model, tiny_tokenizer
+
+        return tiny_model(), tiny_tokenizer()
+    if not path:
+        raise SystemExit("give --model DIR (a transformers folder) or --tiny")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+
+
+def _device(name: str) -> str:
+    return ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    """SFT on a store's valid episodes: gate, examples, packing, train_sft, save a servable folder."""
+    from captain_ros.bridge.store import EpisodeReader
+    from training.data import DataConfig, sft_examples
+    from training.gate import gate_episodes
+    from training.sft import SFTConfig as Config
+    from training.sft import train_sft
+    from training.weight_sync import write_model_folder
+
+    model, tokenizer = _load_policy(args.model, args.tiny)
+    model.to(_device(args.device))
+    reader = EpisodeReader(args.store)
+    gate = gate_episodes(tokenizer, reader)
+    print(gate, file=sys.stderr)
+    examples = sft_examples(tokenizer, reader, config=DataConfig(seed=args.seed), gate=gate)
+    rows, too_long = pack_examples(examples, args.max_tokens)
+    if too_long:
+        print(f"{len(too_long)} examples longer than --max-tokens {args.max_tokens} left out", file=sys.stderr)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    batches = [collate(rows[i : i + args.rows], pad) for i in range(0, len(rows), args.rows)]
+    config = Config(
+        max_steps=args.steps,
+        grad_accum_steps=args.grad_accum,
+        learning_rate=args.lr,
+        warmup_steps=args.warmup,
+        seed=args.seed,
+        checkpoint_dir=str(Path(args.out) / "checkpoint"),
+        progress=not args.no_progress,
+    )
+    result = train_sft(model, batches, config)
+    for row in result.metrics:
+        append_metrics(Path(args.out) / "sft_metrics.jsonl", row)
+    write_model_folder(result.model, tokenizer, Path(args.out) / "model")
+    print(f"SFT: {len(examples)} examples in {len(rows)} rows, {config.max_steps} steps -> {Path(args.out) / 'model'}")
+    return 0
+
+
+def cmd_rl(args: argparse.Namespace) -> int:
+    """RL rounds over a store: build a round, update, co-train the critic, and sync weights after each step."""
+    from tqdm import tqdm
+
+    from captain_ros.bridge.store import EpisodeReader
+    from training.critic import Critic, CriticConfig, states_from_episodes
+    from training.weight_sync import WeightSync, write_model_folder
+
+    model, tokenizer = _load_policy(args.model, args.tiny)
+    ref, _ = _load_policy(args.ref or args.model, args.tiny)
+    device = _device(args.device)
+    model.to(device)
+    ref.to(device)
+    reader = EpisodeReader(args.store)
+    if args.critic and Path(args.critic).exists():
+        critic = Critic.load(args.critic)
+    else:  # warm start on every valid episode of the store (CaPtain App. A.2 warm-starts on an earlier policy's)
+        episodes = [reader.load(eid) for eid in reader.episode_ids()]
+        tasks = tuple(sorted({e.start["task"] for e in episodes}))
+        critic = Critic(CriticConfig(tasks=tasks, seed=args.seed))
+        critic.fit(states_from_episodes(episodes, tasks))
+    objective = ObjectiveConfig(objective=args.objective, episodes_per_step_n=args.episodes_per_step)
+    trainer = RLTrainer(
+        model,
+        ref,
+        critic,
+        tokenizer=tokenizer,
+        config=RLConfig(learning_rate=args.lr, micro_batch_tokens=args.max_tokens),
+        objective=objective,
+        policy_version=args.version,
+        metrics_path=Path(args.out) / "rl_metrics.jsonl",
+    )
+    sync = WeightSync(args.server, args.served_dir, proxy_url=args.proxy) if args.server else None
+    round_config = RoundConfig(group_size_n=args.group_size, max_groups_n=args.groups_per_round)
+
+    def publish() -> None:
+        """The new policy: a servable folder, the critic, and (with --server) the running policy server."""
+        write_model_folder(trainer.model, tokenizer, Path(args.out) / "model")
+        critic.save(Path(args.out) / "critic.pt")
+        if sync is not None:
+            print(sync.sync(trainer.model, trainer.policy_version).as_dict(), file=sys.stderr)
+
+    bar = tqdm(total=args.rounds, desc="rl", unit="round", disable=args.no_progress)
+    for _ in range(args.rounds):
+        round_ = trainer.build_round(reader, round_config)
+        print(round_.report, file=sys.stderr)
+        if not round_.groups:
+            break
+        row = trainer.update(round_)
+        bar.update(1)
+        bar.set_postfix(
+            loss=f"{row.get('loss', 0):.4f}", kept=f"{row.get('kept_frac', 0):.2f}", v=trainer.policy_version
+        )
+        if row["stepped"]:
+            publish()
+    bar.close()
+    if trainer.pending_episodes:  # a last, smaller step (its gradient is rescaled to its own episode count)
+        print(f"final step over {trainer.pending_episodes} accumulated episodes", file=sys.stderr)
+        trainer.step()
+        publish()
+    metrics = Path(args.out) / "rl_metrics.jsonl"
+    if metrics.exists():
+        plot_metrics(metrics, Path(args.out) / "rl_metrics.png")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    print(plot_metrics(args.metrics, args.out, args.keys.split(",") if args.keys else PLOT_KEYS))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="python -m training.rl",
+        description="The captain_ros trainer: SFT on recorded twin episodes, then critic-credited RL rounds whose "
+        "new weights reach a running vLLM policy server (CaPtain §3.2-3.3; issue 12).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    sub = top.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--store", required=True, help="episode store (SQLite) the rollouts shipped to")
+        p.add_argument("--out", required=True, help="output folder (model, metrics, checkpoints)")
+        p.add_argument("--model", help="transformers folder of the policy to train")
+        p.add_argument("--tiny", action="store_true", help="use the tiny Qwen2 of training.tiny (tests, CPU)")
+        p.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda', 'cuda:1', ...")
+        p.add_argument("--max-tokens", type=int, default=16384, help="tokens per packed row")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    sft = sub.add_parser(
+        "sft",
+        help="supervised fine-tuning on a store (CaPtain Eq. 2)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    common(sft)
+    sft.add_argument("--steps", type=int, default=100, help="optimizer steps")
+    sft.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step")
+    sft.add_argument("--rows", type=int, default=1, help="packed rows per micro-batch")
+    sft.add_argument("--lr", type=float, default=1e-5)
+    sft.add_argument("--warmup", type=int, default=0, help="warm-up steps")
+    sft.set_defaults(func=cmd_sft)
+
+    rl = sub.add_parser(
+        "rl", help="RL rounds on a store (CaPtain Eq. 8-10)", formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    common(rl)
+    rl.add_argument("--ref", help="frozen SFT model for the k3 KL; absent: --model")
+    rl.add_argument("--critic", help="critic checkpoint (training.critic); absent: warm-start on the store")
+    rl.add_argument("--objective", choices=["captain", "agenticroborl"], default="captain")
+    rl.add_argument("--rounds", type=int, default=1, help="rounds to run (stops early when no group is ready)")
+    rl.add_argument("--group-size", type=int, default=4, help="G: attempts per start state")
+    rl.add_argument("--groups-per-round", type=int, default=64)
+    rl.add_argument("--episodes-per-step", type=int, default=1024, help="episodes per optimizer step")
+    rl.add_argument("--lr", type=float, default=4.24e-6)
+    rl.add_argument(
+        "--version", type=int, default=0, help="policy version of the --model weights (what the server serves now)"
+    )
+    rl.add_argument("--server", help="vLLM policy server (VLLM_SERVER_DEV_MODE=1) to sync weights into")
+    rl.add_argument("--served-dir", help="the folder that server serves (weights are written there)")
+    rl.add_argument("--proxy", help="recording proxy whose policy version is bumped after each sync")
+    rl.set_defaults(func=cmd_rl)
+
+    plot = sub.add_parser("plot", help="plot a metrics log (JSONL) as PNG")
+    plot.add_argument("metrics", help="rl_metrics.jsonl")
+    plot.add_argument("--out", required=True, help="PNG to write")
+    plot.add_argument("--keys", default="", help=f"comma-separated metrics (default: {','.join(PLOT_KEYS)})")
+    plot.set_defaults(func=cmd_plot)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if getattr(args, "server", None) and not getattr(args, "served_dir", None):
+        raise SystemExit("--server needs --served-dir (the folder the server serves)")
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+__all__ = [
+    "MicroBatch",
+    "RLConfig",
+    "RLTrainer",
+    "TrainItem",
+    "agenticroborl_advantages",
+    "append_metrics",
+    "captain_advantages",
+    "combine_loss_metrics",
+    "main",
+    "micro_batches",
+    "plot_metrics",
+    "read_metrics",
+    "sampled_token_logprobs",
+    "select_items",
+    "token_advantage_stats",
+]
