@@ -12,13 +12,16 @@ lm_head and the loss on every token: equal work, no shortcut from prompt tokens)
                 (transformers derives the block-causal mask from them: the correct objective) and "causal" does
                 not (each row one causal sequence: cross-document attention, the anchor's setup, flash SDPA).
                 plain_tokens_per_s = the faster of the two (the conservative reference).
-  fast variants attention "varlen" (torch flash varlen, FA2) or "sdpa" (one causal SDPA call per document, cuDNN
-                on the H200), each eager and compiled. The headline (sft_tokens_per_s, sft_mfu,
-                logprob_max_abs_diff) is the fastest variant that passes the numerical gate below, else the
-                fastest; every variant's speed and gate numbers are in the results file.
-  fast step     training.fast.fast_micro_batch_loss (flash varlen attention per document, fused q/k/v and
-                gate/up GEMMs, chunked fused linear + cross-entropy; optionally torch.compile of the layer halves)
-                -> backward -> fused AdamW, at its fastest batch. sft_tokens_per_s = the fastest fast variant.
+  fast variants attention "varlen" (torch flash varlen, FA2), "sdpa" (one causal SDPA call per document, cuDNN
+                on the H200) or "bucketed" (documents padded to multiples of 64, one batched causal SDPA call per
+                length bucket, cuDNN), each eager and compiled; "compiled_bucketed_eager_norms" compiles only the
+                GEMM + pointwise parts and keeps the RMSNorm reductions eager (--variants picks a subset).
+                The headline (sft_tokens_per_s, sft_mfu, logprob_max_abs_diff) is the fastest variant that passes
+                the numerical gate below, else the fastest; every variant's speed and gate numbers are in the
+                results file.
+  fast step     training.fast.fast_micro_batch_loss (packed attention per document, fused q/k/v and gate/up
+                GEMMs, chunked fused linear + cross-entropy; optionally torch.compile of the layer halves)
+                -> backward -> fused AdamW, at its fastest batch.
   tokens/s      B x SEQ tokens per optimizer step / median seconds per step (after warm-up steps, synchronised).
   MFU           tokens/s x F / 989e12 (H200 dense bf16 peak), F = 6 N + 12 L d s_eff per token (the PaLM
                 formula the anchors use): N = all parameters (tied embedding counted once: the lm_head GEMM),
@@ -66,6 +69,14 @@ PEAK_FLOPS = 989e12  # H200 SXM dense bf16
 ANCHOR_PLAIN = 76.7e3  # tokens/s, plain transformers step at its best batch, same H200 stack (issue 12)
 ANCHOR_LIGER = 102e3  # liger-kernel fused kernels as a drop-in (1.33x)
 TARGET_SPEEDUP = 1.5
+# fast variants: eager name -> FastConfig.attention; compiled name -> (its eager variant, compile_norms)
+EAGER_VARIANTS = {"varlen": "auto", "sdpa": "sdpa", "bucketed": "bucketed"}
+COMPILED_VARIANTS = {
+    "compiled_varlen": ("varlen", True),
+    "compiled_sdpa": ("sdpa", True),
+    "compiled_bucketed": ("bucketed", True),
+    "compiled_bucketed_eager_norms": ("bucketed", False),
+}
 
 
 @dataclass(frozen=True)
@@ -326,8 +337,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny model on CPU (or the GPU if present), seconds")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile variant")
+    parser.add_argument(
+        "--variants",
+        default=",".join([*EAGER_VARIANTS, *COMPILED_VARIANTS]),
+        help=f"comma-separated fast variants, of {', '.join([*EAGER_VARIANTS, *COMPILED_VARIANTS])}",
+    )
     parser.add_argument("--copy-to", default="", help="also copy the results and profile here (e.g. $OUT)")
     args = parser.parse_args()
+    args.variants = set(args.variants.split(","))
 
     s, device = setup_and_device(args)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -355,7 +372,7 @@ def main() -> None:
 
         return make
 
-    configs = {"varlen": fast.FastConfig(attention="auto"), "sdpa": fast.FastConfig(attention="sdpa")}
+    configs = {name: fast.FastConfig(attention=a) for name, a in EAGER_VARIANTS.items() if name in args.variants}
     results = {
         "plain_packed": sweep(
             "plain packed", plain_maker(True), s.plain_batches, rows, s=s, device=device, pad_id=pad_id
@@ -368,24 +385,22 @@ def main() -> None:
         results[f"fast_{name}"] = sweep(
             f"fast {name}", fast_maker(config), s.fast_batches, rows, s=s, device=device, pad_id=pad_id
         )
-    if s.compile:  # each attention variant compiled at its eager best batch only (each shape compiles anew)
-        for eager in list(configs):
-            runs = results[f"fast_{eager}"]
-            if not runs:
+    if s.compile:  # compiled variants at their eager variant's best batch only (each shape compiles anew)
+        for name, (eager, norms) in COMPILED_VARIANTS.items():
+            runs = results.get(f"fast_{eager}")
+            if name not in args.variants or not runs:
                 continue
             best_b = max(runs, key=lambda b, runs=runs: runs[b][0])
-            name = f"compiled_{eager}"
-            configs[name] = fast.FastConfig(attention=configs[eager].attention, compile=True)
+            configs[name] = fast.FastConfig(attention=configs[eager].attention, compile=True, compile_norms=norms)
             results[f"fast_{name}"] = sweep(
-                f"fast {name}", fast_maker(configs[name]), (best_b,), rows, s, device, pad_id
+                f"fast {name}", fast_maker(configs[name]), (best_b,), rows, s=s, device=device, pad_id=pad_id
             )
 
     model.load_state_dict(initial)
     del initial
     free(device)
     numerics = gate(model, gate_rows, pad_id, device, configs)
-    numerics_grad = gradient_cosines(model, rows[0], pad_id, device, configs["varlen"])
-    print(f"  gate: {numerics}, {numerics_grad}")
+    print(f"  gate: {numerics}")
 
     def best(name):
         runs = results[name]
@@ -399,6 +414,8 @@ def main() -> None:
     passing = [n for n in fast_names if numerics[n.removeprefix("fast_")][0] <= numerics["plain_run_to_run"][0]]
     fast_name = max(passing or fast_names, key=lambda n: best(n)[1])
     plain_name = max(["plain_packed", "plain_causal"], key=lambda n: best(n)[1])
+    numerics_grad = gradient_cosines(model, rows[0], pad_id, device, configs[fast_name.removeprefix("fast_")])
+    print(f"  gradient cosines ({fast_name}): {numerics_grad}")
     fast_b, fast_tps, _ = best(fast_name)
     plain_b, plain_tps, _ = best(plain_name)
     fpt_packed = flops_per_token(n_params, s, docs)

@@ -118,6 +118,58 @@ def test_packed_attention_equals_documents_one_by_one():
     torch.testing.assert_close(got[5], v[5].repeat_interleave(2, 0))
 
 
+def test_bucket_plan_by_hand():
+    """Documents of 5, 1 and 8 tokens, padded to multiples of 4 (8, 4, 8): min_fill 0.8 puts the two of padded
+    length 8 in one bucket [[6..13], [0..4, 0, 0, 0]] (padded slots -> the document's first token) and the 1-token
+    document alone in [[5, 5, 5, 5]]; token t's row in the concatenated slots: doc 3 at 0..7, doc 1 at 8..12,
+    doc 2 at 16."""
+    plan = fast.bucket_plan([0, 5, 6, 14], multiple=4, min_fill=0.8)
+    assert plan.shapes == ((2, 8), (1, 4))
+    assert plan.gather.tolist() == [*range(6, 14), 0, 1, 2, 3, 4, 0, 0, 0, 5, 5, 5, 5]
+    assert plan.real.tolist() == [True] * 13 + [False] * 3 + [True] + [False] * 3
+    assert plan.inverse.tolist() == [8, 9, 10, 11, 12, 16, 0, 1, 2, 3, 4, 5, 6, 7]
+    # min_fill 0.4 also takes the length-4 document into the first bucket
+    assert fast.bucket_plan([0, 5, 6, 14], multiple=4, min_fill=0.4).shapes == ((3, 8),)
+
+
+@pytest.mark.parametrize("min_fill", [0.0, 0.8, 1.0])
+def test_bucketed_attention_equals_per_document_attention(min_fill):
+    """The padded, bucketed call gives the per-document SDPA output and gradients (math backend, fp64): padded keys
+    sit after every real query of their document (hidden by the causal mask), padded queries are dropped."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    g = torch.Generator().manual_seed(3)
+    shapes = [(30, 4, 8), (30, 2, 8), (30, 2, 8)]
+    q, k, v = (torch.randn(*s, generator=g, dtype=torch.float64, requires_grad=True) for s in shapes)
+    cu = torch.tensor([0, 5, 6, 19, 30], dtype=torch.int32)
+    plan = fast.bucket_plan(cu.tolist(), multiple=4, min_fill=min_fill)
+    grad_out = torch.randn(30, 4, 8, generator=g, dtype=torch.float64)
+    results = []
+    with sdpa_kernel(SDPBackend.MATH):
+        for backend, p in [("sdpa", None), ("bucketed", plan)]:
+            out = fast.packed_attention(q, k, v, cu, 13, backend=backend, plan=p)
+            grads = torch.autograd.grad(out, (q, k, v), grad_out)
+            results.append((out, *grads))
+    for ref, got in zip(*results, strict=True):
+        torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_split_rms_norm_equals_rms_norm():
+    """compile_norms=False splits RMSNorm into its eager reduction and a pointwise rest: bit-identical in bf16."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(6, 32, generator=g).to(torch.bfloat16)
+    w = torch.randn(32, generator=g).to(torch.bfloat16)
+    split = fast._rms_scale(x, fast._mean_square(x), w, 1e-6)
+    assert torch.equal(split, fast.rms_norm(x, w, 1e-6))
+    # the custom backward of the reduction: d mean(x^2) / dx = 2 x / d (d = 32), as autograd's
+    x32 = torch.randn(3, 32, generator=g, requires_grad=True)
+    grad_out = torch.randn(3, 1, generator=g)
+    (got,) = torch.autograd.grad(fast._MeanSquare.apply(x32), x32, grad_out)
+    (ref,) = torch.autograd.grad(x32.pow(2).mean(-1, keepdim=True), x32, grad_out)
+    torch.testing.assert_close(got, x32.detach() * grad_out * 2 / 32, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-7)
+
+
 @pytest.fixture(scope="module")
 def model():
     return tiny_model()
@@ -150,7 +202,8 @@ def test_fast_token_logprobs_equal_model_logits(model):
     assert torch.isnan(got[1, 30:]).all()  # padding carries no target
 
 
-def test_fast_loss_and_gradients_equal_sft_reference(model):
+@pytest.mark.parametrize("attention", ["sdpa", "bucketed"])
+def test_fast_loss_and_gradients_equal_sft_reference(model, attention):
     """fast_micro_batch_loss == training.sft.micro_batch_loss (4D block-causal mask path) on a packed batch with
     weights 1 / 0.5 / 0 and a global denominator of two micro-batches: loss and every parameter's gradient."""
     batch = packed_batch()
@@ -162,7 +215,7 @@ def test_fast_loss_and_gradients_equal_sft_reference(model):
     ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
 
     model.zero_grad(set_to_none=True)
-    loss = fast.fast_micro_batch_loss(model, batch, denominator, fast.FastConfig(chunk_tokens=13))
+    loss = fast.fast_micro_batch_loss(model, batch, denominator, fast.FastConfig(chunk_tokens=13, attention=attention))
     loss.backward()
     assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
     for name, p in model.named_parameters():

@@ -10,6 +10,10 @@ Same objective as training.sft (CaPtain Eq. 2 with AgenticRoboRL's global token 
 * Packed rows without cross-document attention. The batch is flattened to [tokens] and each document attends only
   to itself through `cu_seqlens` (training.data.collate): flash-attention varlen (torch.nn.attention.varlen) on
   CUDA, one causal SDPA call per document elsewhere; no [L, L] mask is built and no padding is attended.
+  Or "bucketed": documents padded to a multiple of 64 and grouped by length, one batched causal SDPA call per
+  group ([n_docs, heads, L, d], the kernel the plain step gets: cuDNN on the H200). Exact: a document's padded
+  keys come after all of its real queries, so the causal mask hides them, and padded queries are dropped (their
+  zero output gradient sends nothing back).
 * Fewer, larger GEMMs: q/k/v projections as one matmul, gate/up as one; optionally `torch.compile` of the two
   halves of a decoder layer (norm + projections + RoPE, and o_proj + residual + norm + SwiGLU MLP), which fuses
   the memory-bound elementwise work; the attention call stays outside the compiled regions.
@@ -38,7 +42,11 @@ IGNORE = -100  # training.data.IGNORE
 class FastConfig:
     chunk_tokens: int = 8192  # target positions per linear + cross-entropy chunk (peak memory: chunk x vocab fp32)
     attention: str = "auto"  # "auto" (varlen on CUDA when available, else per document) | "varlen" | "sdpa"
+    # | "bucketed" (documents padded to a multiple of pad_multiple, one batched causal SDPA call per length bucket)
     compile: bool = False  # torch.compile the two halves of each decoder layer (regional compilation)
+    compile_norms: bool = True  # with compile: False keeps the RMSNorms eager (compiles only GEMM + pointwise parts)
+    pad_multiple: int = 64  # "bucketed": each document's padded length is a multiple of this
+    bucket_min_fill: float = 0.8  # "bucketed": a document joins a bucket if its padded length >= this x the bucket's
     bf16: bool = True  # autocast to bf16 on CUDA (as training.sft); a bf16 model runs in bf16 regardless
 
 
@@ -169,15 +177,105 @@ def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
+@dataclass(frozen=True)
+class BucketPlan:
+    """Where each packed token sits in the padded per-bucket layout (see `bucket_plan`): slots are the
+    concatenation of every bucket's [n_docs, L] padded documents, flattened."""
+
+    shapes: tuple[tuple[int, int], ...]  # per bucket (n_docs, L)
+    gather: torch.Tensor  # [slots]: flat token index of each slot (padded slots: the document's first token)
+    inverse: torch.Tensor  # [T]: slot of token t
+    real: torch.Tensor  # [slots] bool: slot holds a real token (not padding)
+
+
+def bucket_plan(
+    cu_seqlens: list[int], *, multiple: int = 64, min_fill: float = 0.8, device: torch.device | str = "cpu"
+) -> BucketPlan:
+    """Group the documents of a packed batch into length buckets: each document is padded to a multiple of
+    `multiple`; going from the longest down, a bucket of padded length L takes every document whose padded length
+    is >= min_fill * L (padding costs at most 1 / min_fill^2 of that document's attention work). Padded slots
+    point at the document's first token (any real token works: the causal mask hides them)."""
+    docs = sorted(
+        ((b - a, a) for a, b in itertools.pairwise(cu_seqlens) if b > a), key=lambda d: (-d[0], d[1])
+    )  # fmt: skip
+    inverse = torch.empty(cu_seqlens[-1] if cu_seqlens else 0, dtype=torch.long)
+    shapes, gathers, reals, offset, i = [], [], [], 0, 0
+    while i < len(docs):
+        length = -(-docs[i][0] // multiple) * multiple
+        j = i
+        while j < len(docs) and -(-docs[j][0] // multiple) * multiple >= min_fill * length:
+            j += 1
+        slots = torch.arange(length)
+        for n, (size, start) in enumerate(docs[i:j]):
+            gathers.append(start + torch.where(slots < size, slots, torch.zeros_like(slots)))
+            reals.append(slots < size)
+            inverse[start : start + size] = offset + n * length + slots[:size]
+        shapes.append((j - i, length))
+        offset += (j - i) * length
+        i = j
+    gather = torch.cat(gathers) if gathers else torch.empty(0, dtype=torch.long)
+    real = torch.cat(reals) if reals else torch.empty(0, dtype=torch.bool)
+    return BucketPlan(tuple(shapes), gather.to(device), inverse.to(device), real.to(device))
+
+
+class _Permute(torch.autograd.Function):
+    """y = x[index] where `index` is a permutation up to padding: the backward is the gather by the inverse map
+    (one index_select) instead of an accumulating scatter. `back_mask` (or None) zeroes gradient rows that have no
+    source (padded slots); rows of x that `index` repeats must get zero gradient through the copies (as padded
+    keys and queries do under the causal mask: exact)."""
+
+    @staticmethod
+    def forward(ctx, x, index, back_index, back_mask):
+        ctx.save_for_backward(back_index, back_mask)
+        ctx.has_mask = back_mask is not None
+        return x.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad):
+        back_index, back_mask = ctx.saved_tensors
+        g = grad.index_select(0, back_index)
+        if ctx.has_mask:
+            g = g * back_mask.view(-1, *([1] * (g.dim() - 1))).to(g.dtype)
+        return g, None, None, None
+
+
+def _bucketed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BucketPlan) -> torch.Tensor:
+    """One causal SDPA call per bucket on [n_docs, H, L, D]; the default backend choice (cuDNN on the H200, as
+    for the plain step's SDPA), math on CPU."""
+    groups = q.shape[1] // k.shape[1]
+    qs, ks, vs = (_Permute.apply(x, plan.gather, plan.inverse, None) for x in (q, k, v))  # [slots, H(kv), D]
+    sizes = [n * length for n, length in plan.shapes]
+    outs = []
+    for (n, length), qf, kf, vf in zip(plan.shapes, qs.split(sizes), ks.split(sizes), vs.split(sizes), strict=True):
+        qb = qf.view(n, length, *q.shape[1:]).transpose(1, 2)
+        kb, vb = (_repeat_kv(x, groups).view(n, length, q.shape[1], -1).transpose(1, 2) for x in (kf, vf))
+        out = scaled_dot_product_attention(qb, kb, vb, is_causal=True)  # [n, H, L, D]
+        outs.append(out.transpose(1, 2).reshape(n * length, q.shape[1], v.shape[2]))
+    slots = torch.cat(outs) if len(outs) > 1 else outs[0]
+    return _Permute.apply(slots, plan.inverse, plan.gather, plan.real)
+
+
 def packed_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, *, backend: str
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    *,
+    backend: str,
+    plan: BucketPlan | None = None,
 ) -> torch.Tensor:
     """Causal attention within each document of a flattened packed batch: q [T, H, D], k/v [T, Hkv, D],
     document i = tokens cu_seqlens[i]:cu_seqlens[i+1]. No token sees another document (training.data packing).
-    backend "varlen": one flash varlen call; "sdpa": one causal SDPA call per document (CPU, reference)."""
+    backend "varlen": one flash varlen call; "sdpa": one causal SDPA call per document (CPU, reference);
+    "bucketed": one batched causal SDPA call per length bucket (`plan`, computed from cu_seqlens if None)."""
     groups = q.shape[1] // k.shape[1]
     if backend == "auto":
         backend = "varlen" if q.is_cuda and _varlen() is not None else "sdpa"
+    if backend == "bucketed":
+        if plan is None:
+            plan = bucket_plan(cu_seqlens.tolist(), device=q.device)
+        return _bucketed_attention(q, k, v, plan)
     if backend == "varlen":
         found = _varlen()
         if found is None:
@@ -189,7 +287,7 @@ def packed_attention(
         k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
         return varlen_attn(q, k, v, cu, cu, max_seqlen, max_seqlen, **causal)
     if backend != "sdpa":
-        raise ValueError(f"attention backend must be 'auto', 'varlen' or 'sdpa', not {backend!r}")
+        raise ValueError(f"attention backend must be 'auto', 'varlen', 'sdpa' or 'bucketed', not {backend!r}")
     k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
     outs = []
     for a, b in itertools.pairwise(cu_seqlens.tolist()):
@@ -211,9 +309,8 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def attention_in(x, norm_w, qkv_w, *, qkv_b, cos, sin, eps: float, heads: int, kv_heads: int, head_dim: int):
-    """First half of a Qwen2 decoder layer: RMSNorm, fused q/k/v projection, RoPE. x [T, d] -> q, k, v."""
-    h = rms_norm(x, norm_w, eps)
+def qkv_rope(h, qkv_w, *, qkv_b, cos, sin, heads: int, kv_heads: int, head_dim: int):
+    """Fused q/k/v projection and RoPE of the normalised input h [T, d] -> q, k, v."""
     qkv = linear(h, qkv_w, qkv_b)
     q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
     q = q.view(-1, heads, head_dim)
@@ -224,19 +321,91 @@ def attention_in(x, norm_w, qkv_w, *, qkv_b, cos, sin, eps: float, heads: int, k
     return q, k, v
 
 
-def attention_out_mlp(x, attn, o_w, *, norm_w, gate_up_w, down_w, eps: float):
-    """Second half: o_proj + residual, RMSNorm, SwiGLU MLP (fused gate/up projection) + residual."""
-    x = x + linear(attn.reshape(x.shape[0], -1), o_w)
-    gate, up = linear(rms_norm(x, norm_w, eps), gate_up_w).chunk(2, dim=-1)
+def attention_in(x, norm_w, qkv_w, *, qkv_b, cos, sin, eps: float, heads: int, kv_heads: int, head_dim: int):
+    """First half of a Qwen2 decoder layer: RMSNorm, fused q/k/v projection, RoPE. x [T, d] -> q, k, v."""
+    h = rms_norm(x, norm_w, eps)
+    return qkv_rope(h, qkv_w, qkv_b=qkv_b, cos=cos, sin=sin, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
+
+
+def out_residual(x, attn, o_w):
+    """o_proj + residual."""
+    return x + linear(attn.reshape(x.shape[0], -1), o_w)
+
+
+def swiglu_residual(x, h, *, gate_up_w, down_w):
+    """SwiGLU MLP (fused gate/up projection) of the normalised h, + residual x."""
+    gate, up = linear(h, gate_up_w).chunk(2, dim=-1)
     return x + linear(silu(gate) * up, down_w)
 
 
+def attention_out_mlp(x, attn, o_w, *, norm_w, gate_up_w, down_w, eps: float):
+    """Second half: o_proj + residual, RMSNorm, SwiGLU MLP (fused gate/up projection) + residual."""
+    x = out_residual(x, attn, o_w)
+    return swiglu_residual(x, rms_norm(x, norm_w, eps), gate_up_w=gate_up_w, down_w=down_w)
+
+
 @functools.cache
-def _layer_fns(compiled: bool) -> tuple[Any, Any]:
+def _layer_fns(compiled: bool, norms: bool = True) -> tuple[Any, Any]:
+    """The two halves of a decoder layer: eager, compiled whole, or (norms=False) compiled around eager RMSNorms
+    (the norms' fp32 reductions then keep eager's summation order)."""
     if not compiled:
         return attention_in, attention_out_mlp
     _exact_casts()
-    return torch.compile(attention_in, dynamic=False), torch.compile(attention_out_mlp, dynamic=False)
+    if norms:
+        return torch.compile(attention_in, dynamic=False), torch.compile(attention_out_mlp, dynamic=False)
+    c_qkv, c_out, c_mlp = (torch.compile(f, dynamic=False) for f in (_normed_qkv_rope, out_residual, _normed_swiglu))
+
+    def first(x, norm_w, qkv_w, *, eps, **kw):
+        return c_qkv(x, _MeanSquare.apply(x), norm_w, qkv_w, eps=eps, **kw)
+
+    def second(x, attn, o_w, *, norm_w, gate_up_w, down_w, eps):
+        x = c_out(x, attn, o_w)
+        return c_mlp(x, _MeanSquare.apply(x), norm_w, gate_up_w=gate_up_w, down_w=down_w, eps=eps)
+
+    return first, second
+
+
+def _mean_square(x: torch.Tensor) -> torch.Tensor:
+    """RMSNorm's one reduction, mean(x^2) in fp32, kept eager so its summation order is eager's."""
+    return x.float().pow(2).mean(-1, keepdim=True)
+
+
+def _mean_square_grad(x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """d mean(x^2) / dx = 2 x / d, times the incoming gradient (fp32, cast to x's dtype)."""
+    return (x.float() * (grad * (2.0 / x.shape[-1]))).to(x.dtype)
+
+
+@functools.cache
+def _compiled_mean_square_grad() -> Any:
+    return torch.compile(_mean_square_grad, dynamic=False)
+
+
+class _MeanSquare(torch.autograd.Function):
+    """`_mean_square` with eager's forward (the log-probabilities the gate compares depend on its summation order)
+    and a one-kernel compiled backward (gradients only need to be right, not bit-equal to eager autograd's)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return _mean_square(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return (_compiled_mean_square_grad() if x.is_cuda else _mean_square_grad)(x, grad)
+
+
+def _rms_scale(x, mean_square, weight, eps: float):
+    """The pointwise rest of Qwen2RMSNorm given mean(x^2) (as rms_norm: fp32, cast back, then scale)."""
+    return weight * (x.float() * torch.rsqrt(mean_square + eps)).to(x.dtype)
+
+
+def _normed_qkv_rope(x, mean_square, norm_w, qkv_w, *, eps: float, **kw):
+    return qkv_rope(_rms_scale(x, mean_square, norm_w, eps), qkv_w, **kw)
+
+
+def _normed_swiglu(x, mean_square, norm_w, *, gate_up_w, down_w, eps: float):
+    return swiglu_residual(x, _rms_scale(x, mean_square, norm_w, eps), gate_up_w=gate_up_w, down_w=down_w)
 
 
 def packed_hidden(
@@ -261,7 +430,15 @@ def packed_hidden(
     x = core.embed_tokens(ids)
     cos, sin = core.rotary_emb(x[None], position_ids.reshape(1, -1).to(ids.device))
     cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [T, 1, D] against q/k [T, H, D]
-    first, second = _layer_fns(config.compile)
+    first, second = _layer_fns(config.compile, config.compile_norms)
+    attention = config.attention
+    if attention == "auto":
+        attention = "varlen" if x.is_cuda and _varlen() is not None else "sdpa"
+    plan = None
+    if attention == "bucketed":  # one host sync per forward, not per layer
+        plan = bucket_plan(
+            cu_seqlens.tolist(), multiple=config.pad_multiple, min_fill=config.bucket_min_fill, device=x.device
+        )
     for layer in core.layers:
         a, mlp = layer.self_attn, layer.mlp
         qkv_w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
@@ -271,7 +448,7 @@ def packed_hidden(
             x, layer.input_layernorm.weight, qkv_w, qkv_b=qkv_b, cos=cos, sin=sin, eps=eps, heads=heads,
             kv_heads=kv_heads, head_dim=head_dim,
         )  # fmt: skip
-        attn = packed_attention(q, k, v, cu_seqlens, max_seqlen, backend=config.attention)
+        attn = packed_attention(q, k, v, cu_seqlens, max_seqlen, backend=attention, plan=plan)
         gate_up_w = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
         x = second(
             x, attn, a.o_proj.weight, norm_w=layer.post_attention_layernorm.weight, gate_up_w=gate_up_w,
