@@ -159,6 +159,22 @@ def test_sft_loss_falls_on_a_fixed_batch(examples):
     assert result.metrics[0]["tokens"] == sum(ex.response_tokens for ex in examples[:2])
 
 
+def test_the_fast_path_trains_like_the_transformers_forward(examples):
+    """SFTConfig.fast swaps the forward and the loss (training.fast): the same optimizer steps follow."""
+    from training.fast import FastConfig
+
+    rows, _ = data.pack_examples(examples[:2], 2048)
+    batches = [data.collate(rows, PAD)]
+    base = dict(max_steps=3, learning_rate=1e-3, progress=False, shuffle=False)
+    plain = sft.train_sft(tiny_model(), batches, SFTConfig(**base))
+    fast = sft.train_sft(tiny_model(), batches, SFTConfig(fast=FastConfig(), **base))
+    assert [m["loss"] for m in fast.metrics] == pytest.approx([m["loss"] for m in plain.metrics], rel=1e-4)
+    for (name, a), (_, b) in zip(plain.model.named_parameters(), fast.model.named_parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-5), name
+    with pytest.raises(ValueError, match="cannot train LoRA adapters"):
+        sft.train_sft(tiny_model(), batches, SFTConfig(fast=FastConfig(), lora_rank=4, **base))
+
+
 def test_training_n_steps_equals_k_then_resume_for_n_minus_k(tmp_path):
     exs = [synthetic(8 + 3 * i, 3, seed=10 + i) for i in range(6)]
     batches = [data.collate(data.pack_examples(exs[i : i + 2], 64)[0], PAD) for i in range(0, 6, 2)]

@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from training.fast import FastConfig, fast_micro_batch_loss
+
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -55,6 +57,9 @@ class SFTConfig:
     checkpoint_dir: str | None = None
     checkpoint_every_steps: int = 0  # 0: only at the end (when checkpoint_dir is set)
     progress: bool = True
+    # None: the transformers forward (logits for every position); a FastConfig: training.fast's path (packed
+    # attention over the same weights, fused linear cross-entropy without full logits), the same loss
+    fast: FastConfig | None = None
 
 
 @dataclass
@@ -111,6 +116,8 @@ def target_logits(model: Any, batch: dict, config: SFTConfig) -> tuple[torch.Ten
 
 def micro_batch_loss(model: Any, batch: dict, denominator: float, config: SFTConfig) -> torch.Tensor:
     """This micro-batch's term of the step's loss (its weighted NLL sum over the step's denominator)."""
+    if config.fast is not None:
+        return fast_micro_batch_loss(model, batch, denominator, config.fast)
     device = next(model.parameters()).device
     autocast = device.type == "cuda" and config.bf16
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
@@ -242,6 +249,8 @@ def train_sft(
     if not batches:
         raise ValueError("no micro-batches to train on")
     torch.manual_seed(config.seed)
+    if config.fast is not None and config.lora_rank > 0:
+        raise ValueError("SFTConfig.fast reads the base model's weights directly and cannot train LoRA adapters")
     model = apply_lora(model, config)
     model.train()
     optimizer, scheduler = make_optimizer(model, config)
