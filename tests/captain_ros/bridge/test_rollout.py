@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -150,3 +153,46 @@ def test_a_small_rollout_on_a_local_ray_cluster(tmp_path):
         workers = {r["worker"] for r in store.episodes()}
     assert workers <= {"ray-w1", "ray-w2"} and workers
     assert len(_check_whole(host.trainer_store)) == 2
+
+
+MANAGER = """
+import sys
+from pathlib import Path
+from captain_ros.bridge.rollout import LocalEngine, RolloutConfig
+if __name__ == "__main__":  # spawned workers re-import this file
+    engine = LocalEngine(RolloutConfig(Path(sys.argv[1]), "http://127.0.0.1:9/v1", workers=2))
+    engine._spawn()
+    engine._spawn()
+    print(" ".join(str(pid) for pid in engine.pids().values()), flush=True)
+    sys.stdin.read()  # until killed
+"""
+
+
+def test_workers_exit_when_their_manager_is_killed(tmp_path):
+    script = tmp_path / "manager.py"
+    script.write_text(MANAGER)
+    argv = [sys.executable, str(script), str(tmp_path / "s.sqlite")]
+    manager = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in manager.stdout.readline().split()]
+        assert len(pids) == 2
+
+        def holds_the_store(pid: int) -> bool:  # the worker finished starting: its RolloutWorker opened the store
+            fds = Path(f"/proc/{pid}/fd")
+            return any(os.readlink(fd) == str(store) for fd in fds.iterdir() if fd.is_symlink())
+
+        store = tmp_path / "s.sqlite"
+        _wait_for(lambda: all(holds_the_store(pid) for pid in pids), "both workers to start")
+        os.kill(manager.pid, signal.SIGKILL)
+        manager.wait()
+
+        def alive(pid: int) -> bool:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return False
+            return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"  # a zombie has exited
+
+        _wait_for(lambda: not any(alive(pid) for pid in pids), "the orphaned workers to exit")
+    finally:
+        manager.kill()

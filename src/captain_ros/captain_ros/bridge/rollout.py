@@ -153,11 +153,19 @@ class RolloutWorker:
 
 
 def _worker_main(config: RolloutConfig, name: str, jobs: mp.Queue, results: mp.Queue) -> None:
-    """One worker process: runs the jobs the manager assigns to it, one at a time, until it gets None."""
+    """One worker process: runs the jobs the manager assigns to it, one at a time, until it gets None, or until
+    the manager is gone (killed: nobody would collect the results, and the worker must not linger)."""
     os.environ.setdefault("MUJOCO_GL", "egl")
+    manager = mp.parent_process()
     worker = RolloutWorker(config, name)
     try:
-        while (job := jobs.get()) is not None:
+        while manager is None or manager.is_alive():
+            try:
+                job = jobs.get(timeout=POLL_S * 5)
+            except queue.Empty:
+                continue
+            if job is None:
+                return
             results.put((name, worker.run_safely(job)))
     finally:
         worker.close()
