@@ -462,13 +462,8 @@ def _autocast(model: Any, config: FastConfig) -> torch.autocast:
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda" and config.bf16)
 
 
-def fast_micro_batch_loss(model: Any, batch: dict, denominator: float, config: FastConfig = FastConfig()) -> Any:
-    """This micro-batch's term of the step's SFT loss (CaPtain Eq. 2, global denominator), equal to
-    training.sft.micro_batch_loss on the same batch; a drop-in for it in training.sft.sft_step."""
-    device = next(model.parameters()).device
-    weights = batch["token_weights"].to(device).reshape(-1)
-    targets = batch["targets"].to(device).reshape(-1)
-    selected = weights > 0
+def _packed_forward(model: Any, batch: dict, device: torch.device, config: FastConfig) -> tuple[torch.Tensor, Any]:
+    """The packed batch's final hidden states, and the dtype they were computed in (bf16 under autocast)."""
     with _autocast(model, config):
         hidden = packed_hidden(
             model,
@@ -479,6 +474,17 @@ def fast_micro_batch_loss(model: Any, batch: dict, denominator: float, config: F
             config=config,
         )
         dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else hidden.dtype
+    return hidden, dtype
+
+
+def fast_micro_batch_loss(model: Any, batch: dict, denominator: float, config: FastConfig = FastConfig()) -> Any:
+    """This micro-batch's term of the step's SFT loss (CaPtain Eq. 2, global denominator), equal to
+    training.sft.micro_batch_loss on the same batch; a drop-in for it in training.sft.sft_step."""
+    device = next(model.parameters()).device
+    weights = batch["token_weights"].to(device).reshape(-1)
+    targets = batch["targets"].to(device).reshape(-1)
+    selected = weights > 0
+    hidden, dtype = _packed_forward(model, batch, device, config)
     weight = model.get_output_embeddings().weight
     return linear_cross_entropy(
         hidden[selected], weight, targets[selected], weights[selected], denominator,
@@ -490,16 +496,7 @@ def fast_micro_batch_loss(model: Any, batch: dict, denominator: float, config: F
 def fast_token_logprobs(model: Any, batch: dict, config: FastConfig = FastConfig()) -> torch.Tensor:
     """log p(target_i) at every position of the packed batch, [B, L] fp32, NaN where targets is IGNORE."""
     device = next(model.parameters()).device
-    with _autocast(model, config):
-        hidden = packed_hidden(
-            model,
-            batch["input_ids"].to(device),
-            batch["position_ids"].to(device),
-            batch["cu_seqlens"].to(device),
-            int(batch["max_seqlen"]),
-            config=config,
-        )
-        dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else hidden.dtype
+    hidden, dtype = _packed_forward(model, batch, device, config)
     weight = model.get_output_embeddings().weight
     targets = batch["targets"].to(device)
     logp = linear_token_logprobs(
