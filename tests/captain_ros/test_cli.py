@@ -17,3 +17,21 @@ def test_failures_lists_the_closed_set(capsys):
     assert main(["failures"]) == 0
     out = capsys.readouterr().out
     assert all(c.value in out for c in FailureCategory if c.value)
+
+
+def test_rollout_and_eval_refuse_unknown_tasks_before_starting_anything(tmp_path):
+    import pytest
+
+    for argv in (["rollout"], ["eval", "run"]):
+        with pytest.raises(SystemExit, match="unknown task\\(s\\) no_such_task; known: put_red_cube_in_bowl"):
+            main([*argv, "--tasks", "no_such_task", "--runs-dir", str(tmp_path)])
+    assert list(tmp_path.iterdir()) == []  # no run folder, no processes
+
+
+def test_the_delegated_commands_answer_help(capsys):
+    import pytest
+
+    for command in ("export", "transport", "eval"):
+        with pytest.raises(SystemExit) as exit_:
+            main([command, "--help"])
+        assert exit_.value.code == 0 and f"captain-ros {command}" in capsys.readouterr().out
