@@ -454,7 +454,16 @@ class _Session:
                 return
 
     def alive(self) -> bool:
-        return self.died_because is None and self.proc.poll() is None
+        """False once the child or bwrap is gone (bwrap outlives its child by a moment)."""
+        return self.died_because is None and self.proc.poll() is None and not self._child_exited()
+
+    def _child_exited(self) -> bool:
+        with self._lock:
+            if self._pidfd is None:
+                return False
+            with contextlib.suppress(OSError, ValueError):
+                return bool(select.select([self._pidfd], [], [], 0)[0])  # a pidfd reads ready once it exits
+            return True
 
     def interrupt(self) -> None:
         """SIGINT to the child: a KeyboardInterrupt in the running cell."""
