@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -54,6 +55,8 @@ from training.policy_loss import (
 )
 from training.rounds import Round, RoundConfig, build_round
 from training.sft import SFTConfig, target_logits
+
+RL_CHECKPOINT_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -447,6 +450,75 @@ class RLTrainer:
         self.policy_version += 1
         return {"stepped": 1.0, "grad_norm": grad_norm, "lr": lr, "step_episodes": float(episodes)}
 
+    # ---------------------------------------------------------------------------------- checkpoint
+    def save_checkpoint(self, path: str | Path) -> Path:
+        """Everything an exact resume needs, written atomically (a crash mid-write leaves the previous file): the
+        weights, AdamW and schedule, the gradient accumulated towards the next step and its episode count, the
+        running std, the critic (weights, optimizer, normalisation), the ledger of used episodes, the policy
+        version and the RNGs. The frozen SFT reference is not saved: it is the model it was loaded from."""
+        from dataclasses import asdict
+
+        from training.sft import rng_state
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "format_version": RL_CHECKPOINT_VERSION,
+            "objective": asdict(self.objective),
+            "model": self.model.state_dict(),
+            "grads": {n: p.grad for n, p in self.model.named_parameters() if p.grad is not None},
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "running_std": asdict(self.running_std),
+            "critic": self.critic.state() if self.critic is not None else None,
+            "used": sorted(self.used),
+            "pending_episodes": self.pending_episodes,
+            "updates": self.updates,
+            "policy_version": self.policy_version,
+            "rng": rng_state(),
+        }
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        torch.save(payload, tmp)
+        os.replace(tmp, path)
+        return path
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        """Restore a `save_checkpoint` file in place. Refuses one written for another objective (its advantages,
+        accumulated gradient and ledger would not mean the same)."""
+        from dataclasses import asdict
+
+        from training.critic import Critic
+        from training.sft import set_rng_state
+
+        device = next(self.model.parameters()).device
+        payload = torch.load(Path(path), map_location=device, weights_only=True)
+        if payload.get("format_version") != RL_CHECKPOINT_VERSION:
+            raise ValueError(
+                f"{path}: RL checkpoint format {payload.get('format_version')!r}, expected {RL_CHECKPOINT_VERSION}"
+            )
+        if payload["objective"] != asdict(self.objective):
+            changed = sorted(k for k, v in asdict(self.objective).items() if payload["objective"].get(k) != v)
+            raise ValueError(
+                f"{path} was written with other objective settings ({', '.join(changed)}); resume "
+                "with the settings it was written with, or start a new run in another folder"
+            )
+        self.model.load_state_dict(payload["model"])
+        grads = payload["grads"]
+        for name, p in self.model.named_parameters():
+            p.grad = grads[name].to(p.dtype) if name in grads else None
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.scheduler.load_state_dict(payload["scheduler"])
+        for key, value in payload["running_std"].items():
+            setattr(self.running_std, key, value)
+        if payload["critic"] is not None:
+            critic_device = self.critic.device if self.critic is not None else "cpu"
+            self.critic = Critic.from_state(payload["critic"], critic_device)
+        self.used = set(payload["used"])
+        self.pending_episodes = int(payload["pending_episodes"])
+        self.updates = int(payload["updates"])
+        self.policy_version = int(payload["policy_version"])
+        set_rng_state(payload["rng"])
+
     # ---------------------------------------------------------------------------------- one round
     def update(self, round_: Round, *, step: bool | None = None) -> dict[str, Any]:
         """One round (module doc, steps 1-7). `step`: True forces the optimizer step after this round, False
@@ -534,14 +606,21 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from training.sft import train_sft
     from training.weight_sync import write_model_folder
 
+    dist_info = None
+    if args.fsdp:  # one process per GPU under torchrun (training.distributed)
+        from training.distributed import init_distributed
+
+        dist_info = init_distributed(args.device)
+    main = dist_info is None or dist_info.is_main
     model, tokenizer = _load_policy(args.model, args.tiny)
-    model.to(_device(args.device))
+    model.to(dist_info.device if dist_info else _device(args.device))
     reader = EpisodeReader(args.store)
     gate = gate_episodes(tokenizer, reader)
-    print(gate, file=sys.stderr)
+    if main:
+        print(gate, file=sys.stderr)
     examples = sft_examples(tokenizer, reader, config=DataConfig(seed=args.seed), gate=gate)
     rows, too_long = pack_examples(examples, args.max_tokens)
-    if too_long:
+    if too_long and main:
         print(f"{len(too_long)} examples longer than --max-tokens {args.max_tokens} left out", file=sys.stderr)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     batches = [collate(rows[i : i + args.rows], pad) for i in range(0, len(rows), args.rows)]
@@ -554,10 +633,22 @@ def cmd_sft(args: argparse.Namespace) -> int:
         checkpoint_dir=str(Path(args.out) / "checkpoint"),
         progress=not args.no_progress,
     )
-    result = train_sft(model, batches, config)
-    for row in result.metrics:
-        append_metrics(Path(args.out) / "sft_metrics.jsonl", row)
-    write_model_folder(result.model, tokenizer, Path(args.out) / "model")
+    if dist_info is None:
+        result = train_sft(model, batches, config)
+        served = result.model
+    else:
+        from training.distributed import shutdown, train_sft_fsdp, unsharded_copy
+
+        result = train_sft_fsdp(model, batches, config)
+        served = unsharded_copy(result.model)  # gathered on rank 0 (None elsewhere)
+    if main:
+        for row in result.metrics:
+            append_metrics(Path(args.out) / "sft_metrics.jsonl", row)
+        write_model_folder(served, tokenizer, Path(args.out) / "model")
+    if dist_info is not None:
+        shutdown()
+    if not main:
+        return 0
     print(f"SFT: {len(examples)} examples in {len(rows)} rows, {config.max_steps} steps -> {Path(args.out) / 'model'}")
     return 0
 
@@ -663,6 +754,11 @@ def parser() -> argparse.ArgumentParser:
     sft.add_argument("--rows", type=int, default=1, help="packed rows per micro-batch")
     sft.add_argument("--lr", type=float, default=1e-5)
     sft.add_argument("--warmup", type=int, default=0, help="warm-up steps")
+    sft.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="FSDP2 across the ranks of `torchrun --nproc-per-node N -m training.rl sft --fsdp` (training.distributed)",
+    )
     sft.set_defaults(func=cmd_sft)
 
     rl = sub.add_parser(
