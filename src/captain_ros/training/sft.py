@@ -109,9 +109,21 @@ def target_logits(model: Any, batch: dict, config: SFTConfig) -> tuple[torch.Ten
         raise ValueError(f"attention must be 'mask' or 'position_ids', not {config.attention!r}")
     weights = batch["token_weights"].to(device)
     selected = weights > 0
-    hidden = model.get_decoder()(**kwargs).last_hidden_state
-    logits = model.get_output_embeddings()(hidden[selected])
+    # training.distributed binds `selected_logits` as an FSDP2 forward method of a sharded model, so that the
+    # root's weights (embedding, final norm, lm_head) are gathered around the call; a plain model runs it directly
+    forward = getattr(model, SELECTED_LOGITS, None)
+    logits = forward(selected, **kwargs) if callable(forward) else selected_logits(model, selected, **kwargs)
     return logits, batch["targets"].to(device)[selected], weights[selected]
+
+
+SELECTED_LOGITS = "captain_selected_logits"  # the attribute training.distributed binds on an FSDP2 root
+
+
+def selected_logits(model: Any, selected: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    """The decoder over a packed batch, then lm_head only at the `selected` [B, L] positions (not a full
+    [B, L, vocab] logits tensor)."""
+    hidden = model.get_decoder()(**kwargs).last_hidden_state
+    return model.get_output_embeddings()(hidden[selected])
 
 
 def micro_batch_loss(model: Any, batch: dict, denominator: float, config: SFTConfig) -> torch.Tensor:
