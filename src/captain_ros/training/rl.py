@@ -688,10 +688,21 @@ def cmd_rl(args: argparse.Namespace) -> int:
     sync = WeightSync(args.server, args.served_dir, proxy_url=args.proxy) if args.server else None
     round_config = RoundConfig(group_size_n=args.group_size, max_groups_n=args.groups_per_round)
 
+    checkpoint = Path(args.out) / "rl_checkpoint.pt"
+    if checkpoint.exists() and not args.resume:
+        raise SystemExit(f"{checkpoint} exists (an earlier run): pass --resume to continue it, or use another --out")
+    if args.resume and checkpoint.exists():
+        trainer.load_checkpoint(checkpoint)
+        print(
+            f"resumed {checkpoint}: {trainer.updates} updates done, policy version {trainer.policy_version}, "
+            f"{len(trainer.used)} episodes used, {trainer.pending_episodes} waiting for the next step",
+            file=sys.stderr,
+        )
+
     def publish() -> None:
         """The new policy: a servable folder, the critic, and (with --server) the running policy server."""
         write_model_folder(trainer.model, tokenizer, Path(args.out) / "model")
-        critic.save(Path(args.out) / "critic.pt")
+        trainer.critic.save(Path(args.out) / "critic.pt")
         if sync is not None:
             print(sync.sync(trainer.model, trainer.policy_version).as_dict(), file=sys.stderr)
 
@@ -708,11 +719,13 @@ def cmd_rl(args: argparse.Namespace) -> int:
         )
         if row["stepped"]:
             publish()
+        trainer.save_checkpoint(checkpoint)  # after publishing: a resumed run never re-syncs an older version
     bar.close()
     if trainer.pending_episodes:  # a last, smaller step (its gradient is rescaled to its own episode count)
         print(f"final step over {trainer.pending_episodes} accumulated episodes", file=sys.stderr)
         trainer.step()
         publish()
+        trainer.save_checkpoint(checkpoint)
     metrics = Path(args.out) / "rl_metrics.jsonl"
     if metrics.exists():
         plot_metrics(metrics, Path(args.out) / "rl_metrics.png")
@@ -779,6 +792,9 @@ def parser() -> argparse.ArgumentParser:
     rl.add_argument("--server", help="vLLM policy server (VLLM_SERVER_DEV_MODE=1) to sync weights into")
     rl.add_argument("--served-dir", help="the folder that server serves (weights are written there)")
     rl.add_argument("--proxy", help="recording proxy whose policy version is bumped after each sync")
+    rl.add_argument(
+        "--resume", action="store_true", help="continue the run in --out from its rl_checkpoint.pt (saved each round)"
+    )
     rl.set_defaults(func=cmd_rl)
 
     plot = sub.add_parser("plot", help="plot a metrics log (JSONL) as PNG")
