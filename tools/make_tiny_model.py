@@ -31,7 +31,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / ".cache" / "tiny-qwen2"
-RECIPE_VERSION = 2  # bump when the output changes, so cached folders are rebuilt
+RECIPE_VERSION = 3  # bump when the output changes, so cached folders are rebuilt
+# Qwen2's pre-tokenization (digits one by one) and NFC: transformers loads a saved qwen2 folder as
+# Qwen2Tokenizer, which applies these whatever tokenizer.json says, so the tokenizer trained here must too
+# (else the trainer's in-memory tokenizer and the served one split numbers differently)
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 VOCAB_SIZE = 2048
 CORPUS_DOCS = 3000
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -214,6 +220,17 @@ def _prose(rng: random.Random) -> str:
     return " ".join(sentences)
 
 
+def _inflected(rng: random.Random) -> str:
+    """Words with suffixes and capitals: with Qwen2's digit-by-digit split, numbers no longer fill the
+    vocabulary, so word pieces have to."""
+    suffixes = ["", "s", "ed", "ing", "er", "ly", "ment", "able", "ness", "ful", "est", "ion"]
+    words = []
+    for _ in range(rng.randint(6, 18)):
+        word = rng.choice(WORDS) + rng.choice(suffixes)
+        words.append(rng.choice([word, word, word.capitalize(), word.upper()]))
+    return " ".join(words) + "."
+
+
 def _tool_call(rng: random.Random) -> str:
     args = {"code": _code(rng)} if rng.random() < 0.7 else {"note": _instruction(rng)}
     name = "run_python" if "code" in args else "finish"
@@ -223,7 +240,7 @@ def _tool_call(rng: random.Random) -> str:
 def corpus(seed: int, docs: int = CORPUS_DOCS) -> list[str]:
     """Deterministic training text in the shape of the agent's conversations."""
     rng = random.Random(seed)
-    makers = [_code, _receipt, _instruction, _prose, _tool_call]
+    makers = [_code, _receipt, _instruction, _prose, _tool_call, _inflected]
     out = []
     for _ in range(docs):
         parts = [rng.choice(makers)(rng) for _ in range(rng.randint(1, 4))]
@@ -254,11 +271,17 @@ def is_complete(out: Path, seed: int) -> bool:
 
 
 def train_tokenizer(seed: int):
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE - len(TOOL_TOKENS),

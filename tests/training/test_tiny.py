@@ -92,3 +92,19 @@ def test_the_tiny_model_is_a_seeded_qwen2_that_leaves_the_global_rng_alone(tok):
     ids = torch.tensor([tok.encode("print(1)", add_special_tokens=False)])
     with torch.no_grad():
         assert a(ids).logits.shape == (1, ids.shape[1], 2048)
+
+
+def test_a_saved_student_reloads_with_the_same_token_ids(tok, tmp_path):
+    """What a policy server loads (AutoTokenizer on the saved folder: transformers picks Qwen2Tokenizer, with
+    Qwen2's digit-by-digit split and NFC) tokenizes exactly as the trainer's in-memory tokenizer; before the
+    tool trained with Qwen2's pre-tokenizer, every number split differently and the prompt gate refused all."""
+    from transformers import AutoTokenizer
+
+    tiny_model().save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    served = AutoTokenizer.from_pretrained(tmp_path)
+    text = 'robot.move_to(x=0.45, y=-0.123) # 17 tries, café Ω\n<tool_call>{"code": "print(2*3)"}</tool_call>'
+    assert served(text).input_ids == tok(text).input_ids
+    messages = [{"role": "system", "content": "budget 60 requests"}, {"role": "user", "content": "open drawer 3"}]
+    assert served.apply_chat_template(messages, tokenize=False) == tok.apply_chat_template(messages, tokenize=False)
+    assert len(served) == len(tok) == tool_module().VOCAB_SIZE
