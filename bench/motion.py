@@ -52,6 +52,8 @@ from captain_ros.harness.twin_backend import TwinBackend
 from captain_ros.twin.sim import Twin
 from captain_ros.twin.start_states import StartId
 
+PANDA = robot.default_profile()  # the twin's arm
+
 TASK = "put_blue_cube_in_box"
 PAD_BODIES = ("panda_leftfinger", "panda_rightfinger")
 # link-loss and wrench-lag limits for the ROS runs: on this 2-core VM a process can stall past the production
@@ -337,12 +339,10 @@ def bench_ros(moves: int, cancels: int, spots: list[np.ndarray], kin: Kinematics
     os.environ.setdefault("ROS_DOMAIN_ID", str(151 + os.getpid() % 80))
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
     import rclpy
-    import yaml
     from diagnostic_msgs.msg import DiagnosticArray
     from rclpy.executors import MultiThreadedExecutor
 
     from captain_interfaces.action import MoveTo
-    from captain_ros.paths import config_path
     from captain_ros.ros.ros2_control_backend import Ros2ControlBackend
     from captain_ros.ros.spin import SpunActionClient
 
@@ -375,10 +375,7 @@ def bench_ros(moves: int, cancels: int, spots: list[np.ndarray], kin: Kinematics
 
     node.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 10)
     try:
-        interfaces = yaml.safe_load(config_path("robot.yaml").read_text())["interfaces"]
-        backend = Ros2ControlBackend(
-            node, interfaces, state_timeout_s=STATE_TIMEOUT_S, wrench_max_lag_s=WRENCH_MAX_LAG_S
-        )
+        backend = Ros2ControlBackend(node, PANDA, state_timeout_s=STATE_TIMEOUT_S, wrench_max_lag_s=WRENCH_MAX_LAG_S)
         backend.wait_for_state(60)
         harness = Harness(backend, load_config(), kin)
         action = SpunActionClient(node, MoveTo, "/harness/move_to")
@@ -469,18 +466,18 @@ def bench_ik(samples: int, kin: Kinematics) -> dict[str, float]:
     dls_t, dls_ok = [], 0
     for p, r in targets:
         t0 = time.perf_counter()
-        res = kin.solve(p, r, robot.HOME_Q_RAD)
+        res = kin.solve(p, r, PANDA.home_q)
         dls_t.append(time.perf_counter() - t0)
         dls_ok += res.converged
     model = kin.model
     config = mink.Configuration(model)
     task = mink.FrameTask("tcp", "site", position_cost=1.0, orientation_cost=1.0, lm_damping=1e-6)
     limits = [mink.ConfigurationLimit(model)]
-    qadr = [model.joint(j).qposadr[0] for j in robot.ARM_JOINTS]
+    qadr = [model.joint(j).qposadr[0] for j in PANDA.arm_joints]
     mink_t, mink_ok = [], 0
     for p, r in targets:
         q = np.zeros(model.nq)
-        q[qadr] = robot.HOME_Q_RAD
+        q[qadr] = PANDA.home_q
         config.update(q)
         quat = np.zeros(4)
         mujoco.mju_mat2Quat(quat, r.ravel())
@@ -496,7 +493,7 @@ def bench_ik(samples: int, kin: Kinematics) -> dict[str, float]:
         mink_t.append(time.perf_counter() - t0)
     planner, plan_t = Planner(load_config(), kin), []
     for p, r in targets[:20]:
-        start = kin.solve(p, r, robot.HOME_Q_RAD)
+        start = kin.solve(p, r, PANDA.home_q)
         if not start.converged:
             continue
         t0 = time.perf_counter()

@@ -214,7 +214,7 @@ def test_the_nodes_declare_the_typed_parameters():
     """The check above compares against declare_parameter defaults; make sure it finds them."""
     assert declared_parameter_types("twin_node")["real_time_factor"] == "float"
     assert declared_parameter_types("motion_node")["watchdog"] == "bool"
-    assert declared_parameter_types("motion_node")["robot_config"] == "str"
+    assert declared_parameter_types("motion_node")["robot_profile"] == "str"
 
 
 # ------------------------------------------------------------------ real arm

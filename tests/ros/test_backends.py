@@ -13,15 +13,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-
 from captain_interfaces.srv import GetPrivilegedSnapshot, ResetEpisode
+
 from captain_ros.core import robot
 from captain_ros.core.config import load_config
 from captain_ros.core.contract import RECEIPT_MAX_CHARS, FailureCategory
 from captain_ros.core.kinematics import Kinematics
 from captain_ros.harness.harness import Harness
 from captain_ros.harness.twin_backend import TwinBackend
-from captain_ros.paths import config_path
 from captain_ros.twin.sim import Twin
 
 from .helpers import (
@@ -33,6 +32,8 @@ from .helpers import (
     stop,
     wait_for,
 )
+
+PANDA = robot.default_profile()  # the twin's arm
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 TASK = "put_red_cube_in_bowl"
@@ -69,8 +70,6 @@ def _twin_arm(kinematics) -> Arm:
 
 
 def _ros2_control_arm(request, kinematics, state_timeout_s: float = LOADED_MACHINE_STATE_TIMEOUT_S) -> Arm:
-    import yaml
-
     from captain_ros.ros.ros2_control_backend import Ros2ControlBackend
 
     _, lines = request.getfixturevalue("twin_node_process")
@@ -82,9 +81,8 @@ def _ros2_control_arm(request, kinematics, state_timeout_s: float = LOADED_MACHI
     assert snapshot.wait_for_service(timeout_sec=20)
     answer = result_of(reset.call_async(ResetEpisode.Request(task=TASK, start_id=START)), 30)
     assert answer.success, answer.message
-    interfaces = yaml.safe_load(config_path("robot.yaml").read_text())["interfaces"]
     backend = Ros2ControlBackend(
-        node, interfaces, state_timeout_s=state_timeout_s, wrench_max_lag_s=LOADED_MACHINE_WRENCH_LAG_S
+        node, PANDA, state_timeout_s=state_timeout_s, wrench_max_lag_s=LOADED_MACHINE_WRENCH_LAG_S
     )
     reset_time = backend.wait_for_state(30).time_s
     wait_for(lambda: fresh(backend) and backend.read_state().time_s > reset_time + 0.05, 10, "states after the reset")
@@ -141,7 +139,7 @@ def test_move_reaches_the_target_and_records_what_was_commanded(arm):
     trace = arm.harness.motions[-1].outcome.trace
     assert len(trace) > 10
     # the commanded setpoints stay inside the joint limits and end at the measured pose
-    lower, upper = robot.arm_limits_rad()
+    lower, upper = PANDA.arm_limits_rad()
     commanded = np.array([row.q_cmd_rad for row in trace])
     assert np.all(commanded >= lower - 1e-9) and np.all(commanded <= upper + 1e-9)
     np.testing.assert_allclose(commanded[-1], trace[-1].q_rad, atol=0.01)
@@ -155,7 +153,7 @@ def test_guarded_descent_stops_at_first_contact_with_the_table(arm):
     assert result.failure_category is FailureCategory.CONTACT_STOP and result.executed
     assert "contact" in result.receipt
     # fingertips are 8 mm below the TCP: the TCP stops within 5 mm of fingertip-table contact
-    fingertips = robot.gripper_geometry().fingertips_below_tcp_m
+    fingertips = PANDA.gripper_geometry.fingertips_below_tcp_m
     assert result.value["tcp_position_m"][2] == pytest.approx(fingertips, abs=0.005)
 
 

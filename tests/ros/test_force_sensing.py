@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 from diagnostic_msgs.msg import DiagnosticArray
 from geometry_msgs.msg import WrenchStamped
 from rcl_interfaces.srv import SetParameters
@@ -24,7 +24,6 @@ from captain_ros.core.config import load_config
 from captain_ros.core.contract import FailureCategory
 from captain_ros.core.kinematics import Kinematics
 from captain_ros.harness.harness import Harness
-from captain_ros.paths import config_path
 
 from .helpers import (
     LOADED_MACHINE_STATE_TIMEOUT_S,
@@ -37,6 +36,8 @@ from .helpers import (
     stop,
     wait_for,
 )
+
+PANDA = robot.default_profile()  # the twin's arm
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 TASK = "put_blue_cube_in_box"
@@ -133,13 +134,15 @@ def rig(twin_node_process, relay_process, client_node, kinematics):
         """A new episode (the twin reset to its start) and a harness on it (waiting for usable force data
         unless `force_ok` is False)."""
         assert result_of(reset.call_async(ResetEpisode.Request(task=TASK, start_id=START)), 30).success
-        interfaces = yaml.safe_load(config_path("robot.yaml").read_text())["interfaces"]
-        interfaces["wrench_topic"] = wrench_topic
-        if not reflex_configured:
-            interfaces.pop("force_reflex")
+        profile = PANDA
+        interfaces = replace(
+            profile.interfaces,
+            wrench_topic=wrench_topic,
+            force_reflex=profile.interfaces.force_reflex if reflex_configured else None,
+        )
         backend = Ros2ControlBackend(
             client_node,
-            interfaces,
+            replace(profile, interfaces=interfaces),
             state_timeout_s=LOADED_MACHINE_STATE_TIMEOUT_S,
             wrench_max_lag_s=LOADED_MACHINE_WRENCH_LAG_S,
         )
@@ -212,7 +215,7 @@ def test_a_wrench_in_another_frame_of_the_arm_is_expressed_in_the_hand_frame(rig
     _move_above(harness)
     result = harness.call("move_to", pose={"position": [*SPOT, 0.0], "yaw_deg": 90}, speed_mps=0.05)
     assert result.failure_category is FailureCategory.CONTACT_STOP  # guarded contact works through the frame change
-    fingertips = robot.gripper_geometry().fingertips_below_tcp_m
+    fingertips = PANDA.gripper_geometry.fingertips_below_tcp_m
     assert result.value["tcp_position_m"][2] == pytest.approx(fingertips, abs=0.005)
 
 

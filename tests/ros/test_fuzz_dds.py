@@ -50,6 +50,8 @@ from .helpers import (
     wait_for,
 )
 
+PANDA = robot.default_profile()  # the twin's arm
+
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 TASK = "put_red_cube_in_bowl"
 CALL_TIMEOUT_S = 180.0  # a bound on a lost answer, far above any call's duration on a loaded machine
@@ -202,8 +204,8 @@ def _at_rest(msg: JointState) -> bool:
 
 def _tcp_and_jaw(msg: JointState) -> tuple[np.ndarray, float]:
     index = {name: i for i, name in enumerate(msg.name)}
-    q = np.array([msg.position[index[j]] for j in robot.ARM_JOINTS])
-    return KINEMATICS.forward(q)[0], sum(msg.position[index[j]] for j in robot.FINGER_JOINTS)
+    q = np.array([msg.position[index[j]] for j in PANDA.arm_joints])
+    return KINEMATICS.forward(q)[0], sum(msg.position[index[j]] for j in PANDA.finger_joints)
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from visualization_msgs.msg import MarkerArray
 
 from captain_interfaces.msg import CallResult as CallResultMsg
 from captain_interfaces.srv import GetObservation, HarnessCall
+from captain_ros.core import robot
 from captain_ros.ros.convert import quat_wxyz
 
 from .helpers import (
@@ -31,6 +32,8 @@ from .helpers import (
     stop,
     wait_for,
 )
+
+PANDA = robot.default_profile()  # the twin's arm
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 TASK = "put_red_cube_in_bowl"
@@ -163,17 +166,16 @@ def test_a_hand_eye_calibration_on_tf_static_places_the_wrist_camera(nodes, clie
     from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
     from tf2_msgs.msg import TFMessage
 
-    from captain_ros.core import robot
     from captain_ros.core.kinematics import Kinematics
 
     node = client_node
     kin = Kinematics()
-    p_hand, r_hand = kin.forward(robot.HOME_Q_RAD, robot.HAND_FRAME)
-    p_cam, r_cam = kin.forward(robot.HOME_Q_RAD, robot.CAMERA_FRAMES["wrist"])
+    p_hand, r_hand = kin.forward(PANDA.home_q, PANDA.hand_frame)
+    p_cam, r_cam = kin.forward(PANDA.home_q, PANDA.camera_frames["wrist"])
     mount_p, mount_r = r_hand.T @ (p_cam - p_hand), r_hand.T @ r_cam  # the URDF's mount in the hand frame
     shift = np.array([0.01, 0.0, 0.0])
-    t = TransformStamped(child_frame_id=robot.CAMERA_FRAMES["wrist"])
-    t.header.frame_id = robot.HAND_FRAME
+    t = TransformStamped(child_frame_id=PANDA.camera_frames["wrist"])
+    t.header.frame_id = PANDA.hand_frame
     t.transform.translation.x, t.transform.translation.y, t.transform.translation.z = map(float, mount_p + shift)
     w, x, y, z = quat_wxyz(mount_r)
     t.transform.rotation.x, t.transform.rotation.y, t.transform.rotation.z, t.transform.rotation.w = x, y, z, w
@@ -189,10 +191,10 @@ def test_a_hand_eye_calibration_on_tf_static_places_the_wrist_camera(nodes, clie
         handle = json.loads(_call(call, "observe").value_json)["observation_handle"]
         obs = result_of(get.call_async(GetObservation.Request(handle=handle)), 30).observation
         index = {n: i for i, n in enumerate(obs.joint_state.name)}
-        q = np.array([obs.joint_state.position[index[j]] for j in robot.ARM_JOINTS])
+        q = np.array([obs.joint_state.position[index[j]] for j in PANDA.arm_joints])
         p = obs.camera_poses[list(obs.cameras).index("wrist")].pose.position
-        offset = np.array([p.x, p.y, p.z]) - kin.forward(q, robot.CAMERA_FRAMES["wrist"])[0]
-        return np.linalg.norm(offset - kin.forward(q, robot.HAND_FRAME)[1] @ shift) < 1e-3
+        offset = np.array([p.x, p.y, p.z]) - kin.forward(q, PANDA.camera_frames["wrist"])[0]
+        return np.linalg.norm(offset - kin.forward(q, PANDA.hand_frame)[1] @ shift) < 1e-3
 
     wait_for(shifted_by_the_calibration, 30, "the calibration to take effect")
 

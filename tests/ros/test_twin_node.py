@@ -23,6 +23,8 @@ from captain_ros.ros.spin import SpunActionClient
 
 from .helpers import launch_twin, result_of, stop, wait_for
 
+PANDA = robot.default_profile()  # the twin's arm
+
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 TASK = "stack_red_on_blue"
 
@@ -54,7 +56,7 @@ def client(twin_process, client_node):
 
 def _arm_goal(q, seconds: float) -> FollowJointTrajectory.Goal:
     goal = FollowJointTrajectory.Goal()
-    goal.trajectory.joint_names = list(robot.ARM_JOINTS)
+    goal.trajectory.joint_names = list(PANDA.arm_joints)
     goal.trajectory.points = [
         JointTrajectoryPoint(
             positions=[float(v) for v in q], time_from_start=Duration(sec=int(seconds), nanosec=int(seconds % 1 * 1e9))
@@ -66,8 +68,8 @@ def _arm_goal(q, seconds: float) -> FollowJointTrajectory.Goal:
 def test_sensors_are_published_in_ros_conventions(client):
     _, latest = client
     js = latest["/joint_states"]
-    assert list(js.name) == [*robot.ARM_JOINTS, *robot.FINGER_JOINTS]
-    np.testing.assert_allclose(js.position[:7], robot.HOME_Q_RAD, atol=2e-3)
+    assert list(js.name) == [*PANDA.arm_joints, *PANDA.finger_joints]
+    np.testing.assert_allclose(js.position[:7], PANDA.home_q, atol=2e-3)
     color, depth = latest["/head_camera/color/image_raw"], latest["/head_camera/aligned_depth_to_color/image_raw"]
     assert (color.width, color.height, color.encoding, color.step) == (512, 512, "rgb8", 1536)
     assert depth.encoding == "32FC1" and color.header.frame_id == "head_camera_optical_frame"
@@ -75,9 +77,9 @@ def test_sensors_are_published_in_ros_conventions(client):
     assert 0.5 < float(np.median(depth_m)) < 2.0  # the table, about a metre away
     info = latest["/head_camera/color/camera_info"]
     assert info.k[2] == info.k[5] == 255.5 and info.p[3] == 0.0 and info.distortion_model == "plumb_bob"
-    assert latest["/wrist_ft_sensor/wrench"].header.frame_id == robot.HAND_FRAME
+    assert latest["/wrist_ft_sensor/wrench"].header.frame_id == PANDA.hand_frame
     children = {t.child_frame_id for t in latest["/tf"].transforms}
-    assert {robot.TCP_FRAME, "head_camera_optical_frame", "wrist_camera_optical_frame"} <= children
+    assert {PANDA.tcp_frame, "head_camera_optical_frame", "wrist_camera_optical_frame"} <= children
     assert latest["/clock"].clock.sec >= 0
 
 
@@ -93,7 +95,7 @@ def test_follow_joint_trajectory_moves_the_arm(client):
     wrapped = result_of(handle.get_result_async(), 30)
     assert wrapped.status == GoalStatus.STATUS_SUCCEEDED
     assert wrapped.result.error_code == FollowJointTrajectory.Result.SUCCESSFUL
-    assert feedback and list(feedback[-1].feedback.joint_names) == list(robot.ARM_JOINTS)
+    assert feedback and list(feedback[-1].feedback.joint_names) == list(PANDA.arm_joints)
     wait_for(lambda: abs(latest["/joint_states"].position[0] - target[0]) < 0.01, 10, "joint 1 at its target")
 
 
@@ -200,9 +202,9 @@ def test_topic_holds_sent_before_a_reset_or_after_a_reflex_trip_are_not_followed
     ]
     node = TwinNode(context=context, parameter_overrides=overrides)
     try:
-        far = np.asarray(robot.HOME_Q_RAD) + 0.4  # where the previous episode's arm stopped
+        far = np.asarray(PANDA.home_q) + 0.4  # where the previous episode's arm stopped
         hold = JointTrajectory(
-            joint_names=list(robot.ARM_JOINTS),
+            joint_names=list(PANDA.arm_joints),
             points=[JointTrajectoryPoint(positions=far.tolist(), time_from_start=Duration(nanosec=10_000_000))],
         )
         sent_ns = time.time_ns()
@@ -213,7 +215,7 @@ def test_topic_holds_sent_before_a_reset_or_after_a_reflex_trip_are_not_followed
         node._on_topic("arm", hold, {"source_timestamp": time.time_ns(), "received_timestamp": time.time_ns()})
         assert arm.active_token() is not None  # one sent after the reset is followed
         # after a force reflex trip the arm holds where it stopped until the next trajectory goal
-        arm.hold(robot.HOME_Q_RAD)
+        arm.hold(PANDA.home_q)
         node.controllers.reflex.tripped = ReflexTrip(node.twin.time_s, 40.0, 15.0)
         node._on_topic("arm", hold, {"source_timestamp": time.time_ns(), "received_timestamp": time.time_ns()})
         assert arm.active_token() is None

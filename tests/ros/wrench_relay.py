@@ -23,6 +23,8 @@ from captain_ros.core.kinematics import Kinematics
 from captain_ros.core.wrench import change_frame
 from captain_ros.ros.spin import spin
 
+PANDA = robot.default_profile()  # the twin's arm
+
 MODES = ("pass", "silent", "late", "unknown_frame", "base_frame")
 RELAYED = "/test/relayed_wrench"
 
@@ -45,7 +47,7 @@ class WrenchRelay(Node):
 
     def _on_joints(self, msg: JointState) -> None:
         index = {n: i for i, n in enumerate(msg.name)}
-        self.q = np.array([msg.position[index[j]] for j in robot.ARM_JOINTS])
+        self.q = np.array([msg.position[index[j]] for j in PANDA.arm_joints])
 
     def _on_wrench(self, msg: WrenchStamped) -> None:
         mode = self.get_parameter("mode").value
@@ -58,10 +60,10 @@ class WrenchRelay(Node):
         elif mode == "base_frame":
             if self.q is None:
                 return
-            p_hand, r_hand = self.kin.forward(self.q, robot.HAND_FRAME)
+            p_hand, r_hand = self.kin.forward(self.q, PANDA.hand_frame)
             f, t = msg.wrench.force, msg.wrench.torque
             force, torque = change_frame(np.array([f.x, f.y, f.z]), np.array([t.x, t.y, t.z]), r_hand, p_hand)
-            msg.header.frame_id = robot.BASE_FRAME
+            msg.header.frame_id = PANDA.base_frame
             msg.wrench.force.x, msg.wrench.force.y, msg.wrench.force.z = map(float, force)
             msg.wrench.torque.x, msg.wrench.torque.y, msg.wrench.torque.z = map(float, torque)
         self.pub.publish(msg)

@@ -120,7 +120,7 @@ def test_colcon_builds_both_and_twin_node_starts_from_the_install_space(workspac
     # the built copy is what runs, not the editable install of the checkout in .venv
     assert in_env(env, "import captain_ros; print(captain_ros.__file__)").startswith(str(install))
     assert in_env(env, "import captain_interfaces; print(captain_interfaces.__file__)").startswith(str(install))
-    share = in_env(env, "from captain_ros.paths import config_path; print(config_path('robot.yaml'))")
+    share = in_env(env, "from captain_ros.paths import config_path; print(config_path('robots/panda_twin.yaml'))")
     assert share.startswith(str(install / "captain_ros" / "share" / "captain_ros")), share
 
     twin = start_node(executable, ("camera_rate_hz", 0.0), env=env)

@@ -15,16 +15,17 @@ from launch_ros.substitutions import FindPackageShare
 
 def typed(name: str, value_type: type) -> ParameterValue:
     """A launch argument as a parameter of a fixed type. Untyped, launch_ros parses the text as YAML,
-    so `control_period_s:=0` would reach the node as an integer and `robot_config:=123` as one too."""
+    so `control_period_s:=0` would reach the node as an integer and `robot_profile:=123` as one too."""
     return ParameterValue(LaunchConfiguration(name), value_type=value_type)
 
 
 def generate_launch_description() -> LaunchDescription:
     args = [
         DeclareLaunchArgument(
-            "robot_config",
-            default_value=PathJoinSubstitution([FindPackageShare("captain_ros"), "config", "robot.yaml"]),
-            description="robot description, frames and the controller's action, topic and wrench names",
+            "robot_profile",
+            default_value="panda_twin",
+            description="robot profile: a name in config/robots/ (panda_twin, franka_fr3, ur5e, ros2_control_demo) "
+            "or a path to your own profile YAML: joints, frames, controller, gripper, wrench and camera names",
         ),
         DeclareLaunchArgument(
             "safety_config",
@@ -61,7 +62,7 @@ def generate_launch_description() -> LaunchDescription:
         output="screen",
         parameters=[
             {
-                "robot_config": typed("robot_config", str),
+                "robot_profile": typed("robot_profile", str),
                 "safety_config": typed("safety_config", str),
                 "harness_config": typed("harness_config", str),
                 "watchdog": typed("watchdog", bool),
@@ -75,6 +76,6 @@ def generate_launch_description() -> LaunchDescription:
         executable="perception_node",
         name="perception",
         output="screen",
-        parameters=[{"robot_config": typed("robot_config", str), "harness_config": typed("harness_config", str)}],
+        parameters=[{"robot_profile": typed("robot_profile", str), "harness_config": typed("harness_config", str)}],
     )
     return LaunchDescription([*args, motion, perception])

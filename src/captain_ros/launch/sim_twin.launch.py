@@ -50,9 +50,9 @@ def generate_launch_description() -> LaunchDescription:
             description="twin_node parameters (rates, defaults)",
         ),
         DeclareLaunchArgument(
-            "robot_config",
-            default_value=PathJoinSubstitution([FindPackageShare("captain_ros"), "config", "robot.yaml"]),
-            description="robot description, frames and controller interface names",
+            "robot_profile",
+            default_value="panda_twin",
+            description="robot profile with a MuJoCo twin (config/robots/<name>.yaml with a twin section)",
         ),
         DeclareLaunchArgument(
             "use_rviz", default_value="true", choices=["true", "false"], description="start the rviz2 monitor"
@@ -70,7 +70,7 @@ def generate_launch_description() -> LaunchDescription:
                 "start_id": typed("start_id", str),
                 "split": typed("split", str),
                 "real_time_factor": typed("real_time_factor", float),
-                "robot_config": typed("robot_config", str),
+                "robot_profile": typed("robot_profile", str),
             },
         ],
     )
@@ -79,7 +79,7 @@ def generate_launch_description() -> LaunchDescription:
             PathJoinSubstitution([FindPackageShare("captain_ros"), "launch", "harness.launch.py"])
         ),
         launch_arguments={"use_sim_time": "true"}.items(),
-    )  # launch configurations reach included files: robot_config here, safety_config etc. declared there
+    )  # launch configurations reach included files: robot_profile here, safety_config etc. declared there
     monitor = IncludeLaunchDescription(
         PythonLaunchDescriptionSource(
             PathJoinSubstitution([FindPackageShare("captain_ros"), "launch", "monitor.launch.py"])

@@ -21,6 +21,8 @@ from captain_ros.bridge.store import EpisodeStore
 from captain_ros.core import robot
 from captain_ros.twin.privileged import FEATURE_NAMES
 
+PANDA = robot.default_profile()  # the twin's arm
+
 REQUESTS = 3
 WALL_TIME_S = 40.0
 # request -> labels of the images shown after it, as the agent labels them: camera (perception handle)
@@ -45,7 +47,7 @@ def snapshot(ep: int, t: int) -> dict:
         "success": t == REQUESTS,
         "subgoals_reached": ["grasp"] if t > 1 else [],
         "robot": {
-            "arm_joint_names": list(robot.ARM_JOINTS),
+            "arm_joint_names": list(PANDA.arm_joints),
             "arm_q_rad": [round(0.1 * j + 0.01 * t + ep, 4) for j in range(7)],
             "jaw_opening_m": 0.08 - 0.02 * t,
         },
@@ -283,7 +285,7 @@ def test_bag_decodes_to_the_stored_episode(store, bag, reader):
     # joint states: the snapshot's arm joints plus both fingers at half the jaw, at the step's start time
     for t, (log_ns, msg) in enumerate(by_topic["/joint_states"], start=1):
         rob = ep["steps"][t]["snapshot"]["robot"]
-        assert list(msg.name) == [*robot.ARM_JOINTS, *robot.FINGER_JOINTS]
+        assert list(msg.name) == [*PANDA.arm_joints, *PANDA.finger_joints]
         assert list(msg.position) == [*rob["arm_q_rad"], rob["jaw_opening_m"] / 2, rob["jaw_opening_m"] / 2]
         assert log_ns == stamp_ns(msg) == ns(ep["steps"][t]["timing"]["started_unix_s"])
 
@@ -314,7 +316,7 @@ def test_bag_decodes_to_the_stored_episode(store, bag, reader):
         assert len(want) == 2
         for (log_ns, msg), (t, image) in zip(got, want, strict=True):
             assert bytes(msg.data) == truth["blobs"][image["sha256"]] and msg.format == "png"
-            assert msg.header.frame_id == robot.CAMERA_FRAMES[label]
+            assert msg.header.frame_id == PANDA.camera_frames[label]
             assert log_ns == stamp_ns(msg) >= ns(ep["steps"][t]["timing"]["started_unix_s"]) + ns(3.0)
             assert Image.open(io.BytesIO(bytes(msg.data))).size == (8, 6)
 

@@ -4,15 +4,17 @@ import pytest
 from captain_ros.core import robot
 from captain_ros.core.kinematics import Kinematics, top_down_rotation
 
+PANDA = robot.default_profile()  # the twin's arm
+
 
 def test_ik_reaches_top_down_poses_over_the_table_within_limits():
     kin = Kinematics()
     rng = np.random.default_rng(3)
-    lower, upper = robot.arm_limits_rad()
+    lower, upper = PANDA.arm_limits_rad()
     for _ in range(30):
         target = np.array([rng.uniform(0.3, 0.7), rng.uniform(-0.3, 0.3), rng.uniform(0.02, 0.3)])
         rotation = top_down_rotation(rng.uniform(-1.5, 1.5))
-        result = kin.solve(target, rotation, robot.HOME_Q_RAD)
+        result = kin.solve(target, rotation, PANDA.home_q)
         assert result.converged
         assert np.all(result.q_rad >= lower) and np.all(result.q_rad <= upper)
         pos, rot = kin.forward(result.q_rad)
@@ -21,7 +23,7 @@ def test_ik_reaches_top_down_poses_over_the_table_within_limits():
 
 
 def test_unreachable_target_is_reported_not_faked():
-    result = Kinematics().solve(np.array([2.0, 0.0, 0.3]), top_down_rotation(), robot.HOME_Q_RAD)
+    result = Kinematics().solve(np.array([2.0, 0.0, 0.3]), top_down_rotation(), PANDA.home_q)
     assert not result.converged and result.position_error_m > 0.5
 
 

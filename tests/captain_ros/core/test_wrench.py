@@ -8,6 +8,8 @@ from captain_ros.core import robot
 from captain_ros.core.kinematics import Kinematics
 from captain_ros.core.wrench import change_frame, external_force_n
 
+PANDA = robot.default_profile()  # the twin's arm
+
 
 def _rot_z(angle: float) -> np.ndarray:
     c, s = math.cos(angle), math.sin(angle)
@@ -38,7 +40,7 @@ def test_change_frame_moves_torque_by_the_lever_arm():
 
 def test_change_frame_round_trips_through_the_arm_links():
     kin = Kinematics()
-    p_hand, r_hand = kin.forward(robot.HOME_Q_RAD, robot.HAND_FRAME)
+    p_hand, r_hand = kin.forward(PANDA.home_q, PANDA.hand_frame)
     p_base, r_base = np.zeros(3), np.eye(3)
     force_h, torque_h = np.array([1.0, -2.0, 3.0]), np.array([0.1, 0.2, -0.3])
     # hand -> base, then base -> hand

@@ -26,6 +26,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, currently_in_test_context, event, example, given, settings
 from hypothesis import strategies as st
 
+from captain_ros.core import robot
 from captain_ros.core.config import load_config
 from captain_ros.core.contract import (
     CAPABILITIES,
@@ -34,7 +35,7 @@ from captain_ros.core.contract import (
     RECEIPT_MAX_CHARS,
     FailureCategory,
 )
-from captain_ros.harness.harness import FRAMES, Harness
+from captain_ros.harness.harness import Harness, policy_frames
 from captain_ros.harness.twin_backend import TwinBackend
 from captain_ros.perception.geometry import SHAPES
 from captain_ros.perception.perception import CAMERAS, GRANULARITIES
@@ -300,8 +301,8 @@ SPEC: dict[str, dict[str, Arg]] = {
     "read_motion_trajectory": {"motion_id": whole(1, 4), "page": whole(0, 6)},
     "transform_pose": {
         "pose": pose(physical=False, required=True),
-        "from_frame": text(*FRAMES),
-        "to_frame": text(*FRAMES),
+        "from_frame": text(*policy_frames(robot.default_profile())),
+        "to_frame": text(*policy_frames(robot.default_profile())),
         "offset_m": Arg(vec(3, -0.2, 0.2), bad_vec(3)),
     },
     "finish": {"note": Arg(st.text(max_size=600), NOT_TEXT)},

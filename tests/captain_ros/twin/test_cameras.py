@@ -13,6 +13,8 @@ from captain_ros.harness.twin_backend import TwinBackend
 from captain_ros.twin.sim import Twin, rotvec_matrix
 from captain_ros.twin.start_states import CALIBRATION_ERROR_RANGES, StartId, make_layout
 
+PANDA = robot.default_profile()  # the twin's arm
+
 TASK = "put_red_cube_in_bowl"
 
 
@@ -73,7 +75,7 @@ def test_rendered_cameras_deviate_from_the_calibrated_poses_by_the_start_states_
     with Twin(TASK) as twin:
         twin.reset(start)
         frames = twin.observe()
-        for cam in robot.CAMERA_FRAMES:
+        for cam in PANDA.camera_frames:
             p_cal, r_cal = twin.camera_pose(cam)
             p_true, r_true = twin.true_camera_pose(cam)
             error = layout.calibration_error[cam]
@@ -94,7 +96,7 @@ def test_perception_is_given_the_calibrated_pose_through_the_backend_and_the_har
         harness = Harness(TwinBackend(twin), load_config(), Kinematics())
         assert harness.call("observe").success
         stored = harness.perception.store.latest().images
-        for cam in robot.CAMERA_FRAMES:
+        for cam in PANDA.camera_frames:
             p_cal, r_cal = twin.camera_pose(cam)
             p_true, _ = twin.true_camera_pose(cam)
             for image in (images[cam], stored[cam]):
@@ -110,7 +112,7 @@ def test_calibrated_poses_are_the_urdf_extrinsics_moved_by_the_wide_head_placeme
     kin = Kinematics()
     with Twin(TASK) as twin:
         twin.reset(f"{TASK}/official/0")
-        for cam, frame in robot.CAMERA_FRAMES.items():
+        for cam, frame in PANDA.camera_frames.items():
             pos, rot = twin.camera_pose(cam)
             want_pos, want_rot = kin.forward(twin.arm_q(), frame)
             np.testing.assert_allclose(pos, want_pos, atol=1e-6)
@@ -123,7 +125,7 @@ def test_calibrated_poses_are_the_urdf_extrinsics_moved_by_the_wide_head_placeme
         np.testing.assert_allclose(rot, urdf_head[1] @ rotvec_matrix(layout.head_camera_rotvec_rad), atol=1e-9)
         assert np.linalg.norm(twin.true_camera_pose("head")[0] - urdf_head[0]) > 0.001  # rendered from there too
         wrist = twin.camera_pose("wrist")
-        np.testing.assert_allclose(wrist[0], kin.forward(twin.arm_q(), robot.CAMERA_FRAMES["wrist"])[0], atol=1e-6)
+        np.testing.assert_allclose(wrist[0], kin.forward(twin.arm_q(), PANDA.camera_frames["wrist"])[0], atol=1e-6)
 
 
 def test_tf_frames_carry_the_calibrated_poses_and_the_urdf_link_to_optical_joints():
@@ -131,7 +133,7 @@ def test_tf_frames_carry_the_calibrated_poses_and_the_urdf_link_to_optical_joint
         twin.reset(f"{TASK}/wide/3")
         frames = twin.camera_transforms()
         m, d = twin.model, twin.data
-        for cam, optical in robot.CAMERA_FRAMES.items():
+        for cam, optical in PANDA.camera_frames.items():
             link = optical.replace("_optical_frame", "_link")
             assert set(frames) >= {optical, link}
             pos, rot = twin.camera_pose(cam)

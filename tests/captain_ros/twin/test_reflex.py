@@ -15,6 +15,8 @@ from captain_ros.harness.twin_backend import TwinBackend
 from captain_ros.twin.controller import ForceReflex
 from captain_ros.twin.sim import Twin
 
+PANDA = robot.default_profile()  # the twin's arm
+
 TASK = "put_blue_cube_in_box"
 SPOT = [0.45, 0.0]  # clear of every object of the official layout, jaw along x
 
@@ -38,7 +40,7 @@ def _press_without_stopping(backend: TwinBackend, twin: Twin, kin, reflex_n: flo
     target = kin.solve(np.array([*SPOT, -0.03]), top_down_rotation(math.pi / 2), twin.arm_q())
     assert target.converged
     backend.controllers.start_motion(
-        JointTrajectory(robot.ARM_JOINTS, np.array([2.0]), target.q_rad[None], None), twin.time_s
+        JointTrajectory(PANDA.arm_joints, np.array([2.0]), target.q_rad[None], None), twin.time_s
     )
     trips = []
     for _ in range(round(seconds / twin.model.opt.timestep)):
@@ -80,7 +82,7 @@ def test_free_motion_never_trips_a_low_reflex(kin):
     backend, twin = _above_the_table(kin)
     backend.set_force_reflex(3.0)  # the guarded-contact threshold
     goal = kin.solve(np.array([0.5, 0.25, 0.35]), top_down_rotation(0.3), twin.arm_q())
-    sweep = JointTrajectory(robot.ARM_JOINTS, np.array([2.5]), goal.q_rad[None], None)
+    sweep = JointTrajectory(PANDA.arm_joints, np.array([2.5]), goal.q_rad[None], None)
     backend.controllers.start_motion(sweep, twin.time_s)
     trips = [backend.controllers.step(twin) for _ in range(1500)]
     assert not any(trips) and backend.controllers.reflex.peak_force_n < 3.0

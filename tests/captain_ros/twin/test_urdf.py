@@ -8,33 +8,35 @@ from captain_ros.core import robot
 from captain_ros.core.kinematics import Kinematics
 from captain_ros.twin.sim import Twin
 
-FRAMES = [robot.TCP_FRAME, "panda_link4", "panda_hand", *robot.CAMERA_FRAMES.values()]
+PANDA = robot.default_profile()  # the twin's arm
+
+FRAMES = [PANDA.tcp_frame, "panda_link4", "panda_hand", *PANDA.camera_frames.values()]
 
 
 @pytest.fixture(scope="module")
 def urdf():
-    return yourdfpy.URDF.load(str(robot.description_path()), build_collision_scene_graph=False, load_meshes=False)
+    return yourdfpy.URDF.load(str(PANDA.description_path), build_collision_scene_graph=False, load_meshes=False)
 
 
 def test_description_has_the_panda_and_its_cameras(urdf):
-    assert urdf.actuated_joint_names[:7] == list(robot.ARM_JOINTS)
+    assert urdf.actuated_joint_names[:7] == list(PANDA.arm_joints)
     assert {"panda_tcp", "head_camera_optical_frame", "wrist_camera_optical_frame"} <= set(urdf.link_map)
-    lower, upper = robot.arm_limits_rad()
+    lower, upper = PANDA.arm_limits_rad()
     # Franka's published limits (datasheet)
     assert lower[3] == pytest.approx(-3.0718) and upper[5] == pytest.approx(3.7525)
-    assert robot.joint_limits()["panda_joint5"].effort == 12
-    assert robot.max_jaw_opening_m() == pytest.approx(0.08)
+    assert PANDA.joint_limits["panda_joint5"].effort == 12
+    assert PANDA.max_jaw_opening_m() == pytest.approx(0.08)
 
 
 def test_home_pose_is_the_known_panda_ready_pose(urdf):
-    urdf.update_cfg(np.concatenate([robot.HOME_Q_RAD, [0.04]]))
-    tcp = urdf.get_transform(robot.TCP_FRAME, robot.BASE_FRAME)
+    urdf.update_cfg(np.concatenate([PANDA.home_q, [0.04]]))
+    tcp = urdf.get_transform(PANDA.tcp_frame, PANDA.base_frame)
     np.testing.assert_allclose(tcp[:3, 3], [0.3069, 0.0, 0.4869], atol=2e-4)
 
 
 def test_forward_kinematics_agree_within_1mm_at_random_configurations(urdf):
     rng = np.random.default_rng(7)
-    lower, upper = robot.arm_limits_rad()
+    lower, upper = PANDA.arm_limits_rad()
     kin = Kinematics()
     twin = Twin("put_red_cube_in_bowl")
     m, d = twin.model, twin.data
@@ -43,10 +45,10 @@ def test_forward_kinematics_agree_within_1mm_at_random_configurations(urdf):
     for _ in range(25):
         q = rng.uniform(lower, upper)
         urdf.update_cfg(np.concatenate([q, [0.02]]))
-        d.qpos[[m.joint(j).qposadr[0] for j in robot.ARM_JOINTS]] = q
+        d.qpos[[m.joint(j).qposadr[0] for j in PANDA.arm_joints]] = q
         mujoco.mj_kinematics(m, d)
         for frame in FRAMES:
-            expected = urdf.get_transform(frame, robot.BASE_FRAME)
+            expected = urdf.get_transform(frame, PANDA.base_frame)
             body = m.body(frame).id
             np.testing.assert_allclose(d.xpos[body], expected[:3, 3], atol=1e-3, err_msg=frame)
             np.testing.assert_allclose(d.xmat[body].reshape(3, 3), expected[:3, :3], atol=1e-3, err_msg=frame)
@@ -59,7 +61,7 @@ def test_twin_cameras_are_calibrated_at_the_urdf_optical_frames():
     twin = Twin("put_red_cube_in_bowl")
     twin.reset("put_red_cube_in_bowl/official/0")  # official starts keep the URDF camera placement
     m, d = twin.model, twin.data
-    for cam, frame in robot.CAMERA_FRAMES.items():
+    for cam, frame in PANDA.camera_frames.items():
         body = m.body(frame).id
         position, rotation = twin.camera_pose(cam)  # as calibrated
         np.testing.assert_allclose(position, d.xpos[body], atol=1e-9)
@@ -72,7 +74,7 @@ def test_twin_cameras_are_calibrated_at_the_urdf_optical_frames():
 
 
 def test_gripper_geometry_comes_from_the_urdf():
-    g = robot.gripper_geometry()
+    g = PANDA.gripper_geometry
     assert g.tcp_from_flange_m == pytest.approx(0.1034)
     assert g.fingertips_below_tcp_m == pytest.approx(0.0584 + 0.053 - 0.1034)
     assert g.finger_pad_size_m == (0.02, 0.018, 0.053)

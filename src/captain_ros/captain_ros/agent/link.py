@@ -16,6 +16,7 @@ import numpy as np
 
 from captain_ros.core.config import HarnessConfig
 from captain_ros.core.contract import CallResult
+from captain_ros.core.robot import RobotProfile
 
 
 class LinkError(RuntimeError):
@@ -113,11 +114,12 @@ class InProcessLink(HarnessLink):
     """The harness core on an in-process twin: one twin at a time, rebuilt when the task changes (a twin left
     open beside another was seen to render wrong observations)."""
 
-    def __init__(self, config: HarnessConfig, suite: dict | None = None):
+    def __init__(self, config: HarnessConfig, suite: dict | None = None, profile: RobotProfile | None = None):
         from captain_ros.core.kinematics import Kinematics
 
         self.config, self.suite = config, suite
-        self.kinematics = Kinematics()
+        self.kinematics = Kinematics(profile=profile)
+        self.profile = self.kinematics.profile
         self.twin = self.harness = None
 
     def reset(self, task: str, start_id: str | None, split: str, episode_id: str) -> EpisodeStart:
@@ -129,7 +131,7 @@ class InProcessLink(HarnessLink):
         try:
             if self.twin is None or self.twin.task.name != task:
                 self.close()
-                self.twin = Twin(task, suite=self.suite)
+                self.twin = Twin(task, suite=self.suite, profile=self.profile)
                 timer = _MotionTimer(self)
                 backend = _TimedBackend(TwinBackend(self.twin, self.config.safety.control_period_s), timer)
                 self.harness = Harness(backend, self.config, self.kinematics)

@@ -41,7 +41,7 @@ PYTHON_TOOL = {
 TOOLS = [PYTHON_TOOL]
 
 FRAMES = """\
-- `base` (panda_link0): x forward, y left, z up, metres; the table top is z = 0. Every pose the API \
+- `base` (the arm's base link): x forward, y left, z up, metres; the table top is z = 0. Every pose the API \
 takes or returns is in this frame unless a call says otherwise.
 - `tcp`: the tool centre point between the finger pads; z points along the fingers (down when \
 yaw_deg is used), the jaw closes along y.

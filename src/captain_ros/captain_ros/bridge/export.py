@@ -242,6 +242,7 @@ class _Bag:
         from rosbags.interfaces import Qos, QosDurability, QosHistory, QosLiveliness, QosReliability, QosTime
 
         self.writer, self.ts = writer, typestore()
+        self.profile = robot.default_profile()  # the episode's robot (camera frames), from its snapshots
         self.last_ns = 0
         self.connections: dict[str, Any] = {}
         never = QosTime(0, 0)  # 0 = the RMW default: no deadline, lifespan or lease
@@ -298,23 +299,34 @@ class _Bag:
         if topic not in self.connections:
             self.add(topic, COMPRESSED_IMAGE)
         msg = self.ts.types[COMPRESSED_IMAGE](
-            header=self._header(ns, robot.CAMERA_FRAMES.get(camera_name(label), "")),
+            header=self._header(ns, self.profile.camera_frames.get(camera_name(label), "")),
             format=media_type.rsplit("/", maxsplit=1)[-1],  # "png" for image/png, "jpeg" for image/jpeg
             data=np.frombuffer(data, dtype=np.uint8),
         )
         self._write(topic, COMPRESSED_IMAGE, ns, msg)
 
 
+def snapshot_profile(snapshot: dict[str, Any]) -> robot.RobotProfile:
+    """The robot profile a snapshot names (records before profiles existed: the default, the Panda twin)."""
+    name = (snapshot.get("robot") or {}).get("profile") if isinstance(snapshot.get("robot"), dict) else None
+    try:
+        return robot.load_profile(name) if isinstance(name, str) and name else robot.default_profile()
+    except robot.ProfileError:
+        return robot.default_profile()
+
+
 def _joints(snapshot: dict[str, Any]) -> tuple[list[str], list[float]] | None:
-    """Arm joints plus both fingers (each half the jaw opening, as the twin publishes them)."""
+    """Arm joints plus the fingers (each its share of the jaw opening, as the twin publishes them)."""
     rob = snapshot.get("robot")
     if not isinstance(rob, dict) or not isinstance(rob.get("arm_q_rad"), list):
         return None
+    profile = snapshot_profile(snapshot)
     q = [float(v) for v in rob["arm_q_rad"]]
-    names = list(rob.get("arm_joint_names") or robot.ARM_JOINTS[: len(q)])
+    names = list(rob.get("arm_joint_names") or profile.arm_joints[: len(q)])
     jaw = _num(rob.get("jaw_opening_m"))
     if jaw is not None:
-        names, q = [*names, *robot.FINGER_JOINTS], [*q, jaw / 2, jaw / 2]
+        fingers = list(rob.get("finger_joint_names") or profile.finger_joints)
+        names, q = [*names, *fingers], [*q, *([jaw / len(fingers)] * len(fingers))]
     return names, q
 
 
@@ -339,6 +351,7 @@ def _write_request(bag: _Bag, store: EpisodeStore, ep: _Episode, index: int) -> 
     if step is not None:
         ns = bag.at(t0)
         snapshot = step.get("snapshot") or {}
+        bag.profile = snapshot_profile(snapshot)
         joints = _joints(snapshot)
         if joints:
             bag.joint_state(ns, *joints)

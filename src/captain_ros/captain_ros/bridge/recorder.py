@@ -21,7 +21,6 @@ from captain_ros.bridge.rewards import CostTracker, RewardConfig, subgoal_reward
 from captain_ros.bridge.schema import Record
 from captain_ros.bridge.store import EpisodeStore
 from captain_ros.core.contract import PHYSICAL_CAPABILITIES, _json_safe
-from captain_ros.core.robot import ARM_JOINTS
 
 
 @dataclass
@@ -40,8 +39,11 @@ class EpisodeMeta:
 def snapshot_payload(twin: Any) -> dict[str, Any]:
     """The twin's hidden state as stored (TRAINING ONLY): its PrivilegedState plus the robot's joints."""
     snap = twin.snapshot().as_dict()
+    profile = twin.profile
     snap["robot"] = {
-        "arm_joint_names": list(ARM_JOINTS),
+        "profile": profile.name,
+        "arm_joint_names": list(profile.arm_joints),
+        "finger_joint_names": list(profile.finger_joints),
         "arm_q_rad": [float(q) for q in twin.arm_q()],
         "jaw_opening_m": float(twin.jaw_opening_m()),
     }

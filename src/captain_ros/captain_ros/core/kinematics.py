@@ -1,13 +1,14 @@
 """Forward and inverse kinematics of the arm, from the URDF (via MuJoCo's URDF compiler).
 
-The kinematic model is the robot alone (no scene), compiled from urdf/panda.urdf, so the IK,
-the twin and rviz share one description. The IK is damped least squares on the TCP pose with
-joint-limit clamping and a null-space pull toward a rest posture.
+The kinematic model is the robot alone (no scene), compiled from the robot profile's URDF, so the IK,
+the twin and rviz share one description; any serial arm works (the profile names its joints). The IK is
+damped least squares on the TCP pose with joint-limit clamping and a null-space pull toward a rest posture.
 """
 
 from __future__ import annotations
 
 import math
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from functools import cache
 
@@ -36,32 +37,50 @@ class IKResult:
     iterations: int
 
 
+def primitive_urdf(text: str) -> str:
+    """The URDF without visuals and mesh collisions: a vendor's description points at meshes by package:// URIs
+    that only a ROS install resolves, and the kinematics need none of them (self-collision checks then use the
+    primitive shapes alone)."""
+    root = ET.fromstring(text)
+    for link in root.iter("link"):
+        for element in list(link):
+            if element.tag == "visual" or (element.tag == "collision" and element.find("geometry/mesh") is not None):
+                link.remove(element)
+    return ET.tostring(root, encoding="unicode")
+
+
 @cache
-def _kinematic_model() -> mujoco.MjModel:
-    spec = mujoco.MjSpec.from_file(str(robot.description_path()))
+def _kinematic_model(profile: robot.RobotProfile) -> mujoco.MjModel:
+    spec = mujoco.MjSpec.from_string(primitive_urdf(profile.urdf_text))
     spec.compiler.fusestatic = False
-    spec.body(robot.TCP_FRAME).add_site(name="tcp")
-    spec.add_exclude(bodyname1="panda_leftfinger", bodyname2="panda_rightfinger")  # they close onto each other
+    spec.body(profile.tcp_frame).add_site(name="tcp")
+    if len(profile.pad_links) == 2:  # the fingers close onto each other
+        spec.add_exclude(bodyname1=profile.pad_links[0], bodyname2=profile.pad_links[1])
     return spec.compile()
 
 
 class Kinematics:
-    """FK/IK for the 7 arm joints. One instance per thread (it owns an MjData)."""
+    """FK/IK for the arm joints of a robot profile (any serial arm). One instance per thread (it owns an MjData)."""
 
-    def __init__(self, config: IKConfig = IKConfig()):
-        self.model = _kinematic_model()
+    def __init__(self, config: IKConfig = IKConfig(), profile: robot.RobotProfile | None = None):
+        self.profile = profile or robot.default_profile()
+        self.model = _kinematic_model(self.profile)
         self.data = mujoco.MjData(self.model)
         self.config = config
-        self._qadr = np.array([self.model.joint(j).qposadr[0] for j in robot.ARM_JOINTS])
-        self._dof = np.array([self.model.joint(j).dofadr[0] for j in robot.ARM_JOINTS])
+        self._qadr = np.array([self.model.joint(j).qposadr[0] for j in self.profile.arm_joints])
+        self._dof = np.array([self.model.joint(j).dofadr[0] for j in self.profile.arm_joints])
         self._site = self.model.site("tcp").id
-        self.lower, self.upper = robot.arm_limits_rad()
+        self.lower, self.upper = self.profile.arm_limits_rad()
+        self.n = self.profile.dof
 
-    def self_collisions(self, q_rad: np.ndarray, jaw_opening_m: float = 0.08) -> list[tuple[str, str]]:
-        """Pairs of robot links whose collision geometry overlaps at q (parents and children excluded)."""
+    def self_collisions(self, q_rad: np.ndarray, jaw_opening_m: float | None = None) -> list[tuple[str, str]]:
+        """Pairs of robot links whose collision geometry overlaps at q (parents and children excluded), with the
+        jaw at `jaw_opening_m` (default: fully open)."""
+        if jaw_opening_m is None:
+            jaw_opening_m = self.profile.max_jaw_opening_m()
         self.data.qpos[self._qadr] = q_rad
-        for j in robot.FINGER_JOINTS:
-            self.data.qpos[self.model.joint(j).qposadr[0]] = jaw_opening_m / 2
+        for j in self.profile.finger_joints:
+            self.data.qpos[self.model.joint(j).qposadr[0]] = jaw_opening_m / len(self.profile.finger_joints)
         mujoco.mj_kinematics(self.model, self.data)
         mujoco.mj_collision(self.model, self.data)
         pairs = set()
@@ -70,11 +89,11 @@ class Kinematics:
             pairs.add(tuple(sorted((self.model.body(a).name, self.model.body(b).name))))
         return sorted(pairs)
 
-    def forward(self, q_rad: np.ndarray, frame: str = robot.TCP_FRAME) -> tuple[np.ndarray, np.ndarray]:
-        """Pose of `frame` (a URDF link) in the base frame: position (3,), rotation matrix (3, 3)."""
+    def forward(self, q_rad: np.ndarray, frame: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Pose of `frame` (a URDF link; default the TCP) in the base frame: position (3,), rotation (3, 3)."""
         self.data.qpos[self._qadr] = q_rad
         mujoco.mj_kinematics(self.model, self.data)
-        if frame == robot.TCP_FRAME:
+        if frame is None or frame == self.profile.tcp_frame:
             return self.data.site_xpos[self._site].copy(), self.data.site_xmat[self._site].reshape(3, 3).copy()
         body = self.model.body(frame).id
         return self.data.xpos[body].copy(), self.data.xmat[body].reshape(3, 3).copy()
@@ -84,13 +103,13 @@ class Kinematics:
     ) -> IKResult:
         cfg = self.config
         position_m, rotation = np.asarray(position_m, dtype=float), np.asarray(rotation, dtype=float)
-        if position_m.shape != (3,) or rotation.shape != (3, 3) or np.shape(q_seed_rad) != (7,):
+        if position_m.shape != (3,) or rotation.shape != (3, 3) or np.shape(q_seed_rad) != (self.n,):
             raise ValueError(
-                f"IK needs a (3,) position, a (3, 3) rotation and a (7,) seed; got "
+                f"IK needs a (3,) position, a (3, 3) rotation and a ({self.n},) seed; got "
                 f"{position_m.shape}, {rotation.shape}, {np.shape(q_seed_rad)}"
             )
         q = np.clip(np.asarray(q_seed_rad, dtype=float), self.lower, self.upper)
-        rest = robot.HOME_Q_RAD if q_rest_rad is None else q_rest_rad
+        rest = self.profile.home_q if q_rest_rad is None else q_rest_rad
         jac_p, jac_r = np.zeros((3, self.model.nv)), np.zeros((3, self.model.nv))
         err_rot = np.zeros(3)
         target_quat, cur_quat, dq_quat = np.zeros(4), np.zeros(4), np.zeros(4)
@@ -112,7 +131,7 @@ class Kinematics:
             err = np.concatenate([e_p, err_rot])
             jjt = jac @ jac.T + cfg.damping**2 * np.eye(6)
             dq = jac.T @ np.linalg.solve(jjt, err)
-            null = np.eye(7) - np.linalg.pinv(jac) @ jac
+            null = np.eye(self.n) - np.linalg.pinv(jac) @ jac
             dq += cfg.nullspace_gain * null @ (rest - q)
             step = float(np.abs(dq).max())
             if step > cfg.max_step_rad:

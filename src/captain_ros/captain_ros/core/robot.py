@@ -1,29 +1,35 @@
-"""What the twin and the harness need to know about the robot, read from the URDF.
+"""The robot as the stack sees it: one profile per arm (config/robots/<name>.yaml), plus what its URDF says.
 
-The URDF (urdf/panda.urdf) is the single source of truth; nothing here restates its numbers.
+A profile names everything that differs between arms and bring-ups: the URDF, the frames, the arm's joints
+(any number: the kinematics and planning work for any serial arm), the gripper's joints and how it is
+commanded, and the ros2_control interfaces (trajectory action, wrench, speed scaling, cameras). Nothing in
+code restates a joint name, a frame or a topic: it asks the profile. Numbers that the URDF holds (limits,
+gripper geometry) are read from the URDF, never restated in the profile.
+
+A real arm whose vendor publishes its description on /robot_description may leave `description.urdf` empty;
+the node that loads such a profile passes the received URDF text to `RobotProfile.with_urdf_text`.
 """
 
 from __future__ import annotations
 
 import math
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
-from functools import cache
+from dataclasses import dataclass, field, replace
+from functools import cache, cached_property
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import yaml
 
-from captain_ros.paths import urdf_path
+from captain_ros.paths import config_path, urdf_path
 
-URDF_FILE = "panda.urdf"
-ARM_JOINTS = tuple(f"panda_joint{i}" for i in range(1, 8))
-FINGER_JOINTS = ("panda_finger_joint1", "panda_finger_joint2")
-BASE_FRAME = "panda_link0"
-TCP_FRAME = "panda_tcp"
-HAND_FRAME = "panda_hand"
-CAMERA_FRAMES = {"head": "head_camera_optical_frame", "wrist": "wrist_camera_optical_frame"}
-# A folded, top-down ready pose inside the joint limits (the usual Panda "ready" configuration).
-HOME_Q_RAD = np.array([0.0, -math.pi / 4, 0.0, -3 * math.pi / 4, 0.0, math.pi / 2, math.pi / 4])
+DEFAULT_PROFILE = "panda_twin"
+GRIPPER_COMMANDS = ("joint_trajectory", "gripper_command", "parallel_gripper_command", "franka")
+
+
+class ProfileError(ValueError):
+    """A robot profile that cannot be used: which file, which key, and what is wrong."""
 
 
 @dataclass(frozen=True)
@@ -35,30 +41,6 @@ class JointLimits:
     effort: float
 
 
-@cache
-def description_path() -> Path:
-    return urdf_path(URDF_FILE)
-
-
-@cache
-def joint_limits() -> dict[str, JointLimits]:
-    """Limits of every non-fixed joint of the URDF, by joint name."""
-    root = ET.parse(description_path()).getroot()
-    limits = {}
-    for joint in root.iter("joint"):
-        if joint.get("type") == "fixed":
-            continue
-        lim = joint.find("limit")
-        limits[joint.get("name")] = JointLimits(
-            joint.get("name"),
-            float(lim.get("lower")),
-            float(lim.get("upper")),
-            float(lim.get("velocity")),
-            float(lim.get("effort")),
-        )
-    return limits
-
-
 @dataclass(frozen=True)
 class GripperGeometry:
     """Gripper dimensions along the hand axis (z) and the finger pad box, read from the URDF."""
@@ -68,30 +50,345 @@ class GripperGeometry:
     finger_pad_size_m: tuple[float, float, float]
 
 
+@dataclass(frozen=True)
+class CameraInterface:
+    color_topic: str
+    depth_topic: str
+    info_topic: str
+
+
+@dataclass(frozen=True)
+class GripperInterface:
+    """How the gripper is commanded and read.
+
+    command: "joint_trajectory" (a JointTrajectoryController on the finger joint: the twin, ros2_control demos),
+    "gripper_command" (control_msgs/action/GripperCommand: gripper_action_controller, Robotiq drivers),
+    "parallel_gripper_command" (control_msgs/action/ParallelGripperCommand: parallel_gripper_action_controller),
+    or "franka" (franka_msgs/action/Move and Grasp of franka_gripper)."""
+
+    command: str
+    action: str  # the trajectory / GripperCommand / ParallelGripperCommand / franka Move action
+    grasp_action: str = ""  # franka_gripper's Grasp action (command "franka")
+    joint_states_topic: str = ""  # where the fingers' measured positions come from ("" = the arm's joint_states)
+    max_effort_n: float = 70.0  # grasp force asked of force-controlled grippers
+
+
+@dataclass(frozen=True)
+class ForceReflex:
+    """The arm's own force reflex, set to each motion's force limit through a SetParameters service."""
+
+    parameter_service: str
+    parameter: str
+
+
+@dataclass(frozen=True)
+class Interfaces:
+    joint_states_topic: str
+    trajectory_action: str  # control_msgs/action/FollowJointTrajectory of the arm's trajectory controller
+    trajectory_topic: str  # trajectory_msgs/JointTrajectory of the same controller (the hold/stop path)
+    wrench_topic: str  # geometry_msgs/WrenchStamped, in any frame of the arm
+    gripper: GripperInterface
+    cameras: dict[str, CameraInterface]
+    speed_scaling_topic: str = ""  # std_msgs/Float64 in [0, 1] (UR's speed_scaling_state_broadcaster); "" = none
+    force_reflex: ForceReflex | None = None
+
+
+@dataclass(frozen=True)
+class TwinSpec:
+    """What a MuJoCo twin of this arm needs beyond its URDF (absent for arms without a twin)."""
+
+    arm_kp: tuple[float, ...]  # position-servo stiffness per arm joint, N m / rad
+    gripper_force_n: float = 70.0
+    gripper_kp: float = 800.0
+    base_contact_excludes: tuple[str, ...] = ()  # links touching the base at rest (no contact with it)
+    link_colors: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: a cache key for its compiled models
+class RobotProfile:
+    name: str
+    source: str  # the file it was read from (for error messages)
+    urdf_file: str  # under urdf/ of this package; "" = given later from /robot_description (with_urdf_text)
+    base_frame: str
+    flange_frame: str
+    hand_frame: str  # the gripper body; the twin's wrist wrench is expressed here
+    tcp_frame: str  # tool centre point between the finger pads
+    arm_joints: tuple[str, ...]
+    home_q_rad: tuple[float, ...]
+    finger_joints: tuple[str, ...]  # prismatic; opening = sum of their positions (one joint: twice it)
+    pad_links: tuple[str, ...]  # the finger links that touch objects
+    camera_frames: dict[str, str]  # camera name -> optical frame
+    self_filter_chain_m: dict[str, float]  # links cut out of point clouds, with a radius around each
+    interfaces: Interfaces
+    twin: TwinSpec | None = None
+    urdf_text: str = ""  # the URDF itself (read from urdf_file, or given)
+
+    # ------------------------------------------------------------------ derived from the URDF
+    @property
+    def dof(self) -> int:
+        return len(self.arm_joints)
+
+    @property
+    def description_path(self) -> Path | None:
+        return urdf_path(self.urdf_file) if self.urdf_file else None
+
+    @cached_property
+    def _urdf(self) -> ET.Element:
+        if not self.urdf_text:
+            raise ProfileError(f"{self.source}: no URDF yet (description.urdf is empty: give /robot_description)")
+        return ET.fromstring(self.urdf_text)
+
+    @cached_property
+    def joint_limits(self) -> dict[str, JointLimits]:
+        """Limits of every non-fixed joint of the URDF, by joint name."""
+        limits = {}
+        for joint in self._urdf.iter("joint"):
+            if joint.get("type") in ("fixed", "floating", "planar"):
+                continue
+            lim = joint.find("limit")
+            name = joint.get("name")
+            if lim is None:
+                raise ProfileError(f"{self.source}: URDF joint {name} has no <limit>")
+            continuous = joint.get("type") == "continuous"
+            limits[name] = JointLimits(
+                name,
+                -math.pi if continuous else float(lim.get("lower", 0.0)),
+                math.pi if continuous else float(lim.get("upper", 0.0)),
+                float(lim.get("velocity", 0.0)),
+                float(lim.get("effort", 0.0)),
+            )
+        return limits
+
+    def arm_limits_rad(self) -> tuple[np.ndarray, np.ndarray]:
+        lim = self.joint_limits
+        return np.array([lim[j].lower for j in self.arm_joints]), np.array([lim[j].upper for j in self.arm_joints])
+
+    def arm_velocity_limits_rad_s(self) -> np.ndarray:
+        return np.array([self.joint_limits[j].velocity for j in self.arm_joints])
+
+    @property
+    def home_q(self) -> np.ndarray:
+        return np.array(self.home_q_rad)
+
+    def max_jaw_opening_m(self) -> float:
+        """Finger gap when fully open: every finger joint at its upper limit."""
+        upper = sum(self.joint_limits[j].upper for j in self.finger_joints)
+        return upper * (2 if len(self.finger_joints) == 1 else 1)
+
+    def jaw_opening_m(self, positions: dict[str, float]) -> float | None:
+        """The measured gap from finger joint positions (a missing second finger mirrors the first)."""
+        known = [positions[j] for j in self.finger_joints if j in positions]
+        if not known:
+            return None
+        return float(sum(known) * len(self.finger_joints) / len(known)) * (2 if len(self.finger_joints) == 1 else 1)
+
+    @cached_property
+    def gripper_geometry(self) -> GripperGeometry:
+        joints = {j.find("child").get("link"): j for j in self._urdf.iter("joint")}
+        links = {link.get("name"): link for link in self._urdf.iter("link")}
+        tcp_z = float(_origin_xyz(joints[self.tcp_frame])[2])
+        finger_z = float(_origin_xyz(joints[self.pad_links[0]])[2])
+        collision = links[self.pad_links[0]].find("collision")
+        box = collision.find("geometry/box") if collision is not None else None
+        if box is None:
+            raise ProfileError(f"{self.source}: pad link {self.pad_links[0]} needs a <collision><box> in the URDF")
+        size = [float(v) for v in box.get("size").split()]
+        tip_z = finger_z + float(_origin_xyz(collision)[2]) + size[2] / 2
+        return GripperGeometry(tcp_z, tip_z - tcp_z, (size[0], size[1], size[2]))
+
+    def links(self) -> list[str]:
+        return [link.get("name") for link in self._urdf.iter("link")]
+
+    def arm_links(self) -> list[str]:
+        """The links that move with the arm: every link below the base (cameras mounted elsewhere excluded)."""
+        children: dict[str, list[str]] = {}
+        for joint in self._urdf.iter("joint"):
+            children.setdefault(joint.find("parent").get("link"), []).append(joint.find("child").get("link"))
+        out, todo = [], [self.base_frame]
+        while todo:
+            link = todo.pop()
+            out.append(link)
+            todo.extend(children.get(link, []))
+        return out
+
+    # ------------------------------------------------------------------ variants
+    def with_urdf_text(self, text: str) -> RobotProfile:
+        """This profile on a URDF received at run time (/robot_description), checked like a file's."""
+        profile = replace(self, urdf_text=text)
+        profile.validate()
+        return profile
+
+    def validate(self) -> None:
+        """Every name the profile gives exists in the URDF, the home pose is inside the limits."""
+        where = self.source
+        if len(self.home_q_rad) != self.dof:
+            raise ProfileError(
+                f"{where}: description.home_q_rad has {len(self.home_q_rad)} values for {self.dof} joints"
+            )
+        if not self.urdf_text:
+            return
+        try:
+            links = set(self.links())
+            limits = self.joint_limits
+        except ET.ParseError as exc:
+            raise ProfileError(f"{where}: the URDF does not parse: {exc}") from exc
+        for key, frame in (
+            ("base_frame", self.base_frame),
+            ("flange_frame", self.flange_frame),
+            ("hand_frame", self.hand_frame),
+            ("tcp_frame", self.tcp_frame),
+            *((f"camera_frames.{c}", f) for c, f in self.camera_frames.items()),
+            *((f"gripper.pad_links[{i}]", f) for i, f in enumerate(self.pad_links)),
+            *((f"self_filter_chain_m.{f}", f) for f in self.self_filter_chain_m),
+        ):
+            if frame not in links:
+                raise ProfileError(f"{where}: {key} '{frame}' is not a link of the URDF")
+        for key, joints in (("arm_joints", self.arm_joints), ("gripper.joints", self.finger_joints)):
+            for j in joints:
+                if j not in limits:
+                    raise ProfileError(f"{where}: {key} '{j}' is not a movable joint of the URDF")
+        lower, upper = self.arm_limits_rad()
+        outside = [j for j, q, lo, hi in zip(self.arm_joints, self.home_q_rad, lower, upper, strict=True)
+                   if not lo <= q <= hi]  # fmt: skip
+        if outside:
+            raise ProfileError(f"{where}: description.home_q_rad is outside the URDF limits at {', '.join(outside)}")
+        if self.twin is not None and len(self.twin.arm_kp) != self.dof:
+            raise ProfileError(f"{where}: twin.arm_kp has {len(self.twin.arm_kp)} values for {self.dof} joints")
+
+
 def _origin_xyz(element: ET.Element | None) -> np.ndarray:
     origin = None if element is None else element.find("origin")
     return np.zeros(3) if origin is None else np.array([float(v) for v in origin.get("xyz", "0 0 0").split()])
 
 
+# ---------------------------------------------------------------------------------------------- loading
+def profile_path(name_or_path: str | Path) -> Path:
+    """A profile name (config/robots/<name>.yaml) or a path to a profile file."""
+    text = str(name_or_path)
+    if text.endswith((".yaml", ".yml")) or "/" in text:
+        return Path(text)
+    return config_path(f"robots/{text}.yaml")
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in config_path("robots").glob("*.yaml"))
+
+
 @cache
-def gripper_geometry() -> GripperGeometry:
-    root = ET.parse(description_path()).getroot()
-    joints = {j.get("name"): j for j in root.iter("joint")}
-    links = {link.get("name"): link for link in root.iter("link")}
-    tcp_z = float(_origin_xyz(joints["panda_tcp_joint"])[2])
-    finger_z = float(_origin_xyz(joints[FINGER_JOINTS[0]])[2])
-    collision = links["panda_leftfinger"].find("collision")
-    box = [float(v) for v in collision.find("geometry/box").get("size").split()]
-    tip_z = finger_z + float(_origin_xyz(collision)[2]) + box[2] / 2
-    return GripperGeometry(tcp_z, tip_z - tcp_z, (box[0], box[1], box[2]))
+def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> RobotProfile:
+    """Read and check a profile; ProfileError names the file, the key and what is wrong."""
+    path = profile_path(name_or_path)
+    if not path.is_file():
+        raise ProfileError(
+            f"no robot profile '{name_or_path}' ({path} does not exist); the shipped ones are "
+            f"{', '.join(available_profiles())}, or give a path to your own (docs/robot_profiles.md)"
+        )
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"{path}: not valid YAML: {exc}") from exc
+    profile = _parse(doc, str(path))
+    profile.validate()
+    return profile
 
 
-def arm_limits_rad() -> tuple[np.ndarray, np.ndarray]:
-    lim = joint_limits()
-    return np.array([lim[j].lower for j in ARM_JOINTS]), np.array([lim[j].upper for j in ARM_JOINTS])
+def default_profile() -> RobotProfile:
+    return load_profile(DEFAULT_PROFILE)
 
 
-def max_jaw_opening_m() -> float:
-    """Finger gap when fully open: both fingers at their upper limit."""
-    lim = joint_limits()
-    return lim[FINGER_JOINTS[0]].upper + lim[FINGER_JOINTS[1]].upper
+def _get(doc: dict, key: str, where: str, kind: type | tuple = str, default: Any = ...) -> Any:
+    if key not in doc or doc[key] is None:
+        if default is ...:
+            raise ProfileError(f"{where}: missing '{key}'")
+        return default
+    value = doc[key]
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind):
+        raise ProfileError(f"{where}: '{key}' must be {getattr(kind, '__name__', kind)}, got {value!r}")
+    return value
+
+
+def _names(doc: dict, key: str, where: str, default: Any = ...) -> tuple[str, ...]:
+    value = _get(doc, key, where, list, default)
+    if not all(isinstance(v, str) and v for v in value):
+        raise ProfileError(f"{where}: '{key}' must be a list of names, got {value!r}")
+    return tuple(value)
+
+
+def _numbers(doc: dict, key: str, where: str, default: Any = ...) -> tuple[float, ...]:
+    value = _get(doc, key, where, list, default)
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in value):
+        raise ProfileError(f"{where}: '{key}' must be a list of finite numbers, got {value!r}")
+    return tuple(float(v) for v in value)
+
+
+def _parse(doc: dict, source: str) -> RobotProfile:
+    if not isinstance(doc, dict):
+        raise ProfileError(f"{source}: a robot profile is a mapping")
+    desc = _get(doc, "description", source, dict)
+    grip = _get(doc, "gripper", source, dict)
+    ifc = _get(doc, "interfaces", source, dict)
+    d, g, i = f"{source}: description", f"{source}: gripper", f"{source}: interfaces"
+    command = _get(grip, "command", g)
+    if command not in GRIPPER_COMMANDS:
+        raise ProfileError(f"{g}: command must be one of {', '.join(GRIPPER_COMMANDS)}, got {command!r}")
+    cameras = {}
+    for cam, topics in _get(ifc, "cameras", i, dict, {}).items():
+        w = f"{i}.cameras.{cam}"
+        cameras[cam] = CameraInterface(
+            _get(topics, "color_topic", w), _get(topics, "depth_topic", w), _get(topics, "info_topic", w)
+        )
+    reflex = _get(ifc, "force_reflex", i, dict, None)
+    twin = _get(doc, "twin", source, dict, None)
+    urdf_file = _get(desc, "urdf", d, str, "")
+    urdf_text = ""
+    if urdf_file:
+        try:
+            urdf_text = urdf_path(urdf_file).read_text()
+        except OSError as exc:
+            raise ProfileError(f"{d}: urdf '{urdf_file}' cannot be read: {exc}") from exc
+    radii = _get(desc, "self_filter_chain_m", d, dict, {})
+    return RobotProfile(
+        name=_get(doc, "name", source),
+        source=source,
+        urdf_file=urdf_file,
+        base_frame=_get(desc, "base_frame", d),
+        flange_frame=_get(desc, "flange_frame", d),
+        hand_frame=_get(desc, "hand_frame", d),
+        tcp_frame=_get(desc, "tcp_frame", d),
+        arm_joints=_names(desc, "arm_joints", d),
+        home_q_rad=_numbers(desc, "home_q_rad", d),
+        finger_joints=_names(grip, "joints", g),
+        pad_links=_names(grip, "pad_links", g),
+        camera_frames={str(k): str(v) for k, v in _get(desc, "camera_frames", d, dict, {}).items()},
+        self_filter_chain_m={str(k): float(v) for k, v in radii.items()},
+        interfaces=Interfaces(
+            joint_states_topic=_get(ifc, "joint_states_topic", i),
+            trajectory_action=_get(ifc, "trajectory_action", i),
+            trajectory_topic=_get(ifc, "trajectory_topic", i),
+            wrench_topic=_get(ifc, "wrench_topic", i),
+            gripper=GripperInterface(
+                command=command,
+                action=_get(grip, "action", g),
+                grasp_action=_get(grip, "grasp_action", g, str, ""),
+                joint_states_topic=_get(grip, "joint_states_topic", g, str, ""),
+                max_effort_n=_get(grip, "max_effort_n", g, float, 70.0),
+            ),
+            cameras=cameras,
+            speed_scaling_topic=_get(ifc, "speed_scaling_topic", i, str, ""),
+            force_reflex=None
+            if reflex is None
+            else ForceReflex(_get(reflex, "parameter_service", i), _get(reflex, "parameter", i)),
+        ),
+        twin=None
+        if twin is None
+        else TwinSpec(
+            arm_kp=_numbers(twin, "arm_kp", f"{source}: twin"),
+            gripper_force_n=_get(twin, "gripper_force_n", f"{source}: twin", float, 70.0),
+            gripper_kp=_get(twin, "gripper_kp", f"{source}: twin", float, 800.0),
+            base_contact_excludes=_names(twin, "base_contact_excludes", f"{source}: twin", []),
+            link_colors={str(k): tuple(float(c) for c in v) for k, v in (twin.get("link_colors") or {}).items()},
+        ),
+        urdf_text=urdf_text,
+    )

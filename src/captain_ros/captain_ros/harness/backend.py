@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from captain_ros.core.robot import RobotProfile
 from captain_ros.core.trajectory import JointTrajectory
 from captain_ros.perception.observation import CameraImage
 
@@ -33,17 +34,18 @@ class ArmReflexStop(BackendError):
 @dataclass(frozen=True)
 class ArmState:
     time_s: float
-    q_rad: np.ndarray  # (7,)
-    qd_radps: np.ndarray  # (7,)
+    q_rad: np.ndarray  # (n,) the profile's arm joints, in its order
+    qd_radps: np.ndarray  # (n,)
     jaw_opening_m: float
     force_n: np.ndarray  # (3,) wrist force in the hand frame
     torque_nm: np.ndarray  # (3,)
 
 
 class ArmBackend(ABC):
-    """A 7-joint arm with a parallel gripper and a wrist force/torque sensor."""
+    """A serial arm (the joints of its robot profile) with a parallel gripper and a wrist force/torque sensor."""
 
     name: str = "backend"
+    profile: RobotProfile  # the arm this backend drives (set by every backend)
 
     @property
     @abstractmethod
@@ -58,7 +60,7 @@ class ArmBackend(ABC):
 
     @abstractmethod
     def follow(self, trajectory: JointTrajectory) -> None:
-        """Start the arm on `trajectory` (7 arm joints, times from now), preempting any running one.
+        """Start the arm on `trajectory` (the profile's arm joints, times from now), preempting any running one.
         Raises BackendError when the controller refuses it."""
 
     @abstractmethod

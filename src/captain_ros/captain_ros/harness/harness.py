@@ -34,14 +34,18 @@ from captain_ros.harness.motion import (
 )
 from captain_ros.perception.perception import Perception
 
-FRAMES = {
-    "base": robot.BASE_FRAME,
-    "tcp": robot.TCP_FRAME,
-    "hand": robot.HAND_FRAME,
-    "flange": "panda_link8",
-    "head_camera": "head_camera_optical_frame",
-    "wrist_camera": "wrist_camera_optical_frame",
-}
+
+def policy_frames(profile: robot.RobotProfile) -> dict[str, str]:
+    """The frame names the policy uses (the same on every arm) -> the profile's URDF frames."""
+    frames = {
+        "base": profile.base_frame,
+        "tcp": profile.tcp_frame,
+        "hand": profile.hand_frame,
+        "flange": profile.flange_frame,
+    }
+    return frames | {f"{cam}_camera": frame for cam, frame in profile.camera_frames.items()}
+
+
 VERIFYING = {
     "observe",
     "segment",
@@ -96,7 +100,17 @@ class Harness:
         """`watchdog`: fed by the agent's heartbeats (the motion node makes one); in-process callers
         are alive by construction and need none."""
         self.backend, self.config = backend, config
-        self.kin = kinematics or Kinematics()
+        self.kin = kinematics or Kinematics(profile=backend.profile)
+        if (self.kin.profile.urdf_text, self.kin.profile.arm_joints) != (
+            backend.profile.urdf_text,
+            backend.profile.arm_joints,
+        ):
+            raise ValueError(
+                f"the kinematics are of robot profile '{self.kin.profile.name}', the backend drives "
+                f"'{backend.profile.name}'"
+            )
+        self.profile = backend.profile
+        self.frames = policy_frames(self.profile)
         self.planner, self.executor = Planner(config, self.kin), Executor(config, self.kin)
         self.stop_signal = StopSignal()
         self.watchdog = watchdog
@@ -151,7 +165,7 @@ class Harness:
         self.budget.wall_time_used_s = self._clock() - self._t0
         result.budget = Budget(**vars(self.budget))
         result.episode_id = self.episode_id
-        result.frame_id = robot.BASE_FRAME
+        result.frame_id = self.profile.base_frame
         self.log.record(capability, result.success)
         if result.executed:  # the scene may have changed: earlier observations are stale
             self.perception.scene_changed()
@@ -212,11 +226,11 @@ class Harness:
         )
         if gripper is not None:
             if isinstance(gripper, str):
-                target = {"open": robot.max_jaw_opening_m(), "close": 0.0}.get(gripper)
+                target = {"open": self.profile.max_jaw_opening_m(), "close": 0.0}.get(gripper)
                 if target is None:
                     raise A.ArgumentError(f"gripper must be 'open', 'close' or an opening in metres, got {gripper!r}")
             else:
-                target = A.number("gripper", gripper, lo=0.0, hi=robot.max_jaw_opening_m())
+                target = A.number("gripper", gripper, lo=0.0, hi=self.profile.max_jaw_opening_m())
             self._physical("move_to")
             return self._jaw("move_to", target)
         position, rotation = A.pose("pose", pose)
@@ -314,7 +328,7 @@ class Harness:
     def _release(self, opening_m: Any = None) -> CallResult:
         motion_cfg = self.config.motion
         current = self.backend.read_state(require_force=False).jaw_opening_m
-        bound = min(current + motion_cfg.release_max_opening_m, robot.max_jaw_opening_m())
+        bound = min(current + motion_cfg.release_max_opening_m, self.profile.max_jaw_opening_m())
         target = bound if opening_m is None else A.number("opening_m", opening_m, lo=0.0, hi=bound)
         if target < current:
             raise A.ArgumentError(f"release opens the jaw: opening_m {target:.3f} is below the current {current:.3f} m")
@@ -417,7 +431,7 @@ class Harness:
             return CallResult.ok(
                 "check_motion", value=value, receipt=f"check_motion: NOT feasible ({exc.category.value}): {exc}"
             )
-        fingertips = plan.tcp_waypoints[:, 2] - robot.gripper_geometry().fingertips_below_tcp_m
+        fingertips = plan.tcp_waypoints[:, 2] - self.profile.gripper_geometry.fingertips_below_tcp_m
         lowest = float(fingertips.min())
         clear = lowest >= self.config.motion.surface_clearance_m
         value = {
@@ -480,7 +494,7 @@ class Harness:
         value = {
             "opening_m": round(opening, 4),
             "command_m": round(self.jaw_command_m, 4),
-            "max_opening_m": robot.max_jaw_opening_m(),
+            "max_opening_m": self.profile.max_jaw_opening_m(),
             "holding_object": holding,
         }
         receipt = f"gripper_state: {opening * 1000:.0f} mm open (command {self.jaw_command_m * 1000:.0f} mm)" + (
@@ -489,14 +503,14 @@ class Harness:
         return CallResult.ok("gripper_state", value=value, receipt=receipt)
 
     def _robot_geometry(self) -> CallResult:
-        s, g = self.config.safety, robot.gripper_geometry()
+        s, g = self.config.safety, self.profile.gripper_geometry
         value = {
-            "base_frame": robot.BASE_FRAME,
-            "tcp_frame": robot.TCP_FRAME,
+            "base_frame": self.profile.base_frame,
+            "tcp_frame": self.profile.tcp_frame,
             "tcp_from_flange_m": g.tcp_from_flange_m,
             "fingertips_below_tcp_m": round(g.fingertips_below_tcp_m, 4),
             "finger_pad_size_m": list(g.finger_pad_size_m),
-            "max_jaw_opening_m": robot.max_jaw_opening_m(),
+            "max_jaw_opening_m": self.profile.max_jaw_opening_m(),
             "jaw_axis": "TCP y",
             "approach_axis": "TCP z (fingers point along +z)",
             "workspace_min_m": list(s.workspace_min_m),
@@ -506,7 +520,7 @@ class Harness:
             "contact_threshold_n": s.contact_threshold_n,
         }
         receipt = (
-            f"robot_geometry: jaw 0-{robot.max_jaw_opening_m() * 1000:.0f} mm along TCP y, fingertips "
+            f"robot_geometry: jaw 0-{self.profile.max_jaw_opening_m() * 1000:.0f} mm along TCP y, fingertips "
             f"{g.fingertips_below_tcp_m * 1000:.0f} mm past the TCP, "
             f"workspace {list(s.workspace_min_m)}..{list(s.workspace_max_m)} m"
         )
@@ -541,8 +555,8 @@ class Harness:
         return CallResult.ok("read_motion_trajectory", value=value, receipt=receipt)
 
     def _frame_pose(self, frame: str) -> tuple[np.ndarray, np.ndarray]:
-        name = FRAMES[A.choice("frame", frame, tuple(FRAMES))]
-        if name == robot.BASE_FRAME:
+        name = self.frames[A.choice("frame", frame, tuple(self.frames))]
+        if name == self.profile.base_frame:
             return np.zeros(3), np.eye(3)
         return self.kin.forward(self.backend.read_state(require_force=False).q_rad, name)
 
@@ -552,8 +566,8 @@ class Harness:
         if pose is None:
             raise A.ArgumentError("transform_pose needs pose=...; " + A.POSE_HELP)
         position, rotation = A.pose("pose", pose)
-        A.choice("from_frame", from_frame, tuple(FRAMES))
-        A.choice("to_frame", to_frame, tuple(FRAMES))
+        A.choice("from_frame", from_frame, tuple(self.frames))
+        A.choice("to_frame", to_frame, tuple(self.frames))
         if offset_m is not None:  # a translation in the pose's own frame (e.g. 5 cm along the approach axis)
             position = position + rotation @ A.vector("offset_m", offset_m, 3)
         pa, ra = self._frame_pose(from_frame)

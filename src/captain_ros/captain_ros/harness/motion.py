@@ -21,7 +21,6 @@ from enum import StrEnum
 import mujoco
 import numpy as np
 
-from captain_ros.core import robot
 from captain_ros.core.config import HarnessConfig
 from captain_ros.core.contract import CallFailure, FailureCategory
 from captain_ros.core.kinematics import Kinematics
@@ -100,7 +99,7 @@ class Watchdog:
 
 @dataclass
 class SweepPlan:
-    q_waypoints: np.ndarray  # (M, 7)
+    q_waypoints: np.ndarray  # (M, n) arm joints
     tcp_waypoints: np.ndarray  # (M, 3)
     duration_s: float
     distance_m: float
@@ -119,7 +118,7 @@ class SweepPlan:
         f = x - i
         return self.q_waypoints[i] + f * (self.q_waypoints[i + 1] - self.q_waypoints[i])
 
-    def to_trajectory(self, spacing_s: float) -> JointTrajectory:
+    def to_trajectory(self, spacing_s: float, joint_names: tuple[str, ...]) -> JointTrajectory:
         """The sweep as the controller takes it: minimum-jerk samples every `spacing_s` with their
         velocities (the controller interpolates cubically between them)."""
         n = max(1, math.ceil(self.duration_s / spacing_s))
@@ -127,7 +126,7 @@ class SweepPlan:
         h = 1e-4
         positions = np.array([self.setpoint(t) for t in times])
         velocities = np.array([(self.setpoint(t + h) - self.setpoint(t - h)) / (2 * h) for t in times])
-        return JointTrajectory(robot.ARM_JOINTS, times, positions, velocities)
+        return JointTrajectory(joint_names, times, positions, velocities)
 
 
 @dataclass
@@ -207,9 +206,10 @@ class Planner:
         *,
         speed_mps: float | None = None,
         duration_s: float | None = None,
-        jaw_opening_m: float = 0.08,
+        jaw_opening_m: float | None = None,
     ) -> SweepPlan:
-        """IK along the straight line from the current TCP pose to the target; raises PlanError."""
+        """IK along the straight line from the current TCP pose to the target; raises PlanError. Self-collisions
+        are checked with the jaw at `jaw_opening_m` (default: fully open)."""
         safety, motion = self.config.safety, self.config.motion
         if not safety.inside_workspace(position_m):
             raise PlanError(
@@ -328,10 +328,10 @@ class Executor:
             backend.wait_period()
             state = backend.read_state()
             forces.append(state.force_n)
-        return np.mean(forces, axis=0), self.kin.forward(state.q_rad, robot.HAND_FRAME)[1]
+        return np.mean(forces, axis=0), self.kin.forward(state.q_rad, self.kin.profile.hand_frame)[1]
 
     def contact_force(self, state: ArmState, f0: np.ndarray, r0: np.ndarray) -> float:
-        return external_force_n(state.force_n, self.kin.forward(state.q_rad, robot.HAND_FRAME)[1], f0, r0)
+        return external_force_n(state.force_n, self.kin.forward(state.q_rad, self.kin.profile.hand_frame)[1], f0, r0)
 
     def execute(
         self,
@@ -388,7 +388,7 @@ class Executor:
         state = start
         target_tcp = plan.tcp_waypoints[-1]
         try:
-            backend.follow(plan.to_trajectory(motion.trajectory_spacing_s))
+            backend.follow(plan.to_trajectory(motion.trajectory_spacing_s, self.kin.profile.arm_joints))
             t0 = backend.read_state().time_s  # the controller starts the trajectory on receipt
             while True:
                 if stop.is_set():

@@ -17,7 +17,7 @@ class TwinBackend(ArmBackend):
 
     def __init__(self, twin: Twin, control_period_s: float = 0.002, reflex_threshold_n: float = 0.0):
         """`reflex_threshold_n`: the arm's force reflex until the harness sets it per motion (0: off)."""
-        self.twin = twin
+        self.twin, self.profile = twin, twin.profile
         steps = control_period_s / twin.model.opt.timestep
         if steps < 1 or abs(steps - round(steps)) > 1e-9:
             raise ValueError(
@@ -55,7 +55,7 @@ class TwinBackend(ArmBackend):
     def move_gripper(self, opening_m: float, duration_s: float) -> float:
         trajectory = self.controllers.jaw_trajectory(opening_m, duration_s)
         self.controllers.gripper.start(trajectory, self.twin.time_s)
-        return 2.0 * float(trajectory.positions[-1, 0])
+        return len(self.profile.finger_joints) * float(trajectory.positions[-1, 0])  # as the controller sums them
 
     def capture(self, cameras: tuple[str, ...]) -> dict[str, CameraImage]:
         return {name: CameraImage(**vars(frame)) for name, frame in self.twin.observe(cameras).items()}

@@ -15,19 +15,6 @@ from captain_ros.perception.observation import CameraImage
 
 OBJECT_MIN_HEIGHT_M = 0.005  # above the table plane: an object (or the robot), not the table
 COLOR_NAMES = ("none", "red", "orange", "brown", "yellow", "green", "blue", "purple", "white", "grey", "black")
-# links whose origins, in chain order, bound the arm's segments; each segment is padded by its radius
-ROBOT_CHAIN = (
-    ("panda_link0", 0.11),
-    ("panda_link1", 0.09),
-    ("panda_link2", 0.09),
-    ("panda_link3", 0.09),
-    ("panda_link4", 0.09),
-    ("panda_link5", 0.09),
-    ("panda_link6", 0.09),
-    ("panda_link7", 0.08),
-    ("panda_hand", 0.06),
-    ("panda_tcp", 0.045),
-)
 
 
 def backproject(image: CameraImage) -> np.ndarray:
@@ -71,8 +58,10 @@ def fit_table(points: np.ndarray, max_tilt_deg: float = 15.0, seed: int = 0) -> 
 
 
 def robot_mask(points: np.ndarray, kinematics: Kinematics, q_rad: np.ndarray, candidates: np.ndarray) -> np.ndarray:
-    """Candidate pixels whose points lie within the padded segments of the arm's kinematic chain."""
-    origins = [(kinematics.forward(q_rad, frame)[0], radius) for frame, radius in ROBOT_CHAIN]
+    """Candidate pixels whose points lie within the padded segments of the arm's kinematic chain (the robot
+    profile's `self_filter_chain_m`: links from base to TCP, each with a radius)."""
+    chain = kinematics.profile.self_filter_chain_m.items()
+    origins = [(kinematics.forward(q_rad, frame)[0], radius) for frame, radius in chain]
     index = np.flatnonzero(candidates)
     p = points.reshape(-1, 3)[index].astype(np.float64)
     near = np.zeros(len(p), dtype=bool)

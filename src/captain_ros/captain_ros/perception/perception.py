@@ -18,7 +18,6 @@ import cv2
 import numpy as np
 
 from captain_ros.core import args as A  # noqa: N812
-from captain_ros.core import robot
 from captain_ros.core.config import PerceptionConfig
 from captain_ros.core.contract import CallResult, FailureCategory
 from captain_ros.core.kinematics import Kinematics
@@ -453,13 +452,13 @@ class Perception:
         det = self._detection("object", object)
         obs = det.observation
         opening = (
-            robot.max_jaw_opening_m()
+            self.kin.profile.max_jaw_opening_m()
             if jaw_opening_m is None
-            else A.number("jaw_opening_m", jaw_opening_m, lo=0.0, hi=robot.max_jaw_opening_m())
+            else A.number("jaw_opening_m", jaw_opening_m, lo=0.0, hi=self.kin.profile.max_jaw_opening_m())
         )
         position, rotation = self.kin.forward(obs.q_rad) if pose is None else A.pose("pose", pose)
         cloud = self._cloud(obs, det.camera)
-        g = robot.gripper_geometry()
+        g = self.kin.profile.gripper_geometry
         pad_x, pad_y, pad_z = g.finger_pad_size_m
         z_lo, z_hi = g.fingertips_below_tcp_m - pad_z, g.fingertips_below_tcp_m
 

@@ -28,7 +28,6 @@ from pathlib import Path
 
 import numpy as np
 import rclpy
-import yaml
 from geometry_msgs.msg import Point
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
@@ -51,18 +50,19 @@ from captain_ros.harness.harness import Harness
 from captain_ros.harness.motion import MotionProgress, Watchdog
 from captain_ros.paths import config_path
 from captain_ros.ros.convert import call_result_to_msg
+from captain_ros.ros.description import resolve_profile
 from captain_ros.ros.ros2_control_backend import Ros2ControlBackend
 
 FEEDBACK_EVERY_S = 0.05
 
 
-def move_to_kwargs(goal: MoveTo.Goal) -> dict:
+def move_to_kwargs(goal: MoveTo.Goal, base_frame: str) -> dict:
     """MoveTo goal -> move_to keyword arguments (zeros and empty strings mean 'the default')."""
     kwargs: dict = {}
     if goal.target_kind == MoveTo.Goal.TARGET_POSE:
         frame = goal.pose.header.frame_id
-        if frame not in ("", robot.BASE_FRAME):
-            raise ValueError(f"pose.header.frame_id must be '' or '{robot.BASE_FRAME}', got '{frame}'")
+        if frame not in ("", base_frame):
+            raise ValueError(f"pose.header.frame_id must be '' or '{base_frame}', got '{frame}'")
         p, o = goal.pose.pose.position, goal.pose.pose.orientation
         kwargs["pose"] = {"position": [p.x, p.y, p.z], "quaternion": [o.x, o.y, o.z, o.w]}
     elif goal.target_kind == MoveTo.Goal.TARGET_JAW:
@@ -82,7 +82,9 @@ class MotionNode(Node):
         super().__init__("motion")
         describe = ParameterDescriptor
         self.declare_parameter(
-            "robot_config", str(config_path("robot.yaml")), describe(description="robot.yaml: topic and action names")
+            "robot_profile",
+            str(robot.DEFAULT_PROFILE),
+            describe(description="robot profile: a name in config/robots/ or a path to a profile YAML"),
         )
         self.declare_parameter("safety_config", str(config_path("safety.yaml")), describe(description="safety limits"))
         self.declare_parameter(
@@ -110,11 +112,11 @@ class MotionNode(Node):
             describe(description="silence that trips the watchdog; 0 = safety.yaml's watchdog_timeout_s"),
         )
         param = self.get_parameter
-        interfaces = yaml.safe_load(Path(param("robot_config").value).read_text())["interfaces"]
+        self.profile = resolve_profile(self, param("robot_profile").value)
         self.config = load_config(Path(param("safety_config").value), Path(param("harness_config").value))
         self.backend = Ros2ControlBackend(
             self,
-            interfaces,
+            self.profile,
             control_period_s=float(param("control_period_s").value),
             state_timeout_s=float(param("state_timeout_s").value),
             wrench_max_lag_s=float(param("wrench_max_lag_s").value),
@@ -191,7 +193,7 @@ class MotionNode(Node):
         reached its target, orange when it stopped early."""
         record = self.harness.motions[result.value["motion_id"] - 1]
         line = Marker(ns="motions", id=record.motion_id, type=Marker.LINE_STRIP, action=Marker.ADD)
-        line.header.frame_id = robot.BASE_FRAME
+        line.header.frame_id = self.profile.base_frame
         line.points = [
             Point(x=float(r.tcp_m[0]), y=float(r.tcp_m[1]), z=float(r.tcp_m[2])) for r in record.outcome.trace
         ]
@@ -218,7 +220,7 @@ class MotionNode(Node):
     # ------------------------------------------------------------------------------ MoveTo action
     def _execute_move_to(self, goal_handle) -> MoveTo.Result:
         try:
-            kwargs = move_to_kwargs(goal_handle.request)
+            kwargs = move_to_kwargs(goal_handle.request, self.profile.base_frame)
         except ValueError as exc:
             result = CallResult.fail("move_to", FailureCategory.INVALID_ARGUMENT, str(exc))
             self.receipts.publish(call_result_to_msg(result, time.time()))

@@ -1,6 +1,6 @@
 """perception_node: the perception capabilities over ROS, from any RGB-D cameras (twin or real).
 
-In:  <cam> color + aligned depth images and CameraInfo (names from config/robot.yaml), /joint_states,
+In:  <cam> color + aligned depth images and CameraInfo (names from the robot profile), /joint_states,
      /tf and /tf_static (camera optical frames: a fixed camera's relative to the base, a camera on the arm's
      relative to one of its links, e.g. real_arm.launch.py's hand-eye calibration; else the URDF's frames),
      /harness/receipts (an executed physical action makes earlier observations stale).
@@ -23,7 +23,6 @@ from collections import defaultdict, deque
 from pathlib import Path
 
 import numpy as np
-import yaml
 from geometry_msgs.msg import PoseStamped
 from rcl_interfaces.msg import FloatingPointRange, ParameterDescriptor
 from rclpy.callback_groups import ReentrantCallbackGroup
@@ -47,6 +46,7 @@ from captain_ros.paths import config_path
 from captain_ros.perception.observation import CameraImage, PerceptionError
 from captain_ros.perception.perception import Perception
 from captain_ros.ros.convert import call_result_to_msg, camera_info, image_msg, pose_msg, quat_wxyz, stamp_msg
+from captain_ros.ros.description import resolve_profile
 from captain_ros.ros.spin import spin
 
 STALE_AFTER_S = 2.0  # default (parameter stale_after_s), wall seconds: older camera or joint messages are not current
@@ -94,7 +94,9 @@ class PerceptionNode(Node):
     def __init__(self) -> None:
         super().__init__("perception")
         self.declare_parameter(
-            "robot_config", str(config_path("robot.yaml")), ParameterDescriptor(description="camera topic names")
+            "robot_profile",
+            str(robot.DEFAULT_PROFILE),
+            ParameterDescriptor(description="robot profile (config/robots/<name>.yaml or a path): cameras, joints"),
         )
         self.declare_parameter(
             "harness_config",
@@ -117,9 +119,10 @@ class PerceptionNode(Node):
                 description="wall seconds observe waits for a fresh colour and depth pair", floating_point_range=seconds
             ),
         )
-        interfaces = yaml.safe_load(Path(self.get_parameter("robot_config").value).read_text())["interfaces"]
+        self.profile = profile = resolve_profile(self, self.get_parameter("robot_profile").value)
+        interfaces = profile.interfaces
         config = load_config(harness_path=Path(self.get_parameter("harness_config").value))
-        self.kin = Kinematics()
+        self.kin = Kinematics(profile=profile)
         self.perception = Perception(self.kin, self._capture, config.perception)
         self._lock = threading.Lock()  # one call at a time (the observation store is not thread-safe)
         # (camera, kind) -> the last few (msg, wall time): colour and depth are paired by stamp, as
@@ -128,8 +131,8 @@ class PerceptionNode(Node):
         self._latest[("", "joints")] = deque(maxlen=JOINT_HISTORY)  # to find the arm's pose at an image's stamp
         # cameras on the arm take their pose from the kinematics at the image's time; fixed ones from /tf
         self._on_arm = {
-            cam: not np.allclose(self.kin.forward(robot.HOME_Q_RAD, f)[0], self.kin.forward(np.zeros(7), f)[0])
-            for cam, f in robot.CAMERA_FRAMES.items()
+            cam: not np.allclose(self.kin.forward(profile.home_q, f)[0], self.kin.forward(np.zeros(profile.dof), f)[0])
+            for cam, f in profile.camera_frames.items()
         }
         # camera optical frames from /tf and /tf_static: (child, parent) -> (position, rotation). A fixed camera's
         # parent is the base frame; a camera on the arm is calibrated relative to one of its links. (The twin
@@ -137,18 +140,18 @@ class PerceptionNode(Node):
         self._tf: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
         self._links = {self.kin.model.body(b).name for b in range(1, self.kin.model.nbody)}
         group = ReentrantCallbackGroup()
-        for cam, topics in interfaces["cameras"].items():
+        for cam, topics in interfaces.cameras.items():
             for kind, topic, msg_type in (
-                ("color", topics["color_topic"], Image),
-                ("depth", topics["depth_topic"], Image),
-                ("info", topics["info_topic"], CameraInfo),
+                ("color", topics.color_topic, Image),
+                ("depth", topics.depth_topic, Image),
+                ("info", topics.info_topic, CameraInfo),
             ):
                 self.create_subscription(
                     msg_type, topic, lambda m, c=cam, k=kind: self._store(c, k, m), HISTORY, callback_group=group
                 )
         self.create_subscription(
             JointState,
-            interfaces["joint_states_topic"],
+            interfaces.joint_states_topic,
             lambda m: self._store("", "joints", m),
             10,
             callback_group=group,
@@ -164,7 +167,7 @@ class PerceptionNode(Node):
         self.create_service(HarnessCall, "/perception/call", self._on_call, callback_group=group)
         self.create_service(GetObservation, "/perception/get_observation", self._on_get, callback_group=group)
         segmenter = config.perception.segment_url if config.perception.segmenter == "http" else "built-in RGB-D"
-        self.get_logger().info(f"perception ready: segmenter {segmenter}, cameras {', '.join(interfaces['cameras'])}")
+        self.get_logger().info(f"perception ready: segmenter {segmenter}, cameras {', '.join(interfaces.cameras)}")
 
     # ------------------------------------------------------------------------------ inputs
     def _store(self, camera: str, kind: str, msg) -> None:
@@ -172,7 +175,7 @@ class PerceptionNode(Node):
 
     def _on_tf(self, msg: TFMessage) -> None:
         for t in msg.transforms:
-            if t.child_frame_id in robot.CAMERA_FRAMES.values():
+            if t.child_frame_id in self.profile.camera_frames.values():
                 r, p = t.transform.rotation, t.transform.translation
                 pose = (np.array([p.x, p.y, p.z]), _quat_to_mat(r.x, r.y, r.z, r.w))
                 self._tf[(t.child_frame_id, t.header.frame_id)] = pose
@@ -182,12 +185,12 @@ class PerceptionNode(Node):
         /tf or /tf_static relative to a link of the arm is composed with that link's pose at q; a fixed camera
         may be published relative to the base (a camera on the arm is not taken from /tf's base-relative
         frames, which lag its image); otherwise the URDF's frame."""
-        frame = robot.CAMERA_FRAMES[camera]
+        frame, base = self.profile.camera_frames[camera], self.profile.base_frame
         known = dict(self._tf)
-        if not self._on_arm[camera] and (frame, robot.BASE_FRAME) in known:
-            return known[(frame, robot.BASE_FRAME)]
+        if not self._on_arm[camera] and (frame, base) in known:
+            return known[(frame, base)]
         for (child, parent), (position, rotation) in known.items():
-            if child == frame and parent != robot.BASE_FRAME and parent in self._links:
+            if child == frame and parent != base and parent in self._links:
                 p_link, r_link = self.kin.forward(q, parent)
                 return p_link + r_link @ position, r_link @ rotation
         return self.kin.forward(q, frame)
@@ -236,9 +239,10 @@ class PerceptionNode(Node):
             info = self._fresh(cam, "info")[0]
             joints = min(joint_history, key=lambda m: abs(_seconds(m.header.stamp) - t_color))
             index = {n: i for i, n in enumerate(joints.name)}
-            q_cam = np.array([joints.position[index[j]] for j in robot.ARM_JOINTS])
+            q_cam = np.array([joints.position[index[j]] for j in self.profile.arm_joints])
             if q is None:  # the observation's robot state: at the first camera's image time
-                q, jaw = q_cam, sum(joints.position[index[j]] for j in robot.FINGER_JOINTS if j in index)
+                fingers = {j: joints.position[index[j]] for j in self.profile.finger_joints if j in index}
+                q, jaw = q_cam, self.profile.jaw_opening_m(fingers) or 0.0
             position, rotation = self._camera_pose(cam, q_cam)
             rgb, depth_m = image_to_array(color), image_to_array(depth)
             if rgb.shape[:2] != depth_m.shape:
@@ -264,7 +268,7 @@ class PerceptionNode(Node):
                 result = dispatch(capability, kwargs, handler, known)
         if request.call_id:
             result.call_id = request.call_id
-        result.episode_id, result.frame_id = request.episode_id, robot.BASE_FRAME
+        result.episode_id, result.frame_id = request.episode_id, self.profile.base_frame
         msg = call_result_to_msg(result, time.time())
         self.receipts.publish(msg)
         if result.success and isinstance(result.value, dict):
@@ -289,7 +293,7 @@ class PerceptionNode(Node):
             det = self.perception.detections[det_id]
             with self._lock:
                 g = self.perception._geometry(det)
-            header = Header(stamp=stamp_msg(det.observation.time_s), frame_id=robot.BASE_FRAME)
+            header = Header(stamp=stamp_msg(det.observation.time_s), frame_id=self.profile.base_frame)
             number = int(det_id.split("-")[1])
             yaw = np.radians(g.yaw_deg)
             box = Marker(header=header, ns="detections", id=2 * number, type=Marker.CUBE, action=Marker.ADD)
@@ -319,17 +323,17 @@ class PerceptionNode(Node):
         except PerceptionError as exc:
             response.result = call_result_to_msg(CallResult.fail("observe", exc.category, str(exc)), time.time())
             return response
-        header = Header(stamp=stamp_msg(obs.time_s), frame_id=robot.BASE_FRAME)
+        header = Header(stamp=stamp_msg(obs.time_s), frame_id=self.profile.base_frame)
         msg = ObservationMsg(header=header, handle=obs.handle, stale=store.is_stale(obs), cameras=cameras)
         for cam in cameras:
             im = obs.images[cam]
-            cam_header = Header(stamp=header.stamp, frame_id=robot.CAMERA_FRAMES[cam])
+            cam_header = Header(stamp=header.stamp, frame_id=self.profile.camera_frames[cam])
             msg.color.append(image_msg(cam_header, im.rgb, "rgb8"))
             if request.include_depth:
                 msg.depth.append(image_msg(cam_header, im.depth_m.astype("<f4"), "32FC1"))
             msg.camera_info.append(camera_info(im, cam_header))
             msg.camera_poses.append(PoseStamped(header=header, pose=pose_msg(im.position_m, quat_wxyz(im.rotation))))
-        msg.joint_state = JointState(header=header, name=list(robot.ARM_JOINTS), position=obs.q_rad.tolist())
+        msg.joint_state = JointState(header=header, name=list(self.profile.arm_joints), position=obs.q_rad.tolist())
         position, rotation = self.kin.forward(obs.q_rad)
         msg.ee_pose = pose_msg(position, quat_wxyz(rotation))
         msg.jaw_opening_m = obs.jaw_opening_m

@@ -18,7 +18,8 @@ Force sensing fails closed the same way: no wrench yet, a wrench older than `sta
 stamp is more than `wrench_max_lag_s` away from the joint states', or one in a frame the description does
 not have is a BackendError, so a silent or misconfigured sensor refuses motion and stops a running one
 instead of reading as 0 N.
-Where robot.yaml names it (`force_reflex`), the arm's own force reflex is set before each motion through
+Every name (joints, frames, topics, actions) comes from the robot profile (captain_ros.core.robot).
+Where the profile names it (`force_reflex`), the arm's own force reflex is set before each motion through
 that node's parameter service; a goal the controller aborts because the reflex fired is an ArmReflexStop.
 """
 
@@ -85,7 +86,7 @@ class Ros2ControlBackend(ArmBackend):
     def __init__(
         self,
         node: Node,
-        interfaces: dict,
+        profile: robot.RobotProfile,
         *,
         control_period_s: float = 0.01,
         state_timeout_s: float = 0.5,
@@ -95,7 +96,13 @@ class Ros2ControlBackend(ArmBackend):
         """`node` is the host: its namespace and remappings name the arm's interfaces. The backend talks to the
         arm through a node of its own, spun by a thread of its own, so the arm's state keeps flowing however
         busy the host's executor is (every one of its threads waiting for the arm, say); close() stops it."""
-        self.node = node
+        self.node, self.profile = node, profile
+        interfaces = profile.interfaces
+        if interfaces.gripper.command != "joint_trajectory":
+            raise NotImplementedError(
+                f"robot profile '{profile.name}': gripper command '{interfaces.gripper.command}' is not driven by "
+                "this backend yet (only 'joint_trajectory')"
+            )
         topic, service = node.resolve_topic_name, node.resolve_service_name
         link = rclpy.create_node(
             f"{node.get_name()}_arm_link_{next(_LINKS)}",
@@ -114,13 +121,14 @@ class Ros2ControlBackend(ArmBackend):
         self._joints_wall = 0.0
         self._wrench: WrenchStamped | None = None  # none until the sensor speaks: motion is refused until then
         self._wrench_wall = 0.0
-        self._wrench_topic = topic(interfaces["wrench_topic"])
-        self._kin = Kinematics()  # expresses wrenches in the hand frame; guarded by _kin_lock
+        self._wrench_topic = topic(interfaces.wrench_topic)
+        self._kin = Kinematics(profile=profile)  # expresses wrenches in the hand frame; guarded by _kin_lock
         self._kin_lock = threading.Lock()
         self._frames = {self._kin.model.body(b).name for b in range(1, self._kin.model.nbody)}
-        self.lower, self.upper = robot.arm_limits_rad()
-        finger = robot.joint_limits()[robot.FINGER_JOINTS[0]]
+        self.lower, self.upper = profile.arm_limits_rad()
+        finger = profile.joint_limits[profile.finger_joints[0]]
         self._finger_range = (finger.lower, finger.upper)
+        self._fingers = len(profile.finger_joints)
         self._mirror: TrajectoryFollower | None = None
         self._goal = None  # the running FollowJointTrajectory goal handle
         self._goal_failure = ""  # set when the controller aborts a goal we did not stop ourselves
@@ -128,21 +136,21 @@ class Ros2ControlBackend(ArmBackend):
         self._reflex_holds = False  # the reflex stopped the arm and it holds there, until the next goal
         group = ReentrantCallbackGroup()
         link.create_subscription(
-            JointState, topic(interfaces["joint_states_topic"]), self._on_joints, 10, callback_group=group
+            JointState, topic(interfaces.joint_states_topic), self._on_joints, 10, callback_group=group
         )
         link.create_subscription(WrenchStamped, self._wrench_topic, self._on_wrench, 10, callback_group=group)
-        reflex = interfaces.get("force_reflex") or {}
-        self._reflex_parameter = reflex.get("parameter", "")
+        reflex = interfaces.force_reflex
+        self._reflex_parameter = reflex.parameter if reflex else ""
         self._reflex_client = (
-            link.create_client(SetParameters, service(reflex["parameter_service"]), callback_group=group)
-            if reflex.get("parameter_service")
+            link.create_client(SetParameters, service(reflex.parameter_service), callback_group=group)
+            if reflex
             else None
         )
         self._reflex_n: float | None = None  # the threshold the arm last accepted
-        self._action_name = topic(interfaces["trajectory_action"])
+        self._action_name = topic(interfaces.trajectory_action)
         self._arm_action = ActionClient(link, FollowJointTrajectory, self._action_name, callback_group=group)
-        self._arm_topic = link.create_publisher(JointTrajectoryMsg, topic(interfaces["trajectory_topic"]), 10)
-        gripper_topic = interfaces["gripper_action"].rsplit("/", 1)[0] + "/joint_trajectory"
+        self._arm_topic = link.create_publisher(JointTrajectoryMsg, topic(interfaces.trajectory_topic), 10)
+        gripper_topic = interfaces.gripper.action.rsplit("/", 1)[0] + "/joint_trajectory"
         self._gripper_topic = link.create_publisher(JointTrajectoryMsg, topic(gripper_topic), 10)
         self._spinner = threading.Thread(target=spin_until_shutdown, args=(self._executor,), daemon=True)
         self._spinner.name = "arm-link"
@@ -179,7 +187,7 @@ class Ros2ControlBackend(ArmBackend):
         if problem:  # logged outside the lock: rclpy's logger inspects the stack, slowly
             self._link.get_logger().warning(f"{problem}; motions are refused until force sensing works")
         state = self.read_state(require_force=False)
-        self._mirror = TrajectoryFollower(robot.ARM_JOINTS, self.lower, self.upper, state.q_rad)
+        self._mirror = TrajectoryFollower(self.profile.arm_joints, self.lower, self.upper, state.q_rad)
         return state
 
     def _wait_for_force(self, timeout_s: float) -> str:
@@ -208,13 +216,12 @@ class Ros2ControlBackend(ArmBackend):
             raise BackendError(f"the last joint state is {age:.2f} s old (limit {self._timeout} s): link lost")
         index = {n: i for i, n in enumerate(msg.name)}
         try:
-            arm = [index[j] for j in robot.ARM_JOINTS]
+            arm = [index[j] for j in self.profile.arm_joints]
         except KeyError as exc:
             raise BackendError(f"joint states lack {exc.args[0]}") from None
         pos, vel = np.asarray(msg.position), np.asarray(msg.velocity)
-        jaw = sum(float(pos[index[j]]) for j in robot.FINGER_JOINTS if j in index)
-        if robot.FINGER_JOINTS[1] not in index and robot.FINGER_JOINTS[0] in index:
-            jaw *= 2.0  # a mimic finger not reported: symmetric jaw
+        fingers = {j: float(pos[index[j]]) for j in self.profile.finger_joints if j in index}
+        jaw = self.profile.jaw_opening_m(fingers) or 0.0  # a mimic finger not reported: symmetric jaw
         q = pos[arm].copy()
         try:
             force, torque = self._hand_wrench(wrench, now - wrench_wall, _stamp_s(msg), q)
@@ -222,7 +229,8 @@ class Ros2ControlBackend(ArmBackend):
             if require_force:
                 raise
             force = torque = np.full(3, np.nan)
-        return ArmState(_stamp_s(msg), q, vel[arm].copy() if len(vel) == len(pos) else np.zeros(7), jaw, force, torque)
+        qd = vel[arm].copy() if len(vel) == len(pos) else np.zeros(len(arm))
+        return ArmState(_stamp_s(msg), q, qd, jaw, force, torque)
 
     def _hand_wrench(
         self, msg: WrenchStamped | None, age_s: float, joints_stamp_s: float, q: np.ndarray
@@ -249,15 +257,16 @@ class Ros2ControlBackend(ArmBackend):
         force, torque = np.array([f.x, f.y, f.z]), np.array([t.x, t.y, t.z])
         if not (np.all(np.isfinite(force)) and np.all(np.isfinite(torque))):
             raise BackendError(f"the wrench on {topic} is not finite: force sensing failed")
-        if frame == robot.HAND_FRAME:
+        hand = self.profile.hand_frame
+        if frame == hand:
             return force, torque
         if frame not in self._frames:
             raise BackendError(
                 f"the wrench on {topic} is in frame '{frame}', which the arm's description does not have "
-                f"(expected {robot.HAND_FRAME} or another link of the arm): cannot use it"
+                f"(expected {hand} or another link of the arm): cannot use it"
             )
         with self._kin_lock:
-            p_hand, r_hand = self._kin.forward(q, robot.HAND_FRAME)
+            p_hand, r_hand = self._kin.forward(q, hand)
             p_frame, r_frame = self._kin.forward(q, frame)
         return change_frame(force, torque, r_hand.T @ r_frame, r_hand.T @ (p_frame - p_hand))
 
@@ -370,19 +379,20 @@ class Ros2ControlBackend(ArmBackend):
             # next trajectory goal (topic and action are separate channels) and cut that goal short
             return q
         point = JointTrajectoryPoint(
-            positions=q.tolist(), velocities=[0.0] * 7, time_from_start=_duration(self._period)
+            positions=q.tolist(), velocities=[0.0] * len(q), time_from_start=_duration(self._period)
         )
-        self._arm_topic.publish(JointTrajectoryMsg(joint_names=list(robot.ARM_JOINTS), points=[point]))
+        self._arm_topic.publish(JointTrajectoryMsg(joint_names=list(self.profile.arm_joints), points=[point]))
         if goal is not None:
             goal.cancel_goal_async()
         mirror.hold(q)
         return q
 
     def move_gripper(self, opening_m: float, duration_s: float) -> float:
-        finger = float(np.clip(opening_m / 2, *self._finger_range))
+        finger = float(np.clip(opening_m / self._fingers, *self._finger_range))
         point = JointTrajectoryPoint(positions=[finger], time_from_start=_duration(max(duration_s, self._period)))
-        self._gripper_topic.publish(JointTrajectoryMsg(joint_names=[robot.FINGER_JOINTS[0]], points=[point]))
-        return 2 * finger
+        names = [self.profile.finger_joints[0]]
+        self._gripper_topic.publish(JointTrajectoryMsg(joint_names=names, points=[point]))
+        return self._fingers * finger
 
     def wait_period(self) -> None:
         """Wait until the measured state has advanced one control period (by its own stamps)."""

@@ -2,9 +2,9 @@
 
 It looks to clients like a ros2_control arm with RGB-D cameras:
   /joint_states                                   sensor_msgs/JointState
-  /arm_controller/follow_joint_trajectory         control_msgs/action/FollowJointTrajectory (7 arm joints)
+  /arm_controller/follow_joint_trajectory         control_msgs/action/FollowJointTrajectory (the arm joints)
   /arm_controller/joint_trajectory                trajectory_msgs/JointTrajectory (topic interface)
-  /gripper_controller/follow_joint_trajectory     same, for panda_finger_joint1 (half the jaw opening)
+  /gripper_controller/follow_joint_trajectory     same, for the first finger joint (its share of the opening)
   /gripper_controller/joint_trajectory
   /wrist_ft_sensor/wrench                         geometry_msgs/WrenchStamped (hand frame)
   /diagnostics                                    diagnostic_msgs/DiagnosticArray: the arm's force reflex
@@ -21,7 +21,8 @@ standard parameter service, as they would set a vendor's collision thresholds): 
 where it is and the running trajectory goal is aborted with a "force reflex: ..." error string.
 A stop or hold sent on a controller's topic before a reset is dropped, never applied to the new episode, and
 after a reflex trip the arm takes no topic command until the next trajectory goal.
-Topic names come from config/robot.yaml; parameters from config/twin.yaml.
+The arm, its names and its topics come from the robot profile (parameter `robot_profile`, a profile with a
+`twin` section); parameters from config/twin.yaml.
 """
 
 from __future__ import annotations
@@ -29,11 +30,9 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import numpy as np
 import rclpy
-import yaml
 from control_msgs.action import FollowJointTrajectory
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from geometry_msgs.msg import TransformStamped, WrenchStamped
@@ -56,7 +55,6 @@ from captain_ros.agent.prompt import task_md
 from captain_ros.core import robot
 from captain_ros.core.config import load_config
 from captain_ros.core.trajectory import JointTrajectory, TrajectoryError, duration_to_s
-from captain_ros.paths import config_path
 from captain_ros.ros.convert import camera_info, image_msg, pose_msg, quat_wxyz, stamp_msg
 from captain_ros.ros.spin import spin
 from captain_ros.twin.cameras import CameraFrame
@@ -79,7 +77,11 @@ class TwinNode(Node):
         """`node_options` go to rclpy's Node (a context, parameter overrides: tests run it in-process)."""
         super().__init__("twin", **node_options)
         self._declare_parameters()
-        self.interfaces = yaml.safe_load(Path(self.get_parameter("robot_config").value).read_text())["interfaces"]
+        self.profile = robot.load_profile(self.get_parameter("robot_profile").value)
+        if self.profile.twin is None:
+            raise robot.ProfileError(f"robot profile '{self.profile.name}' has no twin section: it has no twin")
+        self.interfaces = self.profile.interfaces
+        self._moving_links = set(self.profile.arm_links()) - {self.profile.base_frame}  # their /tf
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self.twin: Twin | None = None
@@ -91,22 +93,22 @@ class TwinNode(Node):
             depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL, reliability=ReliabilityPolicy.RELIABLE
         )
 
-        self.joint_pub = self.create_publisher(JointState, self.interfaces["joint_states_topic"], 10)
-        self.wrench_pub = self.create_publisher(WrenchStamped, self.interfaces["wrench_topic"], 10)
+        self.joint_pub = self.create_publisher(JointState, self.interfaces.joint_states_topic, 10)
+        self.wrench_pub = self.create_publisher(WrenchStamped, self.interfaces.wrench_topic, 10)
         self.clock_pub = self.create_publisher(Clock, "/clock", 10)
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self._next_diagnostics = 0.0
         self._trips = 0
         self.tf_pub = self.create_publisher(TFMessage, "/tf", 10)
         self.description_pub = self.create_publisher(String, "/robot_description", latched)
-        self.description_pub.publish(String(data=robot.description_path().read_text()))
+        self.description_pub.publish(String(data=self.profile.urdf_text))
         self.camera_pubs = {}
-        for cam, topics in self.interfaces["cameras"].items():
-            depth_info = topics["depth_topic"].rsplit("/", 1)[0] + "/camera_info"
+        for cam, topics in self.interfaces.cameras.items():
+            depth_info = topics.depth_topic.rsplit("/", 1)[0] + "/camera_info"
             self.camera_pubs[cam] = {
-                "color": self.create_publisher(Image, topics["color_topic"], 2),
-                "depth": self.create_publisher(Image, topics["depth_topic"], 2),
-                "info": self.create_publisher(CameraInfo, topics["info_topic"], 2),
+                "color": self.create_publisher(Image, topics.color_topic, 2),
+                "depth": self.create_publisher(Image, topics.depth_topic, 2),
+                "info": self.create_publisher(CameraInfo, topics.info_topic, 2),
                 "depth_info": self.create_publisher(CameraInfo, depth_info, 2),
             }
 
@@ -121,23 +123,21 @@ class TwinNode(Node):
         )
         self.controllers: TwinControllers | None = None
         self._action_servers = []
-        for name, action, topic in (
-            ("arm", "trajectory_action", "trajectory_topic"),
-            ("gripper", "gripper_action", None),
+        gripper_action = self.interfaces.gripper.action
+        for name, action, topic_name in (
+            ("arm", self.interfaces.trajectory_action, self.interfaces.trajectory_topic),
+            ("gripper", gripper_action, gripper_action.rsplit("/", 1)[0] + "/joint_trajectory"),
         ):
             self._action_servers.append(
                 ActionServer(
                     self,
                     FollowJointTrajectory,
-                    self.interfaces[action],
+                    action,
                     execute_callback=lambda gh, n=name: self._execute(n, gh),
                     goal_callback=lambda _goal: GoalResponse.ACCEPT,
                     cancel_callback=lambda _gh: CancelResponse.ACCEPT,
                     callback_group=reentrant,
                 )
-            )
-            topic_name = (
-                self.interfaces[topic] if topic else self.interfaces[action].rsplit("/", 1)[0] + "/joint_trajectory"
             )
             self.create_subscription(
                 JointTrajectoryMsg,
@@ -177,7 +177,7 @@ class TwinNode(Node):
         self.declare_parameter("tf_rate_hz", 30.0, desc("/tf rate (sim time)", 1.0, 200.0))
         self.declare_parameter("camera_rate_hz", 10.0, desc("camera image rate (sim time); 0 = no images", 0.0, 60.0))
         self.declare_parameter(
-            "robot_config", str(config_path("robot.yaml")), desc("robot.yaml with the topic and action names")
+            "robot_profile", str(robot.DEFAULT_PROFILE), desc("robot profile (config/robots/<name>.yaml or a path)")
         )
         config = load_config()
         self.budgets = config.budgets  # stated in the TASK.md of each reset
@@ -199,7 +199,7 @@ class TwinNode(Node):
     def _load(self, task: str, start_id: str | None, split: str) -> StartId:
         with self._lock:
             if self.twin is None or self.twin.task.name != task:
-                twin = Twin(get_task(task))
+                twin = Twin(get_task(task), profile=self.profile)
                 try:
                     start = twin.reset(start_id, split=split)
                 except Exception:
@@ -459,7 +459,7 @@ class TwinNode(Node):
         stamp = stamp_msg(twin.time_s)
         self.clock_pub.publish(Clock(clock=stamp))
         d, m = twin.data, twin.model
-        names = [*robot.ARM_JOINTS, *robot.FINGER_JOINTS]
+        names = [*self.profile.arm_joints, *self.profile.finger_joints]
         qadr = [m.joint(j).qposadr[0] for j in names]
         dadr = [m.joint(j).dofadr[0] for j in names]
         self.joint_pub.publish(
@@ -472,7 +472,7 @@ class TwinNode(Node):
             )
         )
         wrench = twin.wrist_wrench()
-        msg = WrenchStamped(header=Header(stamp=stamp, frame_id=robot.HAND_FRAME))
+        msg = WrenchStamped(header=Header(stamp=stamp, frame_id=self.profile.hand_frame))
         msg.wrench.force.x, msg.wrench.force.y, msg.wrench.force.z = map(float, wrench.force_n)
         msg.wrench.torque.x, msg.wrench.torque.y, msg.wrench.torque.z = map(float, wrench.torque_nm)
         self.wrench_pub.publish(msg)
@@ -501,21 +501,23 @@ class TwinNode(Node):
         publishes; the rendered cameras differ by the start state's calibration error), relative to the base."""
         stamp = stamp_msg(twin.time_s)
         m, d = twin.model, twin.data
+        base, moving = self.profile.base_frame, self._moving_links
         transforms = []
 
         def add(child: str, pos: np.ndarray, quat: np.ndarray) -> None:
-            t = TransformStamped(header=Header(stamp=stamp, frame_id=robot.BASE_FRAME), child_frame_id=child)
+            t = TransformStamped(header=Header(stamp=stamp, frame_id=base), child_frame_id=child)
             t.transform.translation.x, t.transform.translation.y, t.transform.translation.z = map(float, pos)
             t.transform.rotation.w, t.transform.rotation.x, t.transform.rotation.y, t.transform.rotation.z = map(
                 float, quat
             )
             transforms.append(t)
 
+        cameras = twin.camera_transforms()  # the cameras' links and optical frames, as calibrated
         for b in range(1, m.nbody):
             name = m.body(b).name
-            if name.startswith("panda_") and name != robot.BASE_FRAME:
+            if name in moving and name not in cameras:
                 add(name, d.xpos[b], d.xquat[b])
-        for frame, (pos, rotation) in twin.camera_transforms().items():
+        for frame, (pos, rotation) in cameras.items():
             add(frame, pos, quat_wxyz(rotation))
         self.tf_pub.publish(TFMessage(transforms=transforms))
 
@@ -525,7 +527,7 @@ class TwinNode(Node):
             pubs = self.camera_pubs.get(cam)
             if pubs is None:
                 continue
-            header = Header(stamp=stamp, frame_id=robot.CAMERA_FRAMES[cam])
+            header = Header(stamp=stamp, frame_id=self.profile.camera_frames[cam])
             pubs["color"].publish(image_msg(header, frame.rgb, "rgb8"))
             pubs["depth"].publish(image_msg(header, frame.depth_m.astype("<f4"), "32FC1"))
             info = camera_info(frame, header)

@@ -1,5 +1,5 @@
 """The twin's controllers, as ros2_control would run them on the real arm: one joint trajectory
-follower for the 7 arm joints and one for the gripper's finger joint (half the jaw opening),
+follower for the arm joints and one for the gripper's (first) finger joint (its share of the jaw opening),
 updated at every physics step, and the arm's own force reflex. Used by twin_node and by the
 in-process twin backend, so both move (and stop) the arm exactly the same way."""
 
@@ -11,12 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from captain_ros.core import robot
 from captain_ros.core.trajectory import JointTrajectory, TrajectoryFollower
 from captain_ros.core.wrench import REFLEX_ABORT_PREFIX, external_force_n
 from captain_ros.twin.sim import Twin
-
-GRIPPER_JOINTS = (robot.FINGER_JOINTS[0],)
 
 
 @dataclass(frozen=True)
@@ -76,14 +73,20 @@ class ForceReflex:
 
 class TwinControllers:
     def __init__(self, twin: Twin, reflex_threshold_n: float = 0.0):
-        lower, upper = robot.arm_limits_rad()
-        finger = robot.joint_limits()[GRIPPER_JOINTS[0]]
-        self.arm = TrajectoryFollower(robot.ARM_JOINTS, lower, upper, twin.arm_q())
+        profile = twin.profile
+        lower, upper = profile.arm_limits_rad()
+        self._fingers = len(profile.finger_joints)
+        self.gripper_joints = profile.finger_joints[:1]
+        finger = profile.joint_limits[self.gripper_joints[0]]
+        self.arm = TrajectoryFollower(profile.arm_joints, lower, upper, twin.arm_q())
         self.gripper = TrajectoryFollower(
-            GRIPPER_JOINTS, np.array([finger.lower]), np.array([finger.upper]), np.array([twin.jaw_opening_m() / 2])
+            self.gripper_joints,
+            np.array([finger.lower]),
+            np.array([finger.upper]),
+            np.array([twin.jaw_opening_m() / self._fingers]),
         )
         self.reflex = ForceReflex(reflex_threshold_n)
-        self._hand = twin.model.body(robot.HAND_FRAME).id
+        self._hand = twin.model.body(profile.hand_frame).id
 
     def __getitem__(self, name: str) -> TrajectoryFollower:
         return {"arm": self.arm, "gripper": self.gripper}[name]
@@ -97,8 +100,8 @@ class TwinControllers:
 
     def jaw_trajectory(self, opening_m: float, duration_s: float) -> JointTrajectory:
         """Move the jaw to `opening_m` (clipped to the finger's range) in `duration_s`."""
-        half = float(np.clip(opening_m / 2, self.gripper.lower[0], self.gripper.upper[0]))
-        return JointTrajectory(GRIPPER_JOINTS, np.array([max(duration_s, 1e-3)]), np.array([[half]]), None)
+        share = float(np.clip(opening_m / self._fingers, self.gripper.lower[0], self.gripper.upper[0]))
+        return JointTrajectory(self.gripper_joints, np.array([max(duration_s, 1e-3)]), np.array([[share]]), None)
 
     def step(self, twin: Twin, n: int = 1) -> ReflexTrip | None:
         """Advance n physics steps, updating both controllers' setpoints before each and checking the
@@ -106,7 +109,7 @@ class TwinControllers:
         trip = None
         for _ in range(n):
             twin.set_arm_command(self.arm.update(twin.time_s))
-            twin.set_gripper_command(2.0 * float(self.gripper.update(twin.time_s)[0]))
+            twin.set_gripper_command(self._fingers * float(self.gripper.update(twin.time_s)[0]))
             twin.step()
             r_hand = twin.data.xmat[self._hand].reshape(3, 3).copy()
             tripped = self.reflex.check(twin.wrist_wrench().force_n, r_hand, twin.time_s)

@@ -1,9 +1,10 @@
-"""Compile the twin: the robot from urdf/panda.urdf plus table, lights, cameras and objects (MjSpec).
+"""Compile the twin: the robot of a profile (its URDF) plus table, lights, cameras and objects (MjSpec).
 
 The URDF supplies kinematics, limits, inertias and primitive geometry; this module adds what a
 URDF cannot say: actuators (position servos with the URDF's effort limits), gravity
 compensation (as the Franka controller does), the wrist force/torque sensor, camera
-intrinsics, contact parameters, and the scene.
+intrinsics, contact parameters, and the scene. Servo gains and colours come from the profile's `twin`
+section; any serial arm with a parallel gripper whose profile has one compiles here.
 """
 
 from __future__ import annotations
@@ -28,28 +29,26 @@ WRIST_FT_SITE = "wrist_ft"
 @dataclass(frozen=True)
 class PhysicsConfig:
     timestep_s: float = 0.002
-    arm_kp: tuple[float, ...] = (4500.0, 4500.0, 3500.0, 3500.0, 2000.0, 2000.0, 2000.0)
     arm_damping_ratio: float = 1.0
     arm_armature: float = 0.1
-    gripper_kp: float = 800.0
-    gripper_force_n: float = 70.0  # Franka Hand continuous grasp force
     pad_friction: tuple[float, float, float] = (1.5, 0.02, 0.002)
 
 
-LINK_COLORS = {
-    "panda_link7": (0.30, 0.30, 0.32, 1.0),
-    "panda_leftfinger": (0.10, 0.10, 0.10, 1.0),
-    "panda_rightfinger": (0.10, 0.10, 0.10, 1.0),
-}
+LINK_COLOR = (0.92, 0.92, 0.90, 1.0)  # links the profile gives no colour
 
 
-def build_spec(objects: Sequence[SceneObject], physics: PhysicsConfig = PhysicsConfig()) -> mujoco.MjSpec:
-    spec = mujoco.MjSpec.from_file(str(robot.description_path()))
+def build_spec(
+    objects: Sequence[SceneObject], physics: PhysicsConfig = PhysicsConfig(), profile: robot.RobotProfile | None = None
+) -> mujoco.MjSpec:
+    profile = profile or robot.default_profile()
+    if profile.twin is None:
+        raise ValueError(f"robot profile '{profile.name}' has no twin section: it has no MuJoCo twin")
+    spec = mujoco.MjSpec.from_string(profile.urdf_text)
     spec.modelname = "captain_twin"
     spec.compiler.fusestatic = False  # keep the TCP, flange and camera frames as bodies
     spec.compiler.discardvisual = False  # keep the render-only table box and floor (URDF visuals are gone)
     _options(spec, physics)
-    _robot(spec, physics)
+    _robot(spec, physics, profile)
     _scene(spec)
     names = set()
     for obj in objects:
@@ -60,8 +59,10 @@ def build_spec(objects: Sequence[SceneObject], physics: PhysicsConfig = PhysicsC
     return spec
 
 
-def compile_model(objects: Sequence[SceneObject], physics: PhysicsConfig = PhysicsConfig()) -> mujoco.MjModel:
-    return build_spec(objects, physics).compile()
+def compile_model(
+    objects: Sequence[SceneObject], physics: PhysicsConfig = PhysicsConfig(), profile: robot.RobotProfile | None = None
+) -> mujoco.MjModel:
+    return build_spec(objects, physics, profile).compile()
 
 
 def _options(spec: mujoco.MjSpec, physics: PhysicsConfig) -> None:
@@ -88,15 +89,16 @@ def _options(spec: mujoco.MjSpec, physics: PhysicsConfig) -> None:
     spec.stat.center = [0.45, 0.0, 0.2]
 
 
-def _robot(spec: mujoco.MjSpec, physics: PhysicsConfig) -> None:
-    limits = robot.joint_limits()
+def _robot(spec: mujoco.MjSpec, physics: PhysicsConfig, profile: robot.RobotProfile) -> None:
+    limits, twin = profile.joint_limits, profile.twin
+    moving = set(profile.arm_links()) - {profile.base_frame}
     for body in spec.bodies:
-        if body.name.startswith("panda_") and body.name != robot.BASE_FRAME:
+        if body.name in moving:
             body.gravcomp = 1.0
         for geom in body.geoms:
-            geom.rgba = list(LINK_COLORS.get(body.name, (0.92, 0.92, 0.90, 1.0)))
+            geom.rgba = list(twin.link_colors.get(body.name, LINK_COLOR))
             geom.group = 1
-            if body.name in ("panda_leftfinger", "panda_rightfinger"):
+            if body.name in profile.pad_links:
                 geom.friction = list(physics.pad_friction)
                 geom.condim = 4
                 geom.priority = 1  # the pads' friction wins over the object's
@@ -104,7 +106,7 @@ def _robot(spec: mujoco.MjSpec, physics: PhysicsConfig) -> None:
                 geom.solref = [0.004, 1.0]
                 geom.solimp = [0.95, 0.99, 0.001, 0.5, 2.0]
     # joint dynamics and position servos with the URDF's effort limits
-    for name, kp in zip(robot.ARM_JOINTS, physics.arm_kp, strict=True):
+    for name, kp in zip(profile.arm_joints, twin.arm_kp, strict=True):
         joint = spec.joint(name)
         joint.armature = physics.arm_armature
         lim = limits[name]
@@ -115,18 +117,19 @@ def _robot(spec: mujoco.MjSpec, physics: PhysicsConfig) -> None:
         act.ctrllimited = mujoco.mjtLimited.mjLIMITED_TRUE
         act.forcerange = [-lim.effort, lim.effort]
         act.forcelimited = mujoco.mjtLimited.mjLIMITED_TRUE
-    finger = limits[robot.FINGER_JOINTS[0]]
-    for name in robot.FINGER_JOINTS:
+    finger = limits[profile.finger_joints[0]]
+    for name in profile.finger_joints:
         spec.joint(name).armature = 0.01
         spec.joint(name).damping = [2.0, 0.0, 0.0]
-    grip = spec.add_actuator(name="gripper_servo", target=robot.FINGER_JOINTS[0], trntype=mujoco.mjtTrn.mjTRN_JOINT)
-    grip.set_to_position(kp=physics.gripper_kp, kv=40.0)
+    # one servo on the first finger; the URDF's <mimic> (an equality constraint in MuJoCo) moves the second
+    grip = spec.add_actuator(name="gripper_servo", target=profile.finger_joints[0], trntype=mujoco.mjtTrn.mjTRN_JOINT)
+    grip.set_to_position(kp=twin.gripper_kp, kv=40.0)
     grip.ctrlrange = [finger.lower, finger.upper]
     grip.ctrllimited = mujoco.mjtLimited.mjLIMITED_TRUE
-    grip.forcerange = [-physics.gripper_force_n, physics.gripper_force_n]
+    grip.forcerange = [-twin.gripper_force_n, twin.gripper_force_n]
     grip.forcelimited = mujoco.mjtLimited.mjLIMITED_TRUE
     # wrist force/torque sensor between the flange and the hand (hand side), in the hand frame
-    hand = spec.body(robot.HAND_FRAME)
+    hand = spec.body(profile.hand_frame)
     hand.add_site(name=WRIST_FT_SITE, pos=[0, 0, 0])
     spec.add_sensor(
         name="wrist_force", type=mujoco.mjtSensor.mjSENS_FORCE, objtype=mujoco.mjtObj.mjOBJ_SITE, objname=WRIST_FT_SITE
@@ -137,15 +140,15 @@ def _robot(spec: mujoco.MjSpec, physics: PhysicsConfig) -> None:
         objtype=mujoco.mjtObj.mjOBJ_SITE,
         objname=WRIST_FT_SITE,
     )
-    spec.body(robot.TCP_FRAME).add_site(name="tcp", pos=[0, 0, 0])
+    spec.body(profile.tcp_frame).add_site(name="tcp", pos=[0, 0, 0])
     # cameras at the URDF's optical frames; MuJoCo cameras look along -z with y up, optical
     # frames along +z with y down: a half turn about x
-    for cam, frame in robot.CAMERA_FRAMES.items():
+    for cam, frame in profile.camera_frames.items():
         spec.body(frame).add_camera(name=cam, quat=[0, 1, 0, 0], fovy=CAMERA_FOVY_DEG[cam])
     # the base stands on the table
-    spec.add_exclude(bodyname1="world", bodyname2=robot.BASE_FRAME)
-    spec.add_exclude(bodyname1=robot.BASE_FRAME, bodyname2="panda_link1")
-    spec.add_exclude(bodyname1=robot.BASE_FRAME, bodyname2="panda_link2")
+    spec.add_exclude(bodyname1="world", bodyname2=profile.base_frame)
+    for link in twin.base_contact_excludes:
+        spec.add_exclude(bodyname1=profile.base_frame, bodyname2=link)
 
 
 def _scene(spec: mujoco.MjSpec) -> None:

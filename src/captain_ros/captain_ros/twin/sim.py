@@ -74,22 +74,29 @@ def quat_of(rotation: np.ndarray) -> np.ndarray:
 
 
 class Twin:
-    def __init__(self, task: str | TaskSpec, physics: PhysicsConfig = PhysicsConfig(), suite=None):
+    def __init__(
+        self,
+        task: str | TaskSpec,
+        physics: PhysicsConfig = PhysicsConfig(),
+        suite=None,
+        profile: robot.RobotProfile | None = None,
+    ):
         self.task = task if isinstance(task, TaskSpec) else get_task(task, suite)
         self._suite = suite
         self.physics = physics
-        self.model = compile_model(self.task.objects, physics)
+        self.profile = profile or robot.default_profile()
+        self.model = compile_model(self.task.objects, physics, self.profile)
         self.data = mujoco.MjData(self.model)
-        self.reader = SceneReader(self.model, self.data, self.task.objects)
+        self.reader = SceneReader(self.model, self.data, self.task.objects, self.profile)
         m = self.model
-        self._arm_qpos = np.array([m.joint(j).qposadr[0] for j in robot.ARM_JOINTS])
-        self._arm_dof = np.array([m.joint(j).dofadr[0] for j in robot.ARM_JOINTS])
-        self._finger_qpos = np.array([m.joint(j).qposadr[0] for j in robot.FINGER_JOINTS])
-        self._arm_act = np.array([m.actuator(f"{j}_servo").id for j in robot.ARM_JOINTS])
+        self._arm_qpos = np.array([m.joint(j).qposadr[0] for j in self.profile.arm_joints])
+        self._arm_dof = np.array([m.joint(j).dofadr[0] for j in self.profile.arm_joints])
+        self._finger_qpos = np.array([m.joint(j).qposadr[0] for j in self.profile.finger_joints])
+        self._arm_act = np.array([m.actuator(f"{j}_servo").id for j in self.profile.arm_joints])
         self._grip_act = m.actuator("gripper_servo").id
         self._movable = [o for o in self.task.objects if o.movable]
         self._movable_ids = np.array([m.body(o.name).id for o in self._movable], dtype=int)
-        self._cams = {cam: m.cam(cam).id for cam in robot.CAMERA_FRAMES}
+        self._cams = {cam: m.cam(cam).id for cam in self.profile.camera_frames}
         # camera -> calibrated optical-frame pose (position, rotation) in its body's frame, set at reset
         self._calibrated: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._key_light = m.light("key").id
@@ -141,9 +148,9 @@ class Twin:
         m.light_diffuse[self._fill_light] = layout.fill_light_diffuse
         m.geom_rgba[self._table_geom, :3] = layout.table_rgb
         mujoco.mj_resetData(m, d)
-        d.qpos[self._arm_qpos] = robot.HOME_Q_RAD
-        d.ctrl[self._arm_act] = robot.HOME_Q_RAD
-        open_m = robot.max_jaw_opening_m() / 2
+        d.qpos[self._arm_qpos] = self.profile.home_q
+        d.ctrl[self._arm_act] = self.profile.home_q
+        open_m = self.profile.max_jaw_opening_m() / len(self.profile.finger_joints)
         d.qpos[self._finger_qpos] = open_m
         d.ctrl[self._grip_act] = open_m
         for obj in self.task.objects:
@@ -205,7 +212,7 @@ class Twin:
         """Calibrated base-frame poses (position, rotation) of every camera's link and optical frame, by URDF
         frame name, for /tf: each camera's link moves with its calibrated optical frame."""
         out = {}
-        for cam, frame in robot.CAMERA_FRAMES.items():
+        for cam, frame in self.profile.camera_frames.items():
             body = int(self.model.cam_bodyid[self._cams[cam]])
             pos, rot = self.camera_pose(cam)
             # the rigid correction from the URDF's optical frame to the calibrated one, applied to its parent too
@@ -220,14 +227,18 @@ class Twin:
     # ------------------------------------------------------------------------------- control
     def set_arm_command(self, q_rad: np.ndarray) -> None:
         q = np.asarray(q_rad, dtype=float)
-        if q.shape != (7,) or not np.all(np.isfinite(q)):
-            raise ValueError(f"arm command must be 7 finite joint positions, got shape {q.shape}")
+        n = self.profile.dof
+        if q.shape != (n,) or not np.all(np.isfinite(q)):
+            raise ValueError(f"arm command must be {n} finite joint positions, got shape {q.shape}")
         self.data.ctrl[self._arm_act] = q
 
     def set_gripper_command(self, opening_m: float) -> None:
         if not math.isfinite(opening_m):
             raise ValueError(f"gripper command must be finite, got {opening_m}")
-        self.data.ctrl[self._grip_act] = float(np.clip(opening_m / 2, 0.0, robot.max_jaw_opening_m() / 2))
+        fingers = len(self.profile.finger_joints)
+        self.data.ctrl[self._grip_act] = float(
+            np.clip(opening_m / fingers, 0.0, self.profile.max_jaw_opening_m() / fingers)
+        )
 
     def step(self, n: int = 1) -> None:
         """Advance n physics steps; the state is checked for faults every CHECK_EVERY_STEPS steps."""

@@ -14,16 +14,21 @@ import numpy as np
 from captain_ros.core import robot
 from captain_ros.twin.objects import SceneObject, drawer_geometry
 
-PAD_BODIES = ("panda_leftfinger", "panda_rightfinger")
-
 
 class SceneReader:
-    def __init__(self, model: mujoco.MjModel, data: mujoco.MjData, objects: tuple[SceneObject, ...]):
+    def __init__(
+        self,
+        model: mujoco.MjModel,
+        data: mujoco.MjData,
+        objects: tuple[SceneObject, ...],
+        profile: robot.RobotProfile | None = None,
+    ):
         self.model, self.data = model, data
+        self.profile = profile or robot.default_profile()
         self.objects = {o.name: o for o in objects}
-        self._pad_ids = [model.body(b).id for b in PAD_BODIES]
+        self._pad_ids = [model.body(b).id for b in self.profile.pad_links]
         self._tcp_site = model.site("tcp").id
-        self._finger_qpos = [model.joint(j).qposadr[0] for j in robot.FINGER_JOINTS]
+        self._finger_qpos = {j: model.joint(j).qposadr[0] for j in self.profile.finger_joints}
         self._body_ids = {n: model.body(n).id for n in self.objects}
         self._drawer_body = {
             n: model.body(f"{n}_drawer_body").id for n, o in self.objects.items() if o.kind == "cabinet"
@@ -41,7 +46,7 @@ class SceneReader:
         return float(np.linalg.norm(vel[3:]))
 
     def jaw_opening(self) -> float:
-        return float(sum(self.data.qpos[a] for a in self._finger_qpos))
+        return self.profile.jaw_opening_m({j: float(self.data.qpos[a]) for j, a in self._finger_qpos.items()})
 
     def jaw_commanded_closed(self) -> bool:
         return bool(self.data.ctrl[self.model.actuator("gripper_servo").id] < 0.01)
