@@ -33,7 +33,8 @@ import torch
 
 from captain_ros.bridge.store import Episode, RequestData
 from tests.training.test_rounds import FakeReader, synthetic_episode
-from tests.training.test_weight_sync import DevServer, start_dev_server
+from tests.training.test_weight_sync import start_dev_server
+from training import serve
 from training.critic import Critic, CriticConfig, evaluate, states_from_episodes
 from training.policy_loss import ObjectiveConfig, episode_rng, policy_loss, sample_requests
 from training.rl import (
@@ -546,7 +547,7 @@ def test_a_full_round_from_twin_episodes_to_the_policy_server(student, recorded,
         result = sync.sync(trainer.model, trainer.policy_version)
         assert result.probe_max_abs_diff < 1e-3 and result.weight_version == "1" and result.proxy_version == 1
         assert sync.probe(ref, probe) > 1e-2  # after: no longer the old weights
-    assert server.proc.poll() is None and isinstance(server, DevServer)
+    assert server.proc.poll() is None and isinstance(server, serve.PolicyServer)
     status = httpx.get(host.policy_url.removesuffix("/v1") + "/captain/status", trust_env=False).json()
     assert status["policy_version"] == 1
     assert {name: service.proc.pid for name, service in host.services.items()} == stack

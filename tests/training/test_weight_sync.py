@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -23,17 +20,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.vllm_server import (
-    ROOT,
-    SERVER_FLAGS,
-    START_LIMIT_S,
-    TINY_MODEL,
-    VLLM_PYTHON,
-    _free_port,
-    _stop,
-    _tail,
-    vllm_env,
-)
+from tests.vllm_server import START_LIMIT_S, TINY_MODEL, build_tiny_model
+from training import serve
 from training.weight_sync import (
     DevModeMissing,
     SyncConfig,
@@ -48,55 +36,15 @@ from training.weight_sync import (
 # ---------------------------------------------------------------------------------------------- a dev-mode server
 
 
-@dataclass
-class DevServer:
-    proc: subprocess.Popen
-    root: str  # http://127.0.0.1:<port>
-    model_dir: Path
-    log: Path
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def wait_healthy(self) -> DevServer:
-        """Block until /health answers 200 (the server fails the test if it exits or takes too long)."""
-        t0 = time.monotonic()
-        while True:
-            if self.proc.poll() is not None:
-                pytest.fail(f"the vLLM dev server exited with {self.proc.returncode}:\n{_tail(self.log)}")
-            if time.monotonic() - t0 > START_LIMIT_S:
-                pytest.fail(f"the vLLM dev server was not healthy after {START_LIMIT_S:.0f} s:\n{_tail(self.log)}")
-            try:
-                if httpx.get(f"{self.root}/health", timeout=5.0, trust_env=False).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)  # poll interval, not a wait for readiness
-
-    def stop(self) -> None:
-        _stop(self.proc)
+def start_dev_server(model_dir: Path, log: Path, dtype: str = "bfloat16") -> serve.PolicyServer:
+    """vLLM on `model_dir` with VLLM_SERVER_DEV_MODE=1 and the stack's flags, not waited for: call
+    `wait_healthy()` (starting it early lets it boot while the test does other work)."""
+    if not serve.vllm_python().exists():
+        pytest.skip(f"{serve.vllm_python()} does not exist: `make setup` builds it (step 'vllm')")
+    return serve.start_server(model_dir, log, dtype=dtype, dev_mode=True)
 
 
-def start_dev_server(model_dir: Path, log: Path, dtype: str = "bfloat16") -> DevServer:
-    """vLLM on `model_dir` with VLLM_SERVER_DEV_MODE=1 and the stack's flags (tests/vllm_server.py), not waited
-    for: call `wait_healthy()` (starting it early lets it boot while the test does other work)."""
-    if not VLLM_PYTHON.exists():
-        pytest.skip(f"{VLLM_PYTHON} does not exist: `make setup` builds it (step 'vllm')")
-    env = {**vllm_env(), "VLLM_SERVER_DEV_MODE": "1"}
-    flags = list(SERVER_FLAGS)
-    flags[flags.index("--dtype") + 1] = dtype
-    port = _free_port()
-    cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), *flags]
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=log.parent, start_new_session=True
-        )
-    return DevServer(proc, f"http://127.0.0.1:{port}", Path(model_dir), log)
-
-
-def completion(server: DevServer, prompt: str | list[int], max_tokens: int = 8) -> dict:
+def completion(server: serve.PolicyServer, prompt: str | list[int], max_tokens: int = 8) -> dict:
     """A greedy completion with the sampled token ids and their log-probs."""
     body = {
         "model": str(server.model_dir),
@@ -249,23 +197,15 @@ def always_token(state: dict[str, torch.Tensor], token: int) -> dict[str, torch.
 
 
 @pytest.fixture(scope="module")
-def dev_server(tmp_path_factory) -> Iterator[DevServer]:
-    if not VLLM_PYTHON.exists():
-        pytest.skip(f"{VLLM_PYTHON} does not exist: `make setup` builds it (step 'vllm')")
-    build = subprocess.run(  # the shared tiny model (built once, cached in .cache/)
-        [str(VLLM_PYTHON), str(ROOT / "tools" / "make_tiny_model.py"), str(TINY_MODEL)],
-        capture_output=True,
-        text=True,
-        env=vllm_env(),
-        timeout=600,
-    )
-    assert build.returncode == 0, f"tools/make_tiny_model.py failed:\n{build.stdout}\n{build.stderr}"
+def dev_server(tmp_path_factory) -> Iterator[serve.PolicyServer]:
+    build_tiny_model()  # the shared tiny model (built once, cached in .cache/)
     folder = tmp_path_factory.mktemp("served")
     model_dir = folder / "tiny-qwen2"
     shutil.copytree(TINY_MODEL, model_dir)  # a copy: the shared folder must not change under other tests
     server = start_dev_server(model_dir, folder / "server.log")
     try:
-        yield server.wait_healthy()
+        server.wait_healthy(START_LIMIT_S)
+        yield server
     finally:
         server.stop()
 

@@ -33,6 +33,7 @@ class HostOptions:
     engine: str = "local"  # local | ray
     ray_address: str = ""  # "" = start a local Ray instance
     progress: bool = True
+    harness_path: Path | None = None  # the workers' harness.yaml (None: config/harness.yaml)
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
 
@@ -100,7 +101,9 @@ class RolloutHost:
 
     def config(self) -> RolloutConfig:
         label = self.o.policy or ("expert" if not self.o.policy_url else self.o.policy_url)
-        return RolloutConfig(self.store_path, self.policy_url, workers=self.o.workers, policy=label)
+        return RolloutConfig(
+            self.store_path, self.policy_url, workers=self.o.workers, policy=label, harness_path=self.o.harness_path
+        )
 
     # ------------------------------------------------------------------------------------------ rollout
     def run(self, jobs: list[Job], on_progress: Callable[[RolloutReport], None] | None = None) -> RolloutReport:

@@ -55,6 +55,7 @@ class RolloutConfig:
     max_restarts: int = 50  # worker restarts before the rollout gives up
     runs_dir: Path | None = None  # transcripts per episode (None: none)
     request_timeout_s: float = 600.0
+    harness_path: Path | None = None  # a harness.yaml for the workers (None: config/harness.yaml)
 
 
 def plan_groups(
@@ -103,7 +104,7 @@ class RolloutWorker:
         from captain_ros.core.config import load_config
 
         self.config, self.name = config, name
-        harness = load_config()
+        harness = load_config(harness_path=self.config.harness_path)
         limits = SandboxLimits(cell_timeout_s=harness.agent.cell_timeout_s)
 
         def sandbox(scratch, on_call, allowed):
@@ -113,7 +114,14 @@ class RolloutWorker:
 
         self.store = EpisodeStore(config.store_path)
         self.link = InProcessLink(harness)
-        policy = PolicyClient(PolicyConfig(base_url=config.policy_url, request_timeout_s=config.request_timeout_s))
+        policy = PolicyClient(  # the harness's sampling settings, as the agent node uses them
+            PolicyConfig(
+                base_url=config.policy_url,
+                max_tokens=harness.agent.max_new_tokens,
+                temperature=harness.agent.temperature,
+                request_timeout_s=config.request_timeout_s,
+            )
+        )
         self.runner = EpisodeRunner(self.link, policy, harness, sandbox_factory=sandbox, runs_dir=config.runs_dir)
 
     def run(self, job: Job) -> dict[str, Any]:

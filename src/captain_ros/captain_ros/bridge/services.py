@@ -20,6 +20,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def signal_group(proc: subprocess.Popen, sig: int, wait_s: float) -> bool:
+    """`sig` to the process group of `proc` (started with start_new_session), then wait up to `wait_s`;
+    returns whether it has exited."""
+    if proc.poll() is not None:
+        return True
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        return True
+    try:
+        proc.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
 def wait_for_port(port: int, proc: subprocess.Popen, what: str, log: Path, timeout_s: float = 120.0) -> None:
     """Until something listens on 127.0.0.1:port (a service without a READY line)."""
     deadline = time.monotonic() + timeout_s
@@ -96,13 +112,5 @@ class Service:
         return self.start()
 
     def _signal(self, sig: int, wait_s: float) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            self.proc.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            pass
+        if self.proc is not None:
+            signal_group(self.proc, sig, wait_s)
