@@ -96,14 +96,17 @@ def launch_node(executable: str, *params: tuple[str, object]) -> tuple[subproces
     return proc, lines
 
 
-def launch_twin(task: str, start_id: str, real_time_factor: float, camera_rate_hz: float) -> tuple:
-    """twin_node in its own process; returns (process, output lines)."""
+def launch_twin(
+    task: str, start_id: str, real_time_factor: float, camera_rate_hz: float, robot_profile: str = "panda_twin"
+) -> tuple:
+    """twin_node in its own process, running the twin of `robot_profile`; returns (process, output lines)."""
     return launch_node(
         "twin_node",
         ("task", task),
         ("start_id", start_id),
         ("real_time_factor", real_time_factor),
         ("camera_rate_hz", camera_rate_hz),
+        ("robot_profile", robot_profile),
     )
 
 

@@ -1,7 +1,9 @@
 """The same behavioural tests on both arm backends: the twin in-process, and the ros2_control backend
 driving twin_node (a separate process) over DDS through FollowJointTrajectory, the controller's
 trajectory topic, /joint_states and the wrist wrench topic, exactly as it would drive hardware.
-Ground truth (object poses, task success) comes from the twin itself, never through the harness."""
+Ground truth (object poses, task success) comes from the twin itself, never through the harness.
+Every test runs on both twins, the 7-joint Panda and the 6-joint UR5e-class arm (robot profiles panda_twin and
+ur5e_twin): nothing in the stack may assume one arm."""
 
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from captain_interfaces.srv import GetPrivilegedSnapshot, ResetEpisode
 
+from captain_interfaces.srv import GetPrivilegedSnapshot, ResetEpisode
 from captain_ros.core import robot
 from captain_ros.core.config import load_config
 from captain_ros.core.contract import RECEIPT_MAX_CHARS, FailureCategory
@@ -33,8 +35,7 @@ from .helpers import (
     wait_for,
 )
 
-PANDA = robot.default_profile()  # the twin's arm
-
+PROFILES = ("panda_twin", "ur5e_twin")  # the twins: every behavioural test runs on each
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 TASK = "put_red_cube_in_bowl"
 START = f"{TASK}/official/0"
@@ -50,26 +51,32 @@ class Arm:
         return self.harness.backend.read_state().q_rad
 
 
-@pytest.fixture(scope="module")
-def kinematics():
-    return Kinematics()
+@pytest.fixture(scope="module", params=PROFILES)
+def profile(request) -> robot.RobotProfile:
+    return robot.load_profile(request.param)
 
 
 @pytest.fixture(scope="module")
-def twin_node_process():
-    proc, lines = launch_twin(TASK, START, real_time_factor=1.0, camera_rate_hz=0.0)
+def kinematics(profile):
+    return Kinematics(profile=profile)
+
+
+@pytest.fixture(scope="module")
+def twin_node_process(profile):
+    proc, lines = launch_twin(TASK, START, real_time_factor=1.0, camera_rate_hz=0.0, robot_profile=profile.name)
     yield proc, lines
     stop(proc)
 
 
 def _twin_arm(kinematics) -> Arm:
-    twin = Twin(TASK)
+    twin = Twin(TASK, profile=kinematics.profile)
     twin.reset(START)
     harness = Harness(TwinBackend(twin), load_config(), kinematics)
     return Arm(harness, twin.reader.position, twin.success)
 
 
 def _ros2_control_arm(request, kinematics, state_timeout_s: float = LOADED_MACHINE_STATE_TIMEOUT_S) -> Arm:
+
     from captain_ros.ros.ros2_control_backend import Ros2ControlBackend
 
     _, lines = request.getfixturevalue("twin_node_process")
@@ -82,7 +89,7 @@ def _ros2_control_arm(request, kinematics, state_timeout_s: float = LOADED_MACHI
     answer = result_of(reset.call_async(ResetEpisode.Request(task=TASK, start_id=START)), 30)
     assert answer.success, answer.message
     backend = Ros2ControlBackend(
-        node, PANDA, state_timeout_s=state_timeout_s, wrench_max_lag_s=LOADED_MACHINE_WRENCH_LAG_S
+        node, kinematics.profile, state_timeout_s=state_timeout_s, wrench_max_lag_s=LOADED_MACHINE_WRENCH_LAG_S
     )
     reset_time = backend.wait_for_state(30).time_s
     wait_for(lambda: fresh(backend) and backend.read_state().time_s > reset_time + 0.05, 10, "states after the reset")
@@ -135,11 +142,12 @@ def test_pick_and_place_solves_the_task(arm):
 def test_move_reaches_the_target_and_records_what_was_commanded(arm):
     result = arm.harness.call("move_to", pose={"position": [0.4, 0.1, 0.3], "yaw_deg": 30})
     assert result.success and result.value["distance_to_target_m"] < 0.003
-    assert "target_reached after" in result.receipt and "jaw 80->80 mm" in result.receipt
+    jaw_mm = round(arm.harness.profile.max_jaw_opening_m() * 1000)  # open since the reset: 80 (Panda), 85 (UR)
+    assert "target_reached after" in result.receipt and f"jaw {jaw_mm}->{jaw_mm} mm" in result.receipt
     trace = arm.harness.motions[-1].outcome.trace
     assert len(trace) > 10
     # the commanded setpoints stay inside the joint limits and end at the measured pose
-    lower, upper = PANDA.arm_limits_rad()
+    lower, upper = arm.harness.profile.arm_limits_rad()
     commanded = np.array([row.q_cmd_rad for row in trace])
     assert np.all(commanded >= lower - 1e-9) and np.all(commanded <= upper + 1e-9)
     np.testing.assert_allclose(commanded[-1], trace[-1].q_rad, atol=0.01)
@@ -152,8 +160,8 @@ def test_guarded_descent_stops_at_first_contact_with_the_table(arm):
     result = arm.harness.call("move_to", pose={"position": [0.68, 0.02, 0.0], "yaw_deg": 0}, speed_mps=0.05)
     assert result.failure_category is FailureCategory.CONTACT_STOP and result.executed
     assert "contact" in result.receipt
-    # fingertips are 8 mm below the TCP: the TCP stops within 5 mm of fingertip-table contact
-    fingertips = PANDA.gripper_geometry.fingertips_below_tcp_m
+    # fingertips are 8 mm below the TCP (both twins): the TCP stops within 5 mm of fingertip-table contact
+    fingertips = arm.harness.profile.gripper_geometry.fingertips_below_tcp_m
     assert result.value["tcp_position_m"][2] == pytest.approx(fingertips, abs=0.005)
 
 
@@ -229,6 +237,15 @@ def test_stop_service_halts_and_refuses_motion_until_resume(arm):
     assert again.success, again.message
 
 
+# 16 cm in front of the base, on the table: out of the Panda's reach; the UR5e-class arm reaches it only by folding its
+# elbow so far that the gripper meets its own upper arm, so its plan is refused as a self-collision (what each arm
+# answers, per profile). A target beyond both arms' reach inside the workspace box is unreachable for both.
+NEAR_BASE = {
+    "panda_twin": (FailureCategory.UNREACHABLE, "IK"),
+    "ur5e_twin": (FailureCategory.SELF_COLLISION, "self-collision"),
+}
+
+
 @pytest.mark.parametrize(
     ("kwargs", "category", "words"),
     [
@@ -236,11 +253,14 @@ def test_stop_service_halts_and_refuses_motion_until_resume(arm):
         ({"pose": {"position": [0.4, 0.0, 0.3], "quaternion": [1, 1, 0, 0]}}, FailureCategory.INVALID_ARGUMENT, "unit"),
         ({"pose": {"position": [0.4, 0.0], "yaw_deg": 0}}, FailureCategory.INVALID_ARGUMENT, "3"),
         ({"pose": {"position": [1.2, 0.0, 0.3], "yaw_deg": 0}}, FailureCategory.WORKSPACE_LIMIT, "workspace"),
-        ({"pose": {"position": [0.16, 0.0, 0.02], "yaw_deg": 0}}, FailureCategory.UNREACHABLE, "IK"),
+        ({"pose": {"position": [0.16, 0.0, 0.02], "yaw_deg": 0}}, NEAR_BASE, None),
+        ({"pose": {"position": [0.85, 0.55, 0.02], "yaw_deg": 0}}, FailureCategory.UNREACHABLE, "IK"),
         ({"gripper": "wide"}, FailureCategory.INVALID_ARGUMENT, "open"),
     ],
 )
 def test_bad_targets_move_nothing(arm, kwargs, category, words):
+    if isinstance(category, dict):  # the answer depends on the arm
+        category, words = category[arm.harness.profile.name]
     q0 = arm.q()
     result = arm.harness.call("move_to", **kwargs)
     assert result.failure_category is category and not result.executed
