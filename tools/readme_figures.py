@@ -280,6 +280,21 @@ TRAIN_GPU = (
     ),
 )
 
+SFT_THEN_RL = (
+    "| stage | what ran | measured |\n|---|---|---|\n"
+    "| expert | the scripted expert on {tasks} (train starts) | {expert_success} solved, "
+    "{expert_requests:.1f} requests per episode, {wall[expert]:.0f} s |\n"
+    "| SFT | gate + CaPtain Eq. 2 on the tiny student ({sft[parameters]:,} parameters), {sft[steps]} steps | "
+    "{sft[examples]} requests, {sft[examples_too_long]} longer than the {config[context_tokens]}-token context left "
+    "out; loss {sft[loss_first]:.2f} → {sft[loss_last]:.2f}; {wall[sft]:.0f} s |\n"
+    "| eval, SFT (v0) | the served student on {eval_sft_episodes} held-out starts | {eval_sft_success} |\n"
+    "| RL | {config[rl_rounds_n]} rounds: rollouts of the served policy → round → update → weight sync | "
+    "{rl_rounds}; server, proxy and receiver never restarted: {services_unchanged}; {wall[rl]:.0f} s |\n"
+    "| eval, RL (v{eval_rl_version}) | the same held-out starts | {eval_rl_success} |\n"
+    "\nFrom `bench/results/sft_then_rl.json` (and `.png`), written by `.venv/bin/python tools/sft_then_rl.py` on "
+    "{machine[cpu_count]} CPU cores ({machine[vllm]}, torch {machine[torch]}) in {wall[total]:.0f} s.\n"
+)
+
 BLOCKS = {
     "motion": Block("motion", rows=MOTION),
     "perception": Block("perception", rows=PERCEPTION),
@@ -291,12 +306,16 @@ BLOCKS = {
     "bridge": Block("bridge", rows=BRIDGE),
     "advantages": Block("advantages", rows=TRAINING),
     "train_gpu": Block("train_gpu", rows=TRAIN_GPU),
+    "sft_then_rl": Block("sft_then_rl", text=SFT_THEN_RL),
 }
+
+
+COMMANDS = {"stress_dds": "python tools/stress_dds_tests.py", "sft_then_rl": ".venv/bin/python tools/sft_then_rl.py"}
 
 
 def command(results: str) -> str:
     """What writes bench/results/<results>.json."""
-    return "python tools/stress_dds_tests.py" if results == "stress_dds" else f"python bench/{results}.py"
+    return COMMANDS.get(results, f"python bench/{results}.py")
 
 
 def derived(name: str, values: dict) -> dict:
@@ -323,6 +342,35 @@ def derived(name: str, values: dict) -> dict:
             "faulted_episodes": faulted.get("episodes", 0),
             "abandoned": len(faulted.get("abandoned", [])),
             "injected": ", ".join(f"{k} ×{v}" for k, v in sorted(faulted.get("injected", {}).items())) or "nothing",
+        }
+    if name == "sft_then_rl":
+        s = values["stages"]
+        rounds = s["rl"]["rounds"]
+
+        def success(stage: dict) -> str:
+            won = round(stage["strict_success_rate"] * stage["episodes"])
+            low, high = stage["strict_success_ci95"]
+            return f"{won}/{stage['episodes']} (95% CI {low:.2f}–{high:.2f})"
+
+        per_round = [
+            f"round {r['round']}: {r['rollout']['episodes']} episodes, {r['rollout']['strict']} solved, kept "
+            f"{r['update']['kept_frac']:.2f}, KL {r['update']['kl_k3']:.4f}, advantage {r['update']['adv_mean']:+.2f} "
+            f"± {r['update']['adv_std']:.2f}, v{r['update']['policy_version']}→v{r['update']['policy_version_after']},"
+            f" sync {r['sync']['total_s']:.2f} s"
+            for r in rounds
+        ]
+        return {
+            "expert_success": success(s["expert"]),
+            "expert_requests": s["expert"]["mean_requests"],
+            "eval_sft_success": success(s["eval_sft"]),
+            "eval_rl_success": success(s["eval_rl"]),
+            "rl_rounds": "; ".join(per_round),
+            "services_unchanged": all(r["services_unchanged"] for r in rounds),
+            "sft": s["sft"],
+            "wall": values["wall_s"],
+            "eval_sft_episodes": s["eval_sft"]["episodes"],
+            "tasks": ", ".join(f"`{t}`" for t in values["config"]["tasks"]),
+            "eval_rl_version": s["eval_rl"]["policy_version"],
         }
     if name == "twin":
         return {"contact_pct": 100 * values.get("physics_contact_step_fraction", float("nan"))}

@@ -184,6 +184,7 @@ def rollout(
     policy: str = "",
     version: int = 0,
     ship: bool = True,
+    progress: bool = True,
 ) -> tuple[Any, dict[str, Any]]:
     """One RolloutHost session (expert or served policy behind a recording proxy): run `jobs`, deliver them to
     the trainer store, stop. Returns (host, its report as a dict)."""
@@ -197,6 +198,7 @@ def rollout(
         policy_version=version,
         ship=ship,
         harness_path=harness,
+        progress=progress,
     )
     with RolloutHost(options) as host:
         report = host.run(jobs)
@@ -226,7 +228,7 @@ def success_summary(store: Path, label: str) -> dict[str, Any]:
 
 
 def evaluate_policy(
-    stage: str, run_dir: Path, config: RunConfig, *, server: Any, harness: Path, version: int
+    stage: str, run_dir: Path, config: RunConfig, *, server: Any, harness: Path, version: int, progress: bool = True
 ) -> dict[str, Any]:
     """The served policy once on each held-out start state (evaluation split), recorded but not shipped."""
     from captain_ros.bridge.rollout import plan_groups
@@ -241,6 +243,7 @@ def evaluate_policy(
         policy=f"student-v{version}",
         version=version,
         ship=False,
+        progress=progress,
     )
     return {**success_summary(host.store_path, stage), "policy_version": version, "rollout": _brief(report)}
 
@@ -251,10 +254,9 @@ def _brief(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def served_tokenizer(model_dir: Path) -> Any:
-    """The tokenizer as the policy server loads it from its folder. Not `training.tiny.tiny_tokenizer()` itself:
-    transformers 5 loads a saved folder of a qwen2 model as Qwen2Tokenizer, whose pre-tokenizer splits digits one
-    by one where the in-memory tokenizer keeps ' 7' whole, so prompts the server renders would fail the prompt
-    gate at the first number (seen in this run's first version: every request of the student rejected)."""
+    """The tokenizer as the policy server loads it from its folder: the gate must render prompts exactly as the
+    server does (transformers loads a saved qwen2 folder as Qwen2Tokenizer; training.tiny trains its tokenizer
+    with the same pre-tokenizer, so the two agree, and this makes the run independent of that)."""
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_dir)
@@ -479,7 +481,9 @@ def run(config: RunConfig, run_dir: Path, results: Path, progress: bool = True) 
         jobs = plan_groups(
             config.tasks, config.expert_starts_per_task_n, config.expert_attempts_n, "train", config.seed
         )
-        host, report = rollout(run_dir / "expert", jobs, harness=expert_harness, workers=config.workers_n)
+        host, report = rollout(
+            run_dir / "expert", jobs, harness=expert_harness, workers=config.workers_n, progress=progress
+        )
         expert_store = host.trainer_store
         stages["expert"] = {**success_summary(expert_store, "expert"), "rollout": _brief(report)}
         wall["expert"] = time.perf_counter() - t0
@@ -504,7 +508,7 @@ def run(config: RunConfig, run_dir: Path, results: Path, progress: bool = True) 
         announce("4/6 eval_sft", "the SFT student on held-out start states")
         t0 = time.perf_counter()
         stages["eval_sft"] = evaluate_policy(
-            "eval_sft", run_dir, config, server=server, harness=student_harness, version=0
+            "eval_sft", run_dir, config, server=server, harness=student_harness, version=0, progress=progress
         )
         wall["eval_sft"] = time.perf_counter() - t0
 
@@ -527,7 +531,7 @@ def run(config: RunConfig, run_dir: Path, results: Path, progress: bool = True) 
         t0 = time.perf_counter()
         version = stages["rl"]["final_policy_version"]
         stages["eval_rl"] = evaluate_policy(
-            "eval_rl", run_dir, config, server=server, harness=student_harness, version=version
+            "eval_rl", run_dir, config, server=server, harness=student_harness, version=version, progress=progress
         )
         stages["eval_rl"]["server_pid"] = server.proc.pid
         wall["eval_rl"] = time.perf_counter() - t0
