@@ -50,7 +50,12 @@ DEBIAN_PACKAGES = [
 ]
 # Interface packages built into the venv, in dependency order. The third_party ones are subsets
 # of packages that have no PyPI wheel (a ROS install provides the full ones; colcon skips ours).
-INTERFACE_PACKAGES = ["third_party/control_msgs", "third_party/tf2_msgs", "src/captain_interfaces"]
+INTERFACE_PACKAGES = [
+    "third_party/control_msgs",
+    "third_party/tf2_msgs",
+    "third_party/franka_msgs",
+    "src/captain_interfaces",
+]
 MANYLINUX_PYTHON = "/opt/python/cp311-cp311"
 LOGS = ROOT / ".setup-logs"
 REQUIREMENTS = ROOT / "requirements"
@@ -64,11 +69,13 @@ VLLM_REMOVED = ["torchvision", "torchaudio", "torchcodec"]
 # What a venv must import to count as set up: the Kilted one runs everything, the Jazzy one the nodes.
 VERIFY_KILTED = (
     "import rclpy, rclpy.action, captain_interfaces.msg, captain_interfaces.srv, "
-    "captain_interfaces.action, control_msgs.action, tf2_msgs.msg, captain_ros, colcon_core.command, colcon_ros"
+    "captain_interfaces.action, control_msgs.action, franka_msgs.action, tf2_msgs.msg, captain_ros, "
+    "colcon_core.command, colcon_ros"
 )
 VERIFY_JAZZY = (
     "import importlib.metadata as m, rclpy, rclpy.action, captain_interfaces.action, control_msgs.action, "
-    "tf2_msgs.msg, captain_ros.ros.twin_node, captain_ros.ros.motion_node, captain_ros.ros.perception_node; "
+    "franka_msgs.action, tf2_msgs.msg, captain_ros.ros.twin_node, captain_ros.ros.motion_node, "
+    "captain_ros.ros.perception_node; "
     "v = m.version('ros-rclpy'); assert v.startswith('7.'), f'rclpy {v} is not the Jazzy build (7.x)'"
 )
 VERIFY_VLLM = (  # the server imports, and no CUDA build or removed package came in

@@ -7,7 +7,10 @@ Out: control_msgs/action/FollowJointTrajectory to the arm's joint_trajectory_con
      is sent whole, so the controller interpolates it at its own rate and nothing depends on this
      process keeping up. Stops go out on the controller's JointTrajectory topic (one point, zero
      velocity, one control period ahead: a topic message preempts the running goal at once) and
-     the goal is canceled too. The jaw is driven through the gripper controller's topic.
+     the goal is canceled too. The jaw is driven through the gripper interface the profile names
+     (captain_ros.ros.grippers: a JointTrajectory topic, GripperCommand, ParallelGripperCommand or franka_gripper's
+     Move/Grasp), and its opening is always the measured one: from the fingers in the arm's joint states, or from
+     the gripper's own joint states topic where the profile names one (franka_gripper).
 The backend runs its own copy of the controller's interpolation (`TrajectoryFollower`) to know what
 the arm is being commanded at any time. Periods are paced by the measured state's stamps (sim
 time on the twin, hardware time on a robot), so the harness runs at any real-time factor. A state
@@ -50,6 +53,7 @@ from captain_ros.core.kinematics import Kinematics
 from captain_ros.core.trajectory import JointTrajectory, TrajectoryFollower
 from captain_ros.core.wrench import REFLEX_ABORT_PREFIX, change_frame
 from captain_ros.harness.backend import ArmBackend, ArmReflexStop, ArmState, BackendError
+from captain_ros.ros.grippers import FingerStates, make_gripper
 from captain_ros.ros.spin import spin_until_shutdown
 
 REFLEX_FORCE = re.compile(r"external force ([0-9.]+) N")
@@ -98,11 +102,6 @@ class Ros2ControlBackend(ArmBackend):
         busy the host's executor is (every one of its threads waiting for the arm, say); close() stops it."""
         self.node, self.profile = node, profile
         interfaces = profile.interfaces
-        if interfaces.gripper.command != "joint_trajectory":
-            raise NotImplementedError(
-                f"robot profile '{profile.name}': gripper command '{interfaces.gripper.command}' is not driven by "
-                "this backend yet (only 'joint_trajectory')"
-            )
         topic, service = node.resolve_topic_name, node.resolve_service_name
         link = rclpy.create_node(
             f"{node.get_name()}_arm_link_{next(_LINKS)}",
@@ -126,9 +125,6 @@ class Ros2ControlBackend(ArmBackend):
         self._kin_lock = threading.Lock()
         self._frames = {self._kin.model.body(b).name for b in range(1, self._kin.model.nbody)}
         self.lower, self.upper = profile.arm_limits_rad()
-        finger = profile.joint_limits[profile.finger_joints[0]]
-        self._finger_range = (finger.lower, finger.upper)
-        self._fingers = len(profile.finger_joints)
         self._mirror: TrajectoryFollower | None = None
         self._goal = None  # the running FollowJointTrajectory goal handle
         self._goal_failure = ""  # set when the controller aborts a goal we did not stop ourselves
@@ -150,8 +146,21 @@ class Ros2ControlBackend(ArmBackend):
         self._action_name = topic(interfaces.trajectory_action)
         self._arm_action = ActionClient(link, FollowJointTrajectory, self._action_name, callback_group=group)
         self._arm_topic = link.create_publisher(JointTrajectoryMsg, topic(interfaces.trajectory_topic), 10)
-        gripper_topic = interfaces.gripper.action.rsplit("/", 1)[0] + "/joint_trajectory"
-        self._gripper_topic = link.create_publisher(JointTrajectoryMsg, topic(gripper_topic), 10)
+        # the fingers' measured positions: the arm's joint states carry them unless the gripper publishes its own
+        finger_topic = topic(interfaces.gripper.joint_states_topic) if interfaces.gripper.joint_states_topic else ""
+        apart = bool(finger_topic) and finger_topic != topic(interfaces.joint_states_topic)
+        self._finger_states = FingerStates(profile, link, finger_topic, group) if apart else None
+        fingers = self._finger_states or FingerStates(profile)
+        self._arm_fingers = None if apart else fingers  # fed from _on_joints
+        self._gripper = make_gripper(
+            link,
+            profile,
+            fingers,
+            resolve=topic,
+            callback_group=group,
+            server_timeout_s=server_timeout_s,
+            control_period_s=control_period_s,
+        )
         self._spinner = threading.Thread(target=spin_until_shutdown, args=(self._executor,), daemon=True)
         self._spinner.name = "arm-link"
         self._spinner.start()
@@ -162,6 +171,8 @@ class Ros2ControlBackend(ArmBackend):
             self._joints = msg
             self._joints_wall = time.monotonic()
             self._cond.notify_all()
+        if self._arm_fingers is not None:
+            self._arm_fingers.update(msg)
 
     def _on_wrench(self, msg: WrenchStamped) -> None:
         with self._cond:
@@ -182,6 +193,12 @@ class Ros2ControlBackend(ArmBackend):
         with self._cond:
             if not self._cond.wait_for(lambda: self._joints is not None, timeout_s):
                 raise BackendError(f"no joint states within {timeout_s:.0f} s: is the arm (or twin) running?")
+        if self._finger_states is not None and self._finger_states.latest() is None:
+            left = max(0.0, deadline - time.monotonic())
+            try:
+                self._finger_states.wait_newer(0, left)
+            except BackendError as exc:
+                raise BackendError(f"{exc}: is the gripper running?") from None
         left = max(0.0, deadline - time.monotonic()) if wrench_timeout_s is None else wrench_timeout_s
         problem = self._wait_for_force(left)
         if problem:  # logged outside the lock: rclpy's logger inspects the stack, slowly
@@ -220,8 +237,12 @@ class Ros2ControlBackend(ArmBackend):
         except KeyError as exc:
             raise BackendError(f"joint states lack {exc.args[0]}") from None
         pos, vel = np.asarray(msg.position), np.asarray(msg.velocity)
-        fingers = {j: float(pos[index[j]]) for j in self.profile.finger_joints if j in index}
-        jaw = self.profile.jaw_opening_m(fingers) or 0.0  # a mimic finger not reported: symmetric jaw
+        if self._finger_states is not None:  # the gripper's own joint states (franka_gripper)
+            jaw = self._finger_states.latest()
+            jaw = float("nan") if jaw is None else jaw
+        else:
+            fingers = {j: float(pos[index[j]]) for j in self.profile.finger_joints if j in index}
+            jaw = self.profile.jaw_opening_m(fingers) or 0.0  # a mimic finger not reported: symmetric jaw
         q = pos[arm].copy()
         try:
             force, torque = self._hand_wrench(wrench, now - wrench_wall, _stamp_s(msg), q)
@@ -388,11 +409,15 @@ class Ros2ControlBackend(ArmBackend):
         return q
 
     def move_gripper(self, opening_m: float, duration_s: float) -> float:
-        finger = float(np.clip(opening_m / self._fingers, *self._finger_range))
-        point = JointTrajectoryPoint(positions=[finger], time_from_start=_duration(max(duration_s, self._period)))
-        names = [self.profile.finger_joints[0]]
-        self._gripper_topic.publish(JointTrajectoryMsg(joint_names=names, points=[point]))
-        return self._fingers * finger
+        """Start the jaw towards `opening_m` with the profile's grasp force and return the opening sent; the
+        harness then waits periods and reads the measured opening. A goal the gripper rejects raises here, one it
+        aborts (or never finishes) at the next wait_period."""
+        return self._gripper.move(opening_m, duration_s)
+
+    def hold_gripper(self) -> float:
+        """Hold the jaw where it is: the trajectory controller is sent the measured opening, an action gripper's
+        running goal is canceled (the controllers then hold their joint where it is; franka_gripper stops)."""
+        return self._gripper.stop(self.read_state(require_force=False).jaw_opening_m)
 
     def wait_period(self) -> None:
         """Wait until the measured state has advanced one control period (by its own stamps)."""
@@ -400,6 +425,9 @@ class Ros2ControlBackend(ArmBackend):
         deadline = time.monotonic() + self._timeout
         with self._cond:
             while True:
+                gripper_failure = self._gripper.failure()
+                if gripper_failure:
+                    raise BackendError(gripper_failure)
                 if self._reflex_stop:
                     message, self._reflex_stop = self._reflex_stop, ""
                     force = REFLEX_FORCE.search(message)
