@@ -43,6 +43,11 @@ def calls(tree: ast.AST, name: str) -> list[ast.Call]:
     return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and called(n) == name]
 
 
+def node_actions(tree: ast.AST) -> list[ast.Call]:
+    """launch_ros's Node and LifecycleNode actions (a managed node started either way is checked alike)."""
+    return calls(tree, "Node") + calls(tree, "LifecycleNode")
+
+
 def keyword(call: ast.Call, name: str) -> ast.expr | None:
     return next((k.value for k in call.keywords if k.arg == name), None)
 
@@ -56,7 +61,7 @@ def test_nodes_start_declared_executables(path: Path):
     tree = ast.parse(path.read_text())
     scripts = console_scripts()
     dependencies = declared_dependencies()
-    for node in calls(tree, "Node"):
+    for node in node_actions(tree):
         package, executable = keyword(node, "package"), keyword(node, "executable")
         assert isinstance(package, ast.Constant) and isinstance(executable, ast.Constant), (
             f"{path.name}:{node.lineno}: package and executable must be literal strings"
@@ -152,7 +157,7 @@ def parameter_type_problems(source: str, name: str = "<launch file>") -> list[st
     tree = ast.parse(source)
     helpers = typing_helpers(tree)
     problems = []
-    for node in calls(tree, "Node"):
+    for node in node_actions(tree):
         package = keyword(node, "package")
         executable = keyword(node, "executable")
         if not (isinstance(package, ast.Constant) and isinstance(executable, ast.Constant)):
@@ -208,6 +213,11 @@ twin = Node(package="captain_ros", executable="twin_node",
     assert "without ParameterValue" in " ".join(parameter_type_problems(untyped))
     assert "one by one" in " ".join(parameter_type_problems(comprehension))
     assert "declared float but typed int" in " ".join(parameter_type_problems(mistyped))
+    managed = """
+motion = LifecycleNode(package="captain_ros", executable="motion_node", name="motion", namespace="",
+                       parameters=[{"autostart": LaunchConfiguration("autostart")}])
+"""
+    assert "without ParameterValue" in " ".join(parameter_type_problems(managed))
 
 
 def test_the_nodes_declare_the_typed_parameters():
@@ -215,6 +225,22 @@ def test_the_nodes_declare_the_typed_parameters():
     assert declared_parameter_types("twin_node")["real_time_factor"] == "float"
     assert declared_parameter_types("motion_node")["watchdog"] == "bool"
     assert declared_parameter_types("motion_node")["robot_profile"] == "str"
+    assert declared_parameter_types("motion_node")["autostart"] == "bool"
+
+
+def test_the_harness_launch_lets_the_operator_manage_the_motion_node():
+    """harness.launch.py starts the (lifecycle) motion node self-starting by default, and passes autostart:=false
+    through for operators who step it with `ros2 lifecycle set /motion configure|activate`."""
+    source = (ROOT / "launch" / "harness.launch.py").read_text()
+    tree = ast.parse(source)
+    arguments = {a.args[0].value: a for a in calls(tree, "DeclareLaunchArgument")}
+    assert keyword(arguments["autostart"], "default_value").value == "true"
+    (motion,) = [n for n in node_actions(tree) if keyword(n, "executable").value == "motion_node"]
+    (parameters,) = keyword(motion, "parameters").elts
+    given = dict(zip((k.value for k in parameters.keys), parameters.values, strict=True))
+    value = given["autostart"]  # typed("autostart", bool): the launch argument of that name, as a bool
+    assert [a.value for a in ast.walk(value) if isinstance(a, ast.Constant)] == ["autostart"]
+    assert "ros2 lifecycle set /motion configure" in ast.get_docstring(tree)
 
 
 # ------------------------------------------------------------------ real arm

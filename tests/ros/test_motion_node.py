@@ -1,6 +1,7 @@
 """motion_node over DDS: twin_node and motion_node in their own processes, this test as the agent.
 MoveTo with feedback and cancel, HarnessCall, the receipts topic, stop/resume, the heartbeat
-watchdog and new episodes."""
+watchdog and new episodes; the node as `ros2 run` starts it (autostart: configured and active). Its lifecycle
+transitions and the rejection of a second goal are in test_motion_lifecycle.py."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from dataclasses import dataclass
 
 import pytest
 from action_msgs.msg import GoalStatus
+from lifecycle_msgs.msg import State
+from lifecycle_msgs.srv import GetState
 from std_msgs.msg import Empty
 from std_srvs.srv import Trigger
 from visualization_msgs.msg import MarkerArray
@@ -109,6 +112,12 @@ def _run(move: SpunActionClient, goal: MoveTo.Goal, cancel_when_under_way: bool 
         result_of(handle.cancel_goal_async(), 10)
     wrapped = result_of(handle.get_result_async(), 120)
     return wrapped.status, wrapped.result.result, feedback
+
+
+def test_autostart_configures_and_activates_the_lifecycle_node(agent):
+    get_state = agent.node.create_client(GetState, "/motion/get_state")
+    assert get_state.wait_for_service(timeout_sec=20)
+    assert result_of(get_state.call_async(GetState.Request()), 10).current_state.id == State.PRIMARY_STATE_ACTIVE
 
 
 def test_calls_return_results_and_every_receipt_is_published(agent):

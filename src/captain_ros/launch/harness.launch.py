@@ -3,6 +3,16 @@ topic and the arm's FollowJointTrajectory action) and the perception node (RGB-D
 or HTTP segmentation). Included by sim_twin.launch.py and real_arm.launch.py; on its own:
 
     ros2 launch captain_ros harness.launch.py watchdog:=false
+
+The motion node is a ROS 2 lifecycle (managed) node, started here as a plain Node: with `autostart`
+(the default) it configures and activates itself, and exits if the arm's interfaces are not there. To drive
+its transitions yourself, on a real arm say, start it unconfigured and step it through them:
+
+    ros2 launch captain_ros harness.launch.py autostart:=false
+    ros2 lifecycle set /motion configure    # connect: fails, naming what is missing, if the arm is not ready
+    ros2 lifecycle set /motion activate     # accept goals; `deactivate` stops and holds the arm
+
+(launch_ros's LifecycleNode action would add lifecycle events to the launch; it is not needed for the above.)
 """
 
 from launch import LaunchDescription
@@ -44,6 +54,13 @@ def generate_launch_description() -> LaunchDescription:
             description="hold the arm when the agent's /agent/heartbeat and calls go silent",
         ),
         DeclareLaunchArgument(
+            "autostart",
+            default_value="true",
+            choices=["true", "false"],
+            description="the motion node configures and activates itself; false = it waits, unconfigured, for "
+            "`ros2 lifecycle set /motion configure` and `activate`",
+        ),
+        DeclareLaunchArgument(
             "use_sim_time",
             default_value="false",
             choices=["true", "false"],
@@ -66,6 +83,7 @@ def generate_launch_description() -> LaunchDescription:
                 "safety_config": typed("safety_config", str),
                 "harness_config": typed("harness_config", str),
                 "watchdog": typed("watchdog", bool),
+                "autostart": typed("autostart", bool),
                 "control_period_s": typed("control_period_s", float),
                 "use_sim_time": typed("use_sim_time", bool),
             }

@@ -1,8 +1,9 @@
-"""motion_node: the harness core as a ROS 2 node, driving a ros2_control arm (or twin_node).
+"""motion_node: the harness core as a ROS 2 lifecycle node, driving a ros2_control arm (or twin_node).
 
   /harness/move_to      captain_interfaces/action/MoveTo     feedback every few periods; cancel holds the arm
   /harness/call         captain_interfaces/srv/HarnessCall   any capability by name, JSON keyword arguments
-  /harness/receipts     captain_interfaces/msg/CallResult    every result, whichever way it was called
+  /harness/receipts     captain_interfaces/msg/CallResult    every result, whichever way it was called, and
+                                                             every MoveTo goal rejected (with the reason)
   /harness/stop         std_srvs/Trigger                     halt within one control period; motions refused
   /harness/resume       std_srvs/Trigger                     accept motions again
   /harness/new_episode  std_srvs/Trigger                     fresh budgets, log and gate (message: episode id)
@@ -10,12 +11,33 @@
                                                              not, the gate's objections (success = none)
   /agent/heartbeat      std_msgs/Empty                       the agent is alive (watchdog; see `watchdog`)
   /captain/markers      visualization_msgs/MarkerArray       executed TCP paths (rviz)
+  ~/change_state, ~/get_state, ...                           the standard lifecycle services (/motion/...)
 
-It serves once the arm's joint states arrive. Calls run one at a time (one arm); stop, resume and
-cancel never wait for a running call. Calls waiting for the arm wait in the middleware's queue (one
-callback group that runs one at a time), not in executor threads, so stop, cancel, the heartbeat and
-the receipts always find a thread; a MoveTo goal that arrives while a motion runs is rejected. The
-core never raises: every failure is a CallResult with its category, also on the receipts topic.
+Lifecycle (ROS 2 managed node): configure = read the parameters, load the robot profile and connect: every
+interface the profile names must be there (joint states, the trajectory controller's action server and topic,
+the wrench publisher, the gripper's interface, the force-reflex and speed-scaling interfaces where named)
+within `connect_timeout_s`, else the transition fails, the log names what is missing and the node stays
+unconfigured; activate = build the harness (kept across deactivate/activate: the episode and its budgets go
+on) and accept goals and calls; deactivate = stop the running motion, hold the arm and refuse goals and calls
+("motion node is inactive: activate it"); cleanup and shutdown release the arm. With `autostart` (the default)
+the node configures and activates itself at start-up, so `ros2 run` and the launch files work as they always
+did: its services appear once it is active (a client that waits for them waits for a connected arm), and it
+exits with status 1 if it cannot connect. Managed by an operator:
+
+    ros2 run captain_ros motion_node --ros-args -p autostart:=false
+    ros2 lifecycle set /motion configure   # connect; `ros2 lifecycle get /motion` says where it is
+    ros2 lifecycle set /motion activate    # accept goals; `deactivate` holds the arm, `cleanup` lets it go
+
+Then the harness services exist from start-up and refuse with the node's state until it is active.
+
+Calls run one at a time (one arm); stop, resume, cancel and lifecycle transitions never wait for a running
+call. Each kind of callback has its callback group: calls (one at a time: calls waiting for the arm wait in the
+middleware's queue, not in executor threads), the MoveTo action, the safety services, the state subscriptions
+(heartbeat, receipts) and the lifecycle services (rclpy puts them in the node's default group, which holds
+nothing else); the arm's joint states and wrench arrive on the backend's own node and thread. A MoveTo goal
+that arrives while another call holds the arm is rejected; the action protocol carries no reason for a
+rejection, so the reason goes to the log and, as a CallResult with the goal's call_id, to the receipts topic.
+The core never raises: every failure is a CallResult with its category, also on the receipts topic.
 """
 
 from __future__ import annotations
@@ -33,7 +55,7 @@ from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
-from rclpy.node import Node
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from std_msgs.msg import Empty
 from std_srvs.srv import Trigger
 from visualization_msgs.msg import Marker, MarkerArray
@@ -47,13 +69,14 @@ from captain_ros.core.config import load_config
 from captain_ros.core.contract import CallResult, FailureCategory
 from captain_ros.harness.backend import BackendError
 from captain_ros.harness.harness import Harness
-from captain_ros.harness.motion import MotionProgress, Watchdog
+from captain_ros.harness.motion import MotionProgress, StopReason, Watchdog
 from captain_ros.paths import config_path
 from captain_ros.ros.convert import call_result_to_msg
 from captain_ros.ros.description import resolve_profile
 from captain_ros.ros.ros2_control_backend import Ros2ControlBackend
 
 FEEDBACK_EVERY_S = 0.05
+HALT_WAIT_S = 10.0  # deactivation: how long the running call may take to end after its stop
 
 
 def move_to_kwargs(goal: MoveTo.Goal, base_frame: str) -> dict:
@@ -77,10 +100,24 @@ def move_to_kwargs(goal: MoveTo.Goal, base_frame: str) -> dict:
     return kwargs
 
 
-class MotionNode(Node):
+class MotionNode(LifecycleNode):
     def __init__(self) -> None:
         super().__init__("motion")
         describe = ParameterDescriptor
+        self.declare_parameter(
+            "autostart",
+            True,
+            describe(
+                description="configure and activate at start-up (exit 1 if the arm is not there); false = wait "
+                "for `ros2 lifecycle set /motion configure|activate`"
+            ),
+        )
+        self.declare_parameter(
+            "connect_timeout_s",
+            30.0,
+            describe(description="configure: how long to wait for the robot description and the arm's interfaces"),
+        )
+        # read at configure time: while unconfigured an operator may still change them
         self.declare_parameter(
             "robot_profile",
             str(robot.DEFAULT_PROFILE),
@@ -111,8 +148,111 @@ class MotionNode(Node):
             0.0,
             describe(description="silence that trips the watchdog; 0 = safety.yaml's watchdog_timeout_s"),
         )
+        self.autostart = bool(self.get_parameter("autostart").value)
+        # the node's clock (sim time with the twin): the watchdog and the wall-time budget mean the same at any
+        # real-time factor; ForwardClock ignores the jump back to 0 when the twin resets
+        self.clock = ForwardClock(lambda: self.get_clock().now().nanoseconds * 1e-9)
+        self.profile: robot.RobotProfile | None = None  # set by configure
+        self.config = None
+        self.backend: Ros2ControlBackend | None = None
+        self.watchdog: Watchdog | None = None
+        self.harness: Harness | None = None  # built by the first activation after configure
+        self.failure = ""  # why the last transition failed (the lifecycle service's reply is only a bool)
+        self._state = "unconfigured"  # this node's lifecycle state, for the reasons it gives
+        self._active = False  # goals and calls are accepted
+        self._halt_reason = ""  # why running motions are being stopped (deactivation)
+        self._busy = threading.Lock()
+        self._goal_lock = threading.Lock()
+        self._goal_reserved = ""  # call_id (or '-') of the MoveTo goal accepted and not yet finished
+        self._goal = None  # the MoveTo goal being executed
+        self._last_feedback = 0.0
+        self._serving = False
+        self.receipts = self.create_publisher(CallResultMsg, "/harness/receipts", 50)
+        self.markers = self.create_publisher(MarkerArray, "/captain/markers", 10)
+        if not self.autostart:
+            self._serve()  # managed: the services exist from the start and say why they refuse
+
+    # ------------------------------------------------------------------------------ lifecycle
+    def start_up(self) -> str:
+        """`autostart`: configure, then activate; returns why that failed ('' = active)."""
+        for name, transition in (("configure", self.trigger_configure), ("activate", self.trigger_activate)):
+            if transition() != TransitionCallbackReturn.SUCCESS:
+                return self.failure or f"{name} failed"
+        return ""
+
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Connect to the arm the profile describes and check that every interface it names is there."""
+        self._state, self.failure = "configuring", ""
+        try:
+            self._connect()
+        except Exception as exc:  # any failure: the transition fails and says why
+            self.failure = f"configure failed: {exc}"
+            self.get_logger().error(f"{self.failure}; the node stays unconfigured")
+            self._release()
+            self._state = "unconfigured"
+            return TransitionCallbackReturn.FAILURE
+        self._state = "inactive"
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._state, self.failure = "activating", ""
+        try:
+            if self.harness is None:
+                self.harness = Harness(self.backend, self.config, clock=self.clock, watchdog=self.watchdog)
+                self.harness.on_progress = self._feedback
+                self.harness.new_episode(uuid.uuid4().hex)
+            tcp = self.harness.kin.forward(self.backend.read_state(require_force=False).q_rad)[0]
+        except BackendError as exc:
+            self.failure = f"activate failed: {exc}"
+            self.get_logger().error(f"{self.failure}; the node stays inactive")
+            self._state = "inactive"
+            return TransitionCallbackReturn.FAILURE
+        if self.watchdog is not None:
+            self.watchdog.feed()  # a silence while inactive is no reason to stop the first motion
+        self._halt_reason = ""
+        self._state, self._active = "active", True
+        self._serve()  # with autostart, the services appear only now: clients waiting for them wait for the arm
+        self.get_logger().info(
+            f"harness ready on {self.backend.name}: tcp at {np.round(tcp, 3)} m, "
+            f"episode {self.harness.episode_id}, watchdog {'on' if self.watchdog else 'off'}"
+        )
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._state = "deactivating"
+        self._halt("the motion node was deactivated: the arm holds")
+        self._state = "inactive"
+        self.get_logger().warning("deactivated: the arm holds; goals and calls are refused until activate")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._state = "cleaningup"
+        self._release()
+        self._state = "unconfigured"
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._state = "shuttingdown"
+        if self._active:
+            self._halt("the motion node is shutting down: the arm holds")
+        self._release()
+        self._state = "finalized"
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
+        if self._active:
+            self._halt("the motion node failed a transition: the arm holds")
+        self._release()
+        self._state = "unconfigured"
+        return TransitionCallbackReturn.SUCCESS
+
+    def _connect(self) -> None:
         param = self.get_parameter
-        self.profile = resolve_profile(self, param("robot_profile").value)
+        timeout_s = float(param("connect_timeout_s").value)
+        if not timeout_s > 0:
+            raise ValueError(f"connect_timeout_s must be > 0, got {timeout_s}")
+        deadline = time.monotonic() + timeout_s
+        self.profile = resolve_profile(self, param("robot_profile").value, timeout_s=timeout_s)
         self.config = load_config(Path(param("safety_config").value), Path(param("harness_config").value))
         self.backend = Ros2ControlBackend(
             self,
@@ -121,35 +261,142 @@ class MotionNode(Node):
             state_timeout_s=float(param("state_timeout_s").value),
             wrench_max_lag_s=float(param("wrench_max_lag_s").value),
         )
+        missing = self._wait_for_interfaces(deadline)
+        if missing:
+            raise BackendError(
+                f"robot profile '{self.profile.name}': nothing behind {'; '.join(missing)} within {timeout_s:g} s "
+                "(is the arm's bring-up running, with these controllers active?)"
+            )
+        self.backend.wait_for_state(max(deadline - time.monotonic(), 1.0))
         watchdog_s = float(param("watchdog_timeout_s").value) or self.config.safety.watchdog_timeout_s
-        # the node's clock (sim time with the twin): the watchdog and the wall-time budget mean the same at any
-        # real-time factor; ForwardClock ignores the jump back to 0 when the twin resets
-        self.clock = ForwardClock(lambda: self.get_clock().now().nanoseconds * 1e-9)
         self.watchdog = Watchdog(watchdog_s, clock=self.clock) if param("watchdog").value else None
-        self.harness: Harness | None = None
-        self._busy = threading.Lock()
-        self._goal = None  # the MoveTo goal being executed
-        self._last_feedback = 0.0
-        self.receipts = self.create_publisher(CallResultMsg, "/harness/receipts", 50)
-        self.markers = self.create_publisher(MarkerArray, "/captain/markers", 10)
 
-    def connect(self, timeout_s: float = 30.0) -> None:
-        """Wait for the arm's joint states, then start serving (the executor must already spin)."""
-        state = self.backend.wait_for_state(timeout_s)
-        self.harness = Harness(self.backend, self.config, clock=self.clock, watchdog=self.watchdog)
-        self.harness.on_progress = self._feedback
-        self.harness.new_episode(uuid.uuid4().hex)
-        # serve only now: clients that wait for these services wait for a connected arm
-        group = ReentrantCallbackGroup()
+    def required_interfaces(self) -> list[tuple[str, object]]:
+        """(what, check) for every interface the profile names; check() says whether it is there now."""
+        interfaces = self.profile.interfaces
+        topic, service = self.resolve_topic_name, self.resolve_service_name
+
+        def publisher(name: str):
+            return lambda: self.count_publishers(name) > 0
+
+        def subscriber(name: str):
+            return lambda: self.count_subscribers(name) > 0
+
+        def server(name: str):
+            return lambda: self.count_services(name) > 0
+
+        def action(name: str):  # an action server serves its send_goal service (clients only call it)
+            return server(f"{topic(name)}/_action/send_goal")
+
+        joints = topic(interfaces.joint_states_topic)
+        trajectory = topic(interfaces.trajectory_topic)
+        wrench = topic(interfaces.wrench_topic)
+        needed = [
+            (f"{joints} (no joint state publisher)", publisher(joints)),
+            (
+                f"{topic(interfaces.trajectory_action)} (no FollowJointTrajectory server)",
+                action(interfaces.trajectory_action),
+            ),
+            (f"{trajectory} (no trajectory subscriber: the hold/stop path)", subscriber(trajectory)),
+            (f"{wrench} (no wrench publisher: force sensing)", publisher(wrench)),
+        ]
+        gripper = interfaces.gripper
+        if gripper.command == "joint_trajectory":  # the controller's topic next to the action (as grippers.py)
+            fingers = topic(gripper.action.rsplit("/", 1)[0] + "/joint_trajectory")
+            needed.append((f"{fingers} (no gripper trajectory subscriber)", subscriber(fingers)))
+        else:
+            needed.append((f"{topic(gripper.action)} (no {gripper.command} gripper server)", action(gripper.action)))
+        if gripper.grasp_action:
+            needed.append((f"{topic(gripper.grasp_action)} (no grasp server)", action(gripper.grasp_action)))
+        if gripper.joint_states_topic:
+            finger_states = topic(gripper.joint_states_topic)
+            needed.append((f"{finger_states} (no gripper joint state publisher)", publisher(finger_states)))
+        if interfaces.speed_scaling_topic:
+            scaling = topic(interfaces.speed_scaling_topic)
+            needed.append((f"{scaling} (no speed scaling publisher)", publisher(scaling)))
+        if interfaces.force_reflex is not None:
+            reflex = service(interfaces.force_reflex.parameter_service)
+            needed.append((f"{reflex} (no force reflex parameter service)", server(reflex)))
+        return needed
+
+    def _wait_for_interfaces(self, deadline: float) -> list[str]:
+        """Poll the ROS graph (discovery takes a moment) until every interface is there; returns those missing."""
+        needed = self.required_interfaces()
+        while True:
+            missing = [what for what, there in needed if not there()]
+            if not missing or time.monotonic() > deadline:
+                return missing
+            time.sleep(0.1)
+
+    def _halt(self, reason: str) -> None:
+        """Refuse goals and calls, stop the running motion (if any) and hold the arm. Does not wait on the call
+        queue: the stop is asked for again every few milliseconds until the running call has ended (a call that
+        was just starting clears stop requests made before its motion began)."""
+        self._active, self._halt_reason = False, reason
+        deadline = time.monotonic() + HALT_WAIT_S
+        while not self._busy.acquire(timeout=0.02):
+            if self.harness is not None:
+                self.harness.stop_signal.request(StopReason.SAFETY_STOP)
+            if time.monotonic() > deadline:
+                self.get_logger().error(f"the running call did not end within {HALT_WAIT_S:g} s of the stop")
+                break
+        else:
+            self._busy.release()
+        if self.backend is None:
+            return
+        try:
+            self.backend.hold()
+        except BackendError as exc:
+            self.get_logger().error(f"{reason}, but the hold failed: {exc}")
+
+    def _release(self) -> None:
+        """Let go of the arm: no harness, no backend (its node and thread end)."""
+        self._active = False
+        self.harness = None
+        backend, self.backend = self.backend, None
+        if backend is not None:
+            backend.close()
+
+    def refusal(self) -> str:
+        """Why goals and calls are refused now ('' = they are accepted)."""
+        if self._active:
+            return ""
+        return (
+            f"motion node is {self._state}: activate it "
+            f"(ros2 lifecycle set {self.get_fully_qualified_name()} {'activate' if self.backend else 'configure'})"
+        )
+
+    def _refused(
+        self, capability: str, reason: str, call_id: str = "", category: FailureCategory = FailureCategory.SAFETY_STOP
+    ) -> CallResult:
+        """A call or goal refused before it reached the harness (nothing moved): published and logged like any
+        result. While the node is not active the arm holds (safety_stop, as for the stop service)."""
+        result = CallResult.fail(capability, category, reason)
+        if call_id:
+            result.call_id = call_id
+        if self.harness is not None:
+            result.episode_id = self.harness.episode_id
+        self.receipts.publish(call_result_to_msg(result, time.time()))
+        self.get_logger().warning(f"{capability} refused: {reason}")
+        return result
+
+    def _serve(self) -> None:
+        """Create the harness services and the MoveTo action (once)."""
+        if self._serving:
+            return
+        self._serving = True
         calls = MutuallyExclusiveCallbackGroup()  # waiting calls queue in the middleware, not in threads
+        safety = ReentrantCallbackGroup()  # stop, resume, new episode, gate
+        motion = ReentrantCallbackGroup()  # MoveTo goals, cancels and the running goal
+        states = ReentrantCallbackGroup()  # heartbeat and receipts
         self.create_service(HarnessCall, "/harness/call", self._on_call, callback_group=calls)
-        self.create_service(Trigger, "/harness/stop", self._on_stop, callback_group=group)
-        self.create_service(Trigger, "/harness/resume", self._on_resume, callback_group=group)
-        self.create_service(Trigger, "/harness/new_episode", self._on_new_episode, callback_group=group)
-        self.create_service(Trigger, "/harness/gate", self._on_gate, callback_group=group)
-        self.create_subscription(Empty, "/agent/heartbeat", self._on_heartbeat, 10, callback_group=group)
+        self.create_service(Trigger, "/harness/stop", self._on_stop, callback_group=safety)
+        self.create_service(Trigger, "/harness/resume", self._on_resume, callback_group=safety)
+        self.create_service(Trigger, "/harness/new_episode", self._on_new_episode, callback_group=safety)
+        self.create_service(Trigger, "/harness/gate", self._on_gate, callback_group=safety)
+        self.create_subscription(Empty, "/agent/heartbeat", self._on_heartbeat, 10, callback_group=states)
         # perception runs in the perception node: its results count as verification for the completion gate
-        self.create_subscription(CallResultMsg, "/harness/receipts", self._on_receipt, 50, callback_group=group)
+        self.create_subscription(CallResultMsg, "/harness/receipts", self._on_receipt, 50, callback_group=states)
         self._action = ActionServer(
             self,
             MoveTo,
@@ -157,30 +404,36 @@ class MotionNode(Node):
             execute_callback=self._execute_move_to,
             goal_callback=self._on_goal,
             cancel_callback=self._on_cancel,
-            callback_group=group,
-        )
-        self.get_logger().info(
-            f"harness ready on {self.backend.name}: tcp at {np.round(self.harness.kin.forward(state.q_rad)[0], 3)} m, "
-            f"episode {self.harness.episode_id}, watchdog {'on' if self.watchdog else 'off'}"
+            callback_group=motion,
         )
 
     # ------------------------------------------------------------------------------ calls
     def run(self, capability: str, kwargs: dict, call_id: str = "") -> CallResult:
         """One harness call, serialized with all others; published on the receipts topic."""
+        refusal = self.refusal()
+        if refusal:
+            return self._refused(capability, refusal, call_id)
+        harness = self.harness
         if not self._busy.acquire(timeout=120.0):
             result = CallResult.fail(capability, FailureCategory.TIMEOUT, "another call held the arm for 120 s")
         else:
             try:
+                refusal = self.refusal()  # deactivated while this call waited for the arm
+                if refusal:
+                    return self._refused(capability, refusal, call_id)
                 if self.watchdog is not None:
                     self.watchdog.feed()
-                result = self.harness.call(capability, **kwargs)
+                harness = self.harness  # cleanup may drop it once the arm is free: _show uses this one
+                result = harness.call(capability, **kwargs)
             finally:
                 self._busy.release()
+        if self._halt_reason and result.failure_category is FailureCategory.SAFETY_STOP:
+            result.message = f"{result.message} ({self._halt_reason})"
         if call_id:
             result.call_id = call_id
         self.receipts.publish(call_result_to_msg(result, time.time()))
         if result.executed and isinstance(result.value, dict) and "motion_id" in result.value:
-            self._show(result)
+            self._show(result, harness)
         text = result.receipt or f"{capability}: {result.failure_category.value}: {result.message}"
         if result.success:  # rclpy forbids one logging call site from changing severity
             self.get_logger().info(text)
@@ -188,12 +441,12 @@ class MotionNode(Node):
             self.get_logger().warning(text)
         return result
 
-    def _show(self, result: CallResult) -> None:
+    def _show(self, result: CallResult, harness: Harness) -> None:
         """The executed TCP path of a motion in rviz (/captain/markers, namespace 'motions'): green when it
         reached its target, orange when it stopped early."""
-        record = self.harness.motions[result.value["motion_id"] - 1]
+        record = harness.motions[result.value["motion_id"] - 1]
         line = Marker(ns="motions", id=record.motion_id, type=Marker.LINE_STRIP, action=Marker.ADD)
-        line.header.frame_id = self.profile.base_frame
+        line.header.frame_id = harness.profile.base_frame
         line.points = [
             Point(x=float(r.tcp_m[0]), y=float(r.tcp_m[1]), z=float(r.tcp_m[2])) for r in record.outcome.trace
         ]
@@ -210,7 +463,9 @@ class MotionNode(Node):
                 raise ValueError(f"args_json must be a JSON object, got {type(kwargs).__name__}")
         except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
             result = CallResult.fail(request.capability, FailureCategory.INVALID_ARGUMENT, f"bad args_json: {exc}")
-            result.call_id, result.episode_id = request.call_id or result.call_id, self.harness.episode_id
+            result.call_id = request.call_id or result.call_id
+            harness = self.harness
+            result.episode_id = harness.episode_id if harness is not None else ""
             self.receipts.publish(call_result_to_msg(result, time.time()))
         else:
             result = self.run(request.capability, kwargs, request.call_id)
@@ -220,16 +475,20 @@ class MotionNode(Node):
     # ------------------------------------------------------------------------------ MoveTo action
     def _execute_move_to(self, goal_handle) -> MoveTo.Result:
         try:
-            kwargs = move_to_kwargs(goal_handle.request, self.profile.base_frame)
-        except ValueError as exc:
-            result = CallResult.fail("move_to", FailureCategory.INVALID_ARGUMENT, str(exc))
-            self.receipts.publish(call_result_to_msg(result, time.time()))
-        else:
-            self._goal = goal_handle
             try:
-                result = self.run("move_to", kwargs, goal_handle.request.call_id)
-            finally:
-                self._goal = None
+                kwargs = move_to_kwargs(goal_handle.request, self.profile.base_frame if self.profile else "")
+            except ValueError as exc:
+                result = CallResult.fail("move_to", FailureCategory.INVALID_ARGUMENT, str(exc))
+                self.receipts.publish(call_result_to_msg(result, time.time()))
+            else:
+                self._goal = goal_handle
+                try:
+                    result = self.run("move_to", kwargs, goal_handle.request.call_id)
+                finally:
+                    self._goal = None
+        finally:
+            with self._goal_lock:
+                self._goal_reserved = ""
         if result.success:
             goal_handle.succeed()
         elif result.failure_category is FailureCategory.CANCELED and goal_handle.is_cancel_requested:
@@ -238,16 +497,30 @@ class MotionNode(Node):
             goal_handle.abort()
         return MoveTo.Result(result=call_result_to_msg(result, time.time()))
 
-    def _on_goal(self, _goal) -> GoalResponse:
-        """One motion at a time: a goal that arrives while one runs is rejected, not queued in a thread."""
-        if self._goal is not None or self._busy.locked():
-            self.get_logger().warning("MoveTo goal rejected: the arm is busy with another call")
-            return GoalResponse.REJECT
-        return GoalResponse.ACCEPT
+    def _on_goal(self, goal: MoveTo.Goal) -> GoalResponse:
+        """One motion at a time: a goal that arrives while one runs is rejected, not queued in a thread. The
+        action protocol's reply carries no reason: it goes to the log and the receipts topic (goal's call_id)."""
+        reason, category = self.refusal(), FailureCategory.SAFETY_STOP
+        if not reason:
+            category = FailureCategory.INVALID_ARGUMENT  # one goal at a time: this one was sent too early
+            with self._goal_lock:
+                if self._goal_reserved:
+                    reason = (
+                        f"another MoveTo goal (call_id {self._goal_reserved}) is running: wait for its result "
+                        "or cancel it"
+                    )
+                elif self._busy.locked():
+                    reason = "a harness call holds the arm: send the goal when it has finished"
+                else:
+                    self._goal_reserved = goal.call_id or "-"
+                    return GoalResponse.ACCEPT
+        self._refused("move_to", f"MoveTo goal rejected: {reason}", goal.call_id, category)
+        return GoalResponse.REJECT
 
     def _on_cancel(self, goal_handle) -> CancelResponse:
-        if self._goal is goal_handle:
-            self.harness.cancel()
+        harness = self.harness
+        if self._goal is goal_handle and harness is not None:
+            harness.cancel()
         return CancelResponse.ACCEPT
 
     def _feedback(self, progress: MotionProgress) -> None:
@@ -259,26 +532,44 @@ class MotionNode(Node):
 
     # ------------------------------------------------------------------------------ safety services
     def _on_stop(self, _request, response: Trigger.Response) -> Trigger.Response:
-        self.harness.stop()  # the running motion holds at its next control period
+        """Accepted in every state where this node commands the arm (a stop latched while inactive still holds
+        after activation); unconfigured, it commands no arm and says so."""
+        harness, backend = self.harness, self.backend
+        if backend is None:
+            response.success, response.message = False, f"{self.refusal()}: this node commands no arm"
+            return response
+        if harness is not None:
+            harness.stop()  # the running motion holds at its next control period
         if not self._busy.locked():
             try:
-                self.backend.hold()
+                backend.hold()
             except BackendError as exc:
                 response.success, response.message = False, f"stop requested but hold failed: {exc}"
                 return response
+        if harness is None:  # configured, never activated: nothing to latch, nothing moves until activation
+            response.success, response.message = True, "stopped: the arm holds (the node is not active)"
+            return response
         self.get_logger().warning("STOP: motions refused until /harness/resume")
         response.success, response.message = True, "stopped: the arm holds; call /harness/resume to continue"
         return response
 
     def _on_resume(self, _request, response: Trigger.Response) -> Trigger.Response:
-        self.harness.resume()
+        harness = self.harness
+        if harness is None:
+            response.success, response.message = False, self.refusal() or "no harness"
+            return response
+        harness.resume()
         self.get_logger().info("resumed: motions accepted")
-        response.success, response.message = True, "resumed"
+        response.success, response.message = True, "resumed" + (f"; but {self.refusal()}" if self.refusal() else "")
         return response
 
     def _on_gate(self, _request, response: Trigger.Response) -> Trigger.Response:
+        refusal, harness = self.refusal(), self.harness
+        if refusal or harness is None:
+            response.success, response.message = False, refusal or "no harness"
+            return response
         try:
-            objections = self.harness.gate_objections()
+            objections = harness.gate_objections()
         except BackendError as exc:
             response.success, response.message = False, f"the gate cannot judge: {exc}"
             return response
@@ -287,32 +578,40 @@ class MotionNode(Node):
         return response
 
     def _on_new_episode(self, _request, response: Trigger.Response) -> Trigger.Response:
+        if self.refusal():
+            response.success, response.message = False, self.refusal()
+            return response
         if not self._busy.acquire(timeout=5.0):
             response.success, response.message = False, "a call is running; try again when it has finished"
             return response
         try:
+            refusal = self.refusal()
+            if refusal:
+                response.success, response.message = False, refusal
+                return response
             self.harness.new_episode(uuid.uuid4().hex)
+            response.success, response.message = True, self.harness.episode_id
         finally:
             self._busy.release()
-        response.success, response.message = True, self.harness.episode_id
         return response
 
     def _on_receipt(self, msg: CallResultMsg) -> None:
-        if hasattr(self.harness.perception, f"_{msg.capability}"):  # never our own (motion) results
-            self.harness.note_external_call(msg.capability, msg.success)
-
-    def destroy_node(self) -> None:
-        self.backend.close()
-        super().destroy_node()
+        harness = self.harness
+        if harness is not None and hasattr(harness.perception, f"_{msg.capability}"):  # never our own results
+            harness.note_external_call(msg.capability, msg.success)
 
     def _on_heartbeat(self, _msg: Empty) -> None:
         if self.watchdog is not None:
             self.watchdog.feed()
 
+    def destroy_node(self) -> None:
+        self._release()
+        super().destroy_node()
+
 
 def main(args: list[str] | None = None) -> None:
-    """Spin in this thread and connect to the arm from a helper thread (connect waits on topics the
-    executor serves, then starts the services).
+    """Spin in this thread; with `autostart`, configure and activate from a helper thread (the transitions wait
+    for the arm while the executor serves the node).
 
     The thread that spun is the one that shuts down, so no thread still waits on the node while the
     executor and the node go away (a spinner thread of its own made Ctrl-C crash the process now and
@@ -325,21 +624,26 @@ def main(args: list[str] | None = None) -> None:
     rclpy.init(args=args)
     node: MotionNode | None = None
     executor: MultiThreadedExecutor | None = None
-    failed: list[BackendError] = []
+    failed: list[str] = []
     try:
         node = MotionNode()
-        executor = MultiThreadedExecutor(num_threads=4)
+        # threads for: a running MoveTo, a queued call, a lifecycle transition, stop/cancel, heartbeat, receipts
+        executor = MultiThreadedExecutor(num_threads=8)
         executor.add_node(node)
 
-        def connect(node: MotionNode = node) -> None:
-            try:
-                node.connect()
-            except BackendError as exc:
-                node.get_logger().fatal(str(exc))
-                failed.append(exc)
+        def start_up(node: MotionNode = node) -> None:
+            failure = node.start_up()
+            if failure:
+                node.get_logger().fatal(failure)
+                failed.append(failure)
                 rclpy.try_shutdown()  # ends the spin below
 
-        threading.Thread(target=connect, name="connect", daemon=True).start()
+        if node.autostart:
+            threading.Thread(target=start_up, name="start_up", daemon=True).start()
+        else:
+            node.get_logger().info(
+                f"unconfigured (autostart:=false): ros2 lifecycle set {node.get_fully_qualified_name()} configure"
+            )
         spin_until_shutdown(executor)
         if failed:
             raise SystemExit(1)
