@@ -103,10 +103,12 @@ def test_packed_loss_and_gradients_equal_the_examples_run_one_by_one(examples, a
     loss_single, grads_single = loss_and_grads(model, singles, config, denominator)
     assert loss_packed == pytest.approx(loss_single, rel=1e-5)
     assert_grads_close(grads_packed, grads_single)
-    # without the block mask the documents would see each other: the loss changes
+    # without the block mask the documents would see each other: the loss changes, by far more than the packed
+    # and one-by-one losses differ (fp32 summation order)
     leaky = [{**packed[0], "attention_mask": torch.zeros_like(packed[0]["attention_mask"]).triu(1) * -1e9}]
     if attention == "mask":
-        assert abs(loss_and_grads(model, leaky, config)[0] - loss_packed) > 1e-3
+        noise = abs(loss_packed - loss_single)
+        assert abs(loss_and_grads(model, leaky, config)[0] - loss_packed) > max(100 * noise, 1e-5 * loss_packed)
 
 
 # ------------------------------------------------------------------------------------------------ normalisation

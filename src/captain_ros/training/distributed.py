@@ -31,7 +31,6 @@ from __future__ import annotations
 import functools
 import io
 import os
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import timedelta
@@ -46,10 +45,10 @@ from training.sft import (
     SFTConfig,
     SFTResult,
     TrainState,
-    batch_index,
     make_optimizer,
     micro_batch_loss,
     rng_state,
+    run_steps,
     selected_logits,
     set_rng_state,
     token_denominator,
@@ -304,8 +303,6 @@ def train_sft_fsdp(
     sharded in place, every rank gets the same `batches` and runs its slice of each step. Returns the sharded
     model, the data position and (on rank 0; empty elsewhere) the per-step metrics, which equal train_sft's on
     the same batches up to fp32 summation order."""
-    from tqdm import tqdm
-
     if not dist.is_initialized():
         raise RuntimeError("train_sft_fsdp runs inside a process group: call init_distributed() under torchrun")
     if not batches:
@@ -323,26 +320,12 @@ def train_sft_fsdp(
     state = TrainState()
     if resume_from is not None:
         state = load_checkpoint(resume_from, model, optimizer, scheduler)
-    checkpoint = Path(config.checkpoint_dir) / "checkpoint.pt" if config.checkpoint_dir else None
-    metrics = []
-    t0 = time.perf_counter()
-    show = config.progress and main
-    bar = tqdm(total=config.max_steps, initial=state.step, disable=not show, desc="sft-fsdp", unit="step")
-    while state.step < config.max_steps:
-        positions = range(state.position, state.position + config.grad_accum_steps)
-        micro = [batches[batch_index(p, len(batches), config)] for p in positions]
-        row = fsdp_sft_step(model, optimizer, scheduler, micro, config)
-        state.step += 1
-        state.position += config.grad_accum_steps
-        row = {"step": state.step, **row, "elapsed_s": time.perf_counter() - t0}
-        if main:
-            metrics.append(row)
-        bar.update(1)
-        bar.set_postfix(loss=f"{row['loss']:.4f}", tokens=row["tokens"], lr=f"{row['lr']:.2e}")
-        every = config.checkpoint_every_steps
-        if checkpoint is not None and ((every and state.step % every == 0) or state.step == config.max_steps):
-            save_checkpoint(checkpoint, model, optimizer, scheduler, state=state, config=config)
-    bar.close()
+    metrics = run_steps(
+        model, optimizer, scheduler, state, batches=batches, config=config,
+        step_fn=fsdp_sft_step, save_fn=save_checkpoint, show=main, desc="sft-fsdp",
+    )  # fmt: skip
+    if not main:
+        metrics = []  # rank 0 reports
     return SFTResult(model, state, metrics)
 
 

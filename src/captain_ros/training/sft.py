@@ -256,8 +256,6 @@ def train_sft(
     config.grad_accum_steps per step, cycling through `batches` in seeded epochs. Resumes exactly from a
     checkpoint of this function. Returns the (possibly LoRA-wrapped) model, the data position and per-step metrics
     (step, loss, tokens, lr, grad_norm, micro_batches, elapsed_s)."""
-    from tqdm import tqdm
-
     if not batches:
         raise ValueError("no micro-batches to train on")
     torch.manual_seed(config.seed)
@@ -269,14 +267,41 @@ def train_sft(
     state = TrainState()
     if resume_from is not None:
         state = load_checkpoint(resume_from, model, optimizer, scheduler)
+    metrics = run_steps(
+        model, optimizer, scheduler, state, batches=batches, config=config, step_fn=sft_step, save_fn=save_checkpoint
+    )
+    return SFTResult(model, state, metrics)
+
+
+def run_steps(
+    model: Any,
+    optimizer: Any,
+    scheduler: Any,
+    state: TrainState,
+    *,
+    batches: Sequence[dict],
+    config: SFTConfig,
+    step_fn: Any,
+    save_fn: Any,
+    show: bool = True,
+    desc: str = "sft",
+) -> list[dict]:
+    """The SFT loop from `state` to config.max_steps (single process and FSDP2 alike): config.grad_accum_steps
+    micro-batches per `step_fn` in the seeded epoch order of `batch_index`, a progress bar when `show`, and a
+    `save_fn` checkpoint every config.checkpoint_every_steps and at the end (when config.checkpoint_dir is set).
+    Advances `state` in place; returns the per-step metrics."""
+    from tqdm import tqdm
+
     checkpoint = Path(config.checkpoint_dir) / "checkpoint.pt" if config.checkpoint_dir else None
     metrics = []
     t0 = time.perf_counter()
-    bar = tqdm(total=config.max_steps, initial=state.step, disable=not config.progress, desc="sft", unit="step")
+    bar = tqdm(
+        total=config.max_steps, initial=state.step, disable=not (config.progress and show), desc=desc, unit="step"
+    )
     while state.step < config.max_steps:
         positions = range(state.position, state.position + config.grad_accum_steps)
         micro = [batches[batch_index(p, len(batches), config)] for p in positions]
-        row = sft_step(model, optimizer, scheduler, micro, config)
+        row = step_fn(model, optimizer, scheduler, micro, config)
         state.step += 1
         state.position += config.grad_accum_steps
         row = {"step": state.step, **row, "elapsed_s": time.perf_counter() - t0}
@@ -285,6 +310,6 @@ def train_sft(
         bar.set_postfix(loss=f"{row['loss']:.4f}", tokens=row["tokens"], lr=f"{row['lr']:.2e}")
         every = config.checkpoint_every_steps
         if checkpoint is not None and ((every and state.step % every == 0) or state.step == config.max_steps):
-            save_checkpoint(checkpoint, model, optimizer, scheduler, state=state, config=config)
+            save_fn(checkpoint, model, optimizer, scheduler, state=state, config=config)
     bar.close()
-    return SFTResult(model, state, metrics)
+    return metrics

@@ -97,7 +97,7 @@ def test_task_md_carries_instruction_tolerances_budgets_frames_and_every_capabil
     doc = task_md("put the red cube in the black bowl", ["the red cube is inside the black bowl: 5 mm"], budgets)
     assert "## Instruction\nput the red cube in the black bowl" in doc
     assert "inside the black bowl: 5 mm" in doc and "60 requests, 150 physical actions" in doc
-    assert "`base` (panda_link0)" in doc
+    assert "`base` (the arm's base link)" in doc
     for capability in CAPABILITIES:
         assert f"{capability.name}(" in api_reference()
     assert "`robot.move_to(pose, gripper, *, mode='guarded'" in doc and "• :" not in doc
