@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import rclpy
+from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import String
@@ -31,12 +32,15 @@ def resolve_profile(node: Node, name_or_path: str, timeout_s: float = 30.0) -> r
         f"{node.get_name()}_description_reader", context=node.context, start_parameter_services=False
     )
     received: list[str] = []
+    executor = SingleThreadedExecutor(context=node.context)
     try:
         reader.create_subscription(String, topic, lambda msg: received.append(msg.data), LATCHED)
+        executor.add_node(reader)
         deadline = time.monotonic() + timeout_s
         while not received and time.monotonic() < deadline:
-            rclpy.spin_once(reader, timeout_sec=min(0.1, max(deadline - time.monotonic(), 0.0)))
+            executor.spin_once(timeout_sec=min(0.1, max(deadline - time.monotonic(), 0.0)))
     finally:
+        executor.shutdown()
         reader.destroy_node()
     if not received:
         raise robot.ProfileError(
