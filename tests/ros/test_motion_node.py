@@ -117,7 +117,12 @@ def _run(move: SpunActionClient, goal: MoveTo.Goal, cancel_when_under_way: bool 
 def test_autostart_configures_and_activates_the_lifecycle_node(agent):
     get_state = agent.node.create_client(GetState, "/motion/get_state")
     assert get_state.wait_for_service(timeout_sec=20)
-    assert result_of(get_state.call_async(GetState.Request()), 10).current_state.id == State.PRIMARY_STATE_ACTIVE
+
+    def state() -> int:
+        return result_of(get_state.call_async(GetState.Request()), 10).current_state.id
+
+    # the harness services appear while the node is still `activating`: it becomes active right after
+    wait_for(lambda: state() == State.PRIMARY_STATE_ACTIVE, 60, "the motion node to become active")
 
 
 def test_calls_return_results_and_every_receipt_is_published(agent):

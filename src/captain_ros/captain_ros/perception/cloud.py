@@ -47,6 +47,8 @@ def fit_table(points: np.ndarray, max_tilt_deg: float = 15.0, seed: int = 0) -> 
     o3d.utility.random.seed(seed)
     cloud = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(sample))
     for _ in range(3):
+        if len(cloud.points) < 100:  # what is left after the planes removed so far is no table
+            break
         (a, b, c, d), inliers = cloud.segment_plane(distance_threshold=0.004, ransac_n=3, num_iterations=200)
         normal = np.array([a, b, c])
         if normal[2] < 0:
