@@ -155,3 +155,22 @@ def test_wide_lighting_reaches_the_renderer():
             key = twin.model.light("key").id
             want = np.asarray(make_layout(twin.task, StartId.parse(start)).key_light_dir)
             np.testing.assert_allclose(twin.data.light_xdir[key], want / np.linalg.norm(want), atol=1e-9)
+
+
+def test_a_twin_nobody_closed_does_not_break_another_twins_images_when_it_is_collected():
+    """GL objects are per context: a rig collected while another rig's context is current must free its own
+    (it once deleted the other's framebuffers, whose next depth image lost the table: seen only in full runs)."""
+    import gc
+
+    start = f"{TASK}/official/0"
+    left_open, kept = Twin(TASK), Twin(TASK)
+    left_open.reset(start)
+    kept.reset(start)
+    left_open.observe(("head",))
+    before = kept.observe(("head",))["head"]  # the kept twin's context is the current one
+    del left_open
+    gc.collect()
+    after = kept.observe(("head",))["head"]
+    np.testing.assert_array_equal(after.depth_m, before.depth_m)
+    np.testing.assert_array_equal(after.rgb, before.rgb)
+    kept.close()

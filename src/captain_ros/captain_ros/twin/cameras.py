@@ -8,6 +8,7 @@ Depth is z-depth in metres along the optical axis (as sensor_msgs/Image 32FC1 de
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -110,10 +111,19 @@ class CameraRig:
         return np.where((segid >= 0) & (segid < self._scene.ngeom), body_of_segid[np.clip(segid, 0, None)], -1)
 
     def close(self) -> None:
+        """Free the GL resources IN THIS RIG'S CONTEXT. GL object names are per context: freeing an MjrContext
+        while another rig's context is current deletes that rig's framebuffers instead, and its next render
+        reads garbage depth (seen as a table that vanished from a head-camera cloud, in the full test run
+        only: when a twin nobody closed was garbage-collected mid-test). Also run when the rig is collected."""
         if self._gl is not None:
+            self._gl.make_current()
             self._context.free()
             self._gl.free()
             self._gl = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown: GL may be gone already
+            self.close()
 
     def __enter__(self) -> CameraRig:
         return self
