@@ -116,7 +116,10 @@ class CameraRig:
         reads garbage depth (seen as a table that vanished from a head-camera cloud, in the full test run
         only: when a twin nobody closed was garbage-collected mid-test). Also run when the rig is collected."""
         if self._gl is not None:
-            self._gl.make_current()
+            # a context still current in the thread that rendered cannot be made current here (EGL_BAD_ACCESS:
+            # twin_node closes a twin from another thread than its simulation's); it is then freed as it is
+            with contextlib.suppress(Exception):
+                self._gl.make_current()
             self._context.free()
             self._gl.free()
             self._gl = None
