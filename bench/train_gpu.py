@@ -47,6 +47,7 @@ lm_head and the loss on every token: equal work, no shortcut from prompt tokens)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import itertools
 import math
@@ -324,12 +325,30 @@ def write_profiles(model, runs, rows, device, path: Path) -> None:
 
 def setup_and_device(args: argparse.Namespace) -> tuple[Setup, torch.device]:
     s = SMOKE if args.smoke else Setup()
-    if args.no_compile:
-        s = Setup(**{**s.__dict__, "compile": False})
+    changes = {"compile": False} if args.no_compile else {}
+    if args.no_profile:
+        changes["profile"] = False
+    for name in ("plain_batches", "fast_batches"):
+        if getattr(args, name):
+            changes[name] = tuple(int(b) for b in getattr(args, name).split(","))
+    s = Setup(**{**s.__dict__, **changes})
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     if device.type != "cuda" and not args.smoke:
         sys.exit("the measurement needs a CUDA GPU; use --smoke for a CPU check")
     return s, device
+
+
+def fast_overrides(text: str) -> dict:
+    """'key=value,...' -> FastConfig keyword arguments, each value parsed as its field's type."""
+    fields = {f.name: f.type for f in dataclasses.fields(fast.FastConfig)}
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        if key not in fields:
+            raise SystemExit(f"--fast-config: unknown FastConfig field {key!r} (fields: {', '.join(fields)})")
+        kind = {"int": int, "float": float, "bool": lambda v: v.lower() in ("1", "true", "yes")}.get(fields[key], str)
+        out[key] = kind(value)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ main
@@ -343,6 +362,14 @@ def main() -> None:
         help=f"comma-separated fast variants, of {', '.join([*EAGER_VARIANTS, *COMPILED_VARIANTS])}",
     )
     parser.add_argument("--copy-to", default="", help="also copy the results and profile here (e.g. $OUT)")
+    parser.add_argument(
+        "--fast-config",
+        default="",
+        help="FastConfig overrides for every fast variant, e.g. 'bucket_min_fill=0.9,chunk_tokens=16384'",
+    )
+    parser.add_argument("--plain-batches", default="", help="comma-separated plain batch sizes (default: the sweep)")
+    parser.add_argument("--fast-batches", default="", help="comma-separated fast batch sizes (default: the sweep)")
+    parser.add_argument("--no-profile", action="store_true", help="skip the profiled steps")
     args = parser.parse_args()
     args.variants = set(args.variants.split(","))
 
@@ -372,7 +399,10 @@ def main() -> None:
 
         return make
 
-    configs = {name: fast.FastConfig(attention=a) for name, a in EAGER_VARIANTS.items() if name in args.variants}
+    overrides = fast_overrides(args.fast_config)
+    configs = {
+        name: fast.FastConfig(attention=a, **overrides) for name, a in EAGER_VARIANTS.items() if name in args.variants
+    }
     results = {
         "plain_packed": sweep(
             "plain packed", plain_maker(True), s.plain_batches, rows, s=s, device=device, pad_id=pad_id
@@ -391,7 +421,9 @@ def main() -> None:
             if name not in args.variants or not runs:
                 continue
             best_b = max(runs, key=lambda b, runs=runs: runs[b][0])
-            configs[name] = fast.FastConfig(attention=configs[eager].attention, compile=True, compile_norms=norms)
+            configs[name] = fast.FastConfig(
+                attention=configs[eager].attention, compile=True, compile_norms=norms, **overrides
+            )
             results[f"fast_{name}"] = sweep(
                 f"fast {name}", fast_maker(configs[name]), (best_b,), rows, s=s, device=device, pad_id=pad_id
             )
@@ -464,7 +496,13 @@ def main() -> None:
     gate_ok = logprob_max <= floor_max
     print(f"\nnumerical gate (CaPtain App. F): {'PASS' if gate_ok else 'FAIL'}  ({fast_name} vs {plain_name})")
     extra = {
-        "setup": {**s.__dict__, "n_params": n_params, "documents": len(docs), "s_eff_packed": fpt_packed},
+        "setup": {
+            **s.__dict__,
+            "fast_config_overrides": overrides,
+            "n_params": n_params,
+            "documents": len(docs),
+            "s_eff_packed": fpt_packed,
+        },
         "fast_variant": fast_name,
         "fast_batch": fast_b,
         "plain_variant": plain_name,

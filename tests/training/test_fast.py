@@ -202,8 +202,12 @@ def test_fast_token_logprobs_equal_model_logits(model):
     assert torch.isnan(got[1, 30:]).all()  # padding carries no target
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "bucketed"])
-def test_fast_loss_and_gradients_equal_sft_reference(model, attention):
+@pytest.mark.parametrize(
+    ("attention", "fused"),
+    [("sdpa", True), ("bucketed", True), ("bucketed", False)],
+    ids=["sdpa", "bucketed", "unfused"],
+)
+def test_fast_loss_and_gradients_equal_sft_reference(model, attention, fused):
     """fast_micro_batch_loss == training.sft.micro_batch_loss (4D block-causal mask path) on a packed batch with
     weights 1 / 0.5 / 0 and a global denominator of two micro-batches: loss and every parameter's gradient."""
     batch = packed_batch()
@@ -215,7 +219,8 @@ def test_fast_loss_and_gradients_equal_sft_reference(model, attention):
     ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
 
     model.zero_grad(set_to_none=True)
-    loss = fast.fast_micro_batch_loss(model, batch, denominator, fast.FastConfig(chunk_tokens=13, attention=attention))
+    config = fast.FastConfig(chunk_tokens=13, attention=attention, fuse_qkv=fused, fuse_gate_up=fused)
+    loss = fast.fast_micro_batch_loss(model, batch, denominator, config)
     loss.backward()
     assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
     for name, p in model.named_parameters():
