@@ -566,3 +566,8 @@ def test_cli_sft_then_rl_on_the_expert_store(recorded, tmp_path, capsys):
     assert main(["rl", *common, "--out", str(tmp_path / "rl"), "--group-size", "2"]) == 0
     err = capsys.readouterr().err
     assert "dropped 4 episodes as untrainable" in err and "no prompt_token_ids recorded" in err
+    # an --out that holds an earlier run's checkpoint is refused unless --resume says to continue it
+    (tmp_path / "rl").mkdir(exist_ok=True)  # this run stepped nowhere, so it wrote no checkpoint of its own
+    (tmp_path / "rl" / "rl_checkpoint.pt").write_bytes(b"an earlier run")
+    with pytest.raises(SystemExit, match="pass --resume to continue it"):
+        main(["rl", *common, "--out", str(tmp_path / "rl"), "--group-size", "2"])
