@@ -3,7 +3,8 @@
 twin_node runs in its own process. The ros2_control backend reads its wrench through a relay, in a process of
 its own too (tests/ros/wrench_relay.py), that passes the twin's /wrist_ft_sensor/wrench on, or falls silent,
 stamps it late, or changes its frame: the ways a real force/torque topic goes missing, stalls or is
-misconfigured."""
+misconfigured. This process also republishes it as two vendors publish theirs (VendorWrench): in a frame only
+/tf knows (UR's tool0_controller), and best effort (Franka's franka_robot_state_broadcaster)."""
 
 from __future__ import annotations
 
@@ -17,13 +18,19 @@ import pytest
 from diagnostic_msgs.msg import DiagnosticArray
 from geometry_msgs.msg import WrenchStamped
 from rcl_interfaces.srv import SetParameters
+from rclpy.qos import QoSProfile, ReliabilityPolicy
+from scipy.spatial.transform import Rotation
+from sensor_msgs.msg import JointState
+from tf2_msgs.msg import TFMessage
 
 from captain_interfaces.srv import ResetEpisode
 from captain_ros.core import robot
 from captain_ros.core.config import load_config
 from captain_ros.core.contract import FailureCategory
 from captain_ros.core.kinematics import Kinematics
+from captain_ros.core.wrench import change_frame
 from captain_ros.harness.harness import Harness
+from captain_ros.ros.frames import transform_msg
 
 from .helpers import (
     LOADED_MACHINE_STATE_TIMEOUT_S,
@@ -130,7 +137,13 @@ def rig(twin_node_process, relay_process, client_node, kinematics):
         raise RuntimeError("twin_node did not come up:\n" + "".join(lines))
     relay, reflex = Relay(client_node), Reflex(client_node)
 
-    def harness(*, wrench_topic: str = RELAYED, reflex_configured: bool = True, force_ok: bool = True) -> Harness:
+    def harness(
+        *,
+        wrench_topic: str = RELAYED,
+        reflex_configured: bool = True,
+        force_ok: bool = True,
+        wrench_qos: str = "reliable",
+    ) -> Harness:
         """A new episode (the twin reset to its start) and a harness on it (waiting for usable force data
         unless `force_ok` is False)."""
         assert result_of(reset.call_async(ResetEpisode.Request(task=TASK, start_id=START)), 30).success
@@ -139,6 +152,7 @@ def rig(twin_node_process, relay_process, client_node, kinematics):
             profile.interfaces,
             wrench_topic=wrench_topic,
             force_reflex=profile.interfaces.force_reflex if reflex_configured else None,
+            wrench_qos=wrench_qos,
         )
         backend = Ros2ControlBackend(
             client_node,
@@ -193,7 +207,13 @@ def test_force_sensing_lost_mid_motion_stops_the_arm(rig):
     np.testing.assert_allclose(harness.backend.commanded()[1], 0.0, atol=1e-12)  # held
 
 
-@pytest.mark.parametrize(("mode", "words"), [("late", "stale force data"), ("unknown_frame", "'ft_sensor_link'")])
+@pytest.mark.parametrize(
+    ("mode", "words"),
+    [
+        ("late", "stale force data"),
+        ("unknown_frame", "in frame 'ft_sensor_link', which the arm's description does not have and /tf cannot"),
+    ],
+)
 def test_a_late_or_misframed_wrench_refuses_motion(rig, mode, words):
     relay, _, make = rig
     relay.mode = mode
@@ -217,6 +237,89 @@ def test_a_wrench_in_another_frame_of_the_arm_is_expressed_in_the_hand_frame(rig
     assert result.failure_category is FailureCategory.CONTACT_STOP  # guarded contact works through the frame change
     fingertips = PANDA.gripper_geometry.fingertips_below_tcp_m
     assert result.value["tcp_position_m"][2] == pytest.approx(fingertips, abs=0.005)
+
+
+TOOL_FRAME = "tool0_controller"  # UR's name for the pendant's TCP: on /tf only, relative to the base
+TOOL_IN_HAND = (np.array([0.0, 0.0, 0.1034]), Rotation.from_euler("z", 90, degrees=True).as_matrix())
+TOOL_WRENCH, BEST_EFFORT_WRENCH = "/test/tool_frame_wrench", "/test/best_effort_wrench"
+
+
+class VendorWrench:
+    """The twin's wrench republished from this process as two vendors publish theirs: UR's force_torque_sensor_
+    broadcaster, in a frame its URDF lacks (with /tf base -> tool0_controller from the joint states, at their
+    stamps, as its tcp_pose_broadcaster does), and Franka's franka_robot_state_broadcaster, best effort."""
+
+    def __init__(self, node):
+        self.kin, self._lock = Kinematics(), threading.Lock()
+        self.torque: np.ndarray | None = None  # the twin's own torque (hand frame), as it arrived
+        self.published = 0
+        self.tf = node.create_publisher(TFMessage, "/tf", 10)
+        self.tool = node.create_publisher(WrenchStamped, TOOL_WRENCH, 10)
+        best_effort = QoSProfile(depth=1, reliability=ReliabilityPolicy.BEST_EFFORT)  # rclcpp::QoS(1).best_effort()
+        self.best_effort = node.create_publisher(WrenchStamped, BEST_EFFORT_WRENCH, best_effort)
+        node.create_subscription(JointState, "/joint_states", self._on_joints, 10)
+        node.create_subscription(WrenchStamped, "/wrist_ft_sensor/wrench", self._on_wrench, 10)
+
+    def _on_joints(self, msg: JointState) -> None:
+        index = {n: i for i, n in enumerate(msg.name)}
+        q = np.array([msg.position[index[j]] for j in PANDA.arm_joints])
+        with self._lock:
+            p_hand, r_hand = self.kin.forward(q, PANDA.hand_frame)
+        p_tool, r_tool = p_hand + r_hand @ TOOL_IN_HAND[0], r_hand @ TOOL_IN_HAND[1]
+        tool = transform_msg(PANDA.base_frame, TOOL_FRAME, p_tool, r_tool, msg.header.stamp)
+        self.tf.publish(TFMessage(transforms=[tool]))
+
+    def _on_wrench(self, msg: WrenchStamped) -> None:
+        f, t = msg.wrench.force, msg.wrench.torque
+        force, torque = np.array([f.x, f.y, f.z]), np.array([t.x, t.y, t.z])
+        p, r = TOOL_IN_HAND
+        tool_force, tool_torque = change_frame(force, torque, r.T, -r.T @ p)  # the same wrench, in the tool frame
+        out = WrenchStamped()
+        out.header.stamp, out.header.frame_id = msg.header.stamp, TOOL_FRAME
+        out.wrench.force.x, out.wrench.force.y, out.wrench.force.z = map(float, tool_force)
+        out.wrench.torque.x, out.wrench.torque.y, out.wrench.torque.z = map(float, tool_torque)
+        self.tool.publish(out)
+        self.best_effort.publish(msg)
+        self.torque = torque
+        self.published += 1
+
+
+def test_a_wrench_in_a_frame_only_tf_knows_is_expressed_in_the_hand_frame_through_tf(rig, client_node):
+    """UR's wrench comes in tool0_controller, which /tf places relative to the base (not a link of the URDF): the
+    backend looks it up in the hand frame at the wrench's stamp, through the twin's /tf of the hand, and guarded
+    contact works through it."""
+    relay, _, make = rig
+    vendor = VendorWrench(client_node)
+    wait_for(lambda: vendor.torque is not None, 30, "the twin's wrench")
+    harness = make(wrench_topic=TOOL_WRENCH)
+    wait_for(lambda: fresh(harness.backend), 20, "the wrench through /tf")
+    state = harness.backend.read_state()
+    np.testing.assert_allclose(state.force_n, relay.direct, atol=0.3)  # at rest: the hand's own weight
+    np.testing.assert_allclose(state.torque_nm, vendor.torque, atol=0.05)
+    assert np.linalg.norm(state.force_n) > 3.0  # a real force, not zeros
+    _move_above(harness)
+    result = harness.call("move_to", pose={"position": [*SPOT, 0.0], "yaw_deg": 90}, speed_mps=0.05)
+    assert result.failure_category is FailureCategory.CONTACT_STOP
+    fingertips = PANDA.gripper_geometry.fingertips_below_tcp_m
+    assert result.value["tcp_position_m"][2] == pytest.approx(fingertips, abs=0.005)
+
+
+def test_a_best_effort_wrench_needs_the_profiles_best_effort_qos(rig, client_node):
+    """Franka publishes its external wrench best effort: a reliable subscription never hears it (force sensing
+    refuses motion), `wrench_qos: best_effort` does."""
+    relay, _, make = rig
+    vendor = VendorWrench(client_node)
+    wait_for(lambda: vendor.published > 0, 30, "the best-effort wrench")
+    deaf = make(wrench_topic=BEST_EFFORT_WRENCH, wrench_qos="reliable", force_ok=False)
+    heard = vendor.published
+    wait_for(lambda: vendor.published > heard + 100, 30, "100 more best-effort wrenches")  # ~1 s of them
+    refused = deaf.call("move_to", pose={"position": [*SPOT, 0.2], "yaw_deg": 90})
+    assert refused.failure_category is FailureCategory.BACKEND_ERROR and not refused.executed
+    assert f"no wrench received on {BEST_EFFORT_WRENCH}" in refused.message
+    deaf.backend.close()
+    harness = make(wrench_topic=BEST_EFFORT_WRENCH, wrench_qos="best_effort")
+    wait_for(lambda: fresh(harness.backend), 20, "the best-effort wrench")
+    np.testing.assert_allclose(harness.backend.read_state().force_n, relay.direct, atol=0.3)
 
 
 def test_a_stalled_client_cannot_press_the_arm_into_the_table(rig):

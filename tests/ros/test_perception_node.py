@@ -1,25 +1,39 @@
 """perception_node over DDS: twin_node (cameras at 5 Hz), perception_node and motion_node in their own
 processes. One test drives every perception call through /perception/call, fetches images through
 /perception/get_observation, and makes observations stale with an executed receipt; another checks that
-the motion node's completion gate counts measurements the perception node made."""
+the motion node's completion gate counts measurements the perception node made. The camera-pose tests run a
+second perception node on a camera this process publishes itself (images, joint states and /tf), under names of
+its own."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
 from rcl_interfaces.srv import SetParameters
+from scipy.spatial.transform import Rotation, Slerp
+from sensor_msgs.msg import CameraInfo, Image, JointState
+from std_msgs.msg import Header
 from std_srvs.srv import Trigger
+from tf2_msgs.msg import TFMessage
 from visualization_msgs.msg import MarkerArray
 
 from captain_interfaces.msg import CallResult as CallResultMsg
 from captain_interfaces.srv import GetObservation, HarnessCall
 from captain_ros.core import robot
-from captain_ros.ros.convert import quat_wxyz
+from captain_ros.paths import config_path
+from captain_ros.ros.convert import image_msg, quat_wxyz, stamp_msg
+from captain_ros.ros.frames import transform_msg
 
 from .helpers import (
     LOADED_MACHINE_PERCEPTION,
@@ -229,3 +243,106 @@ def test_a_camera_stream_that_goes_quiet_fails_observe_clearly(nodes, client_nod
         set_parameters(parameters, **dict(LOADED_MACHINE_PERCEPTION))
     assert latest[-1].failure_category == "backend_error" and not latest[-1].success and not latest[-1].executed
     wait_for(lambda: _call(call, "observe").success, 60, "observations once the twin runs again")
+
+
+# ------------------------------------------------------------------ camera poses from /tf, on a camera of our own
+FAKE = "/frames_test"  # the second perception node's topics and services
+T1, T2, IMAGE_T = 1000.0, 1000.4, 1000.1  # two /tf samples and the image between them (a quarter of the way)
+POSE_1 = (np.array([0.5, 0.0, 1.0]), Rotation.from_euler("x", 180, degrees=True))  # looking straight down
+POSE_2 = (np.array([0.7, 0.2, 1.0]), Rotation.from_euler("zx", [60, 180], degrees=True))  # moved and turned
+
+
+@pytest.fixture(scope="module")
+def fake_camera(tmp_path_factory):
+    """A perception node on the Panda's URDF whose cameras and joint states are topics under /frames_test, with
+    its node name, services and outputs remapped apart from the twin's perception node; its output lines."""
+    doc = yaml.safe_load(config_path("robots/panda_twin.yaml").read_text())
+    doc["name"] = "frames_test"
+    doc["interfaces"]["joint_states_topic"] = f"{FAKE}/joint_states"
+    doc["interfaces"]["cameras"] = {
+        cam: {kind: f"{FAKE}/{cam}/{kind}" for kind in ("color_topic", "depth_topic", "info_topic")}
+        for cam in ("head", "wrist")
+    }
+    profile = tmp_path_factory.mktemp("profile") / "frames_test.yaml"
+    profile.write_text(yaml.safe_dump(doc))
+    exe = shutil.which("perception_node") or str(Path(sys.executable).with_name("perception_node"))
+    args = [exe, "--ros-args", "-r", "__node:=frames_test_perception"]
+    for name in ("/perception/call", "/perception/get_observation", "/harness/receipts", "/captain/markers"):
+        args += ["-r", f"{name}:={FAKE}/{name.rsplit('/', 1)[1]}"]
+    for name, value in (("robot_profile", profile), *LOADED_MACHINE_PERCEPTION, ("tf_wait_s", 30.0)):
+        args += ["-p", f"{name}:={value}"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    try:
+        yield lines
+    finally:
+        stop(proc)
+
+
+def _publish_camera(node, camera: str, frame: str) -> None:
+    """Every 0.1 s: the camera's colour, depth and info stamped IMAGE_T in `frame`, the arm at home, and /tf
+    base -> 'frames_test_camera' at T1 and T2 (POSE_1, POSE_2)."""
+    header = Header(stamp=stamp_msg(IMAGE_T), frame_id=frame)
+    color = image_msg(header, np.zeros((48, 64, 3), np.uint8), "rgb8")
+    depth = image_msg(header, np.ones((48, 64), "<f4"), "32FC1")  # a floor 1 m below: the table
+    info = CameraInfo(header=header, height=48, width=64, k=[40.0, 0.0, 32.0, 0.0, 40.0, 24.0, 0.0, 0.0, 1.0])
+    names = [*PANDA.arm_joints, *PANDA.finger_joints]
+    joints = JointState(header=Header(stamp=stamp_msg(IMAGE_T)), name=names, position=[*PANDA.home_q_rad, 0.04, 0.04])
+    tf = TFMessage(
+        transforms=[
+            transform_msg(PANDA.base_frame, "frames_test_camera", p, r.as_matrix(), t)
+            for t, (p, r) in ((T1, POSE_1), (T2, POSE_2))
+        ]
+    )
+    pubs = [
+        (node.create_publisher(Image, f"{FAKE}/{camera}/color_topic", 10), color),
+        (node.create_publisher(Image, f"{FAKE}/{camera}/depth_topic", 10), depth),
+        (node.create_publisher(CameraInfo, f"{FAKE}/{camera}/info_topic", 10), info),
+        (node.create_publisher(JointState, f"{FAKE}/joint_states", 10), joints),
+        (node.create_publisher(TFMessage, "/tf", 10), tf),
+    ]
+    node.create_timer(0.1, lambda: [pub.publish(msg) for pub, msg in pubs])
+
+
+def _observe_until(call, camera: str, done, what: str) -> CallResultMsg:
+    """observe(camera) until `done(result)` (the first images take a moment to arrive); the last result."""
+    results: list[CallResultMsg] = []
+    try:
+        wait_for(lambda: not results.append(_call(call, "observe", cameras=[camera])) and done(results[-1]), 60, what)
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}; the last: {results[-1].failure_category}: {results[-1].message}") from None
+    return results[-1]
+
+
+def test_a_camera_pose_is_looked_up_on_tf_at_the_images_stamp_in_its_own_frame(fake_camera, client_node):
+    """The head images come in 'frames_test_camera', a frame only /tf knows (not the profile's head frame), which
+    /tf has at T1 and T2: the observation's camera pose is /tf interpolated at the image's stamp between them."""
+    _publish_camera(client_node, "head", "frames_test_camera")
+    call = client_node.create_client(HarnessCall, f"{FAKE}/call")
+    get = client_node.create_client(GetObservation, f"{FAKE}/get_observation")
+    if not call.wait_for_service(timeout_sec=60):
+        raise RuntimeError("the second perception_node did not come up:\n" + "".join(fake_camera))
+    assert get.wait_for_service(timeout_sec=20)
+    observed = _observe_until(call, "head", lambda r: r.success, "an observation")
+    handle = json.loads(observed.value_json)["observation_handle"]
+    obs = result_of(get.call_async(GetObservation.Request(handle=handle)), 30).observation
+    pose = obs.camera_poses[0].pose
+    p, q = pose.position, pose.orientation
+    np.testing.assert_allclose([p.x, p.y, p.z], POSE_1[0] + 0.25 * (POSE_2[0] - POSE_1[0]), atol=1e-6)
+    expected = Slerp([0.0, 1.0], Rotation.concatenate([POSE_1[1], POSE_2[1]]))(0.25)
+    assert (Rotation.from_quat([q.x, q.y, q.z, q.w]) * expected.inv()).magnitude() < 1e-6
+    assert obs.color[0].header.frame_id == "frames_test_camera"  # the images keep their own frame
+    told = "'frames_test_camera', the profile's camera_frames.head is 'head_camera_optical_frame'"
+    wait_for(lambda: any(told in line for line in fake_camera), 20, "the frame mismatch warning")
+
+
+def test_an_image_in_a_frame_nobody_publishes_fails_observe_clearly(fake_camera, client_node):
+    _publish_camera(client_node, "wrist", "frames_test_nowhere")
+    call = client_node.create_client(HarnessCall, f"{FAKE}/call")
+    if not call.wait_for_service(timeout_sec=60):
+        raise RuntimeError("the second perception_node did not come up:\n" + "".join(fake_camera))
+    refused = _observe_until(call, "wrist", lambda r: "frames_test_nowhere" in r.message, "a refusal naming the frame")
+    assert refused.failure_category == "backend_error" and not refused.success and not refused.executed
+    assert "the profile names 'wrist_camera_optical_frame'" in refused.message
+    assert "nothing publishes it" in refused.message or "does not exist" in refused.message  # pytransform3d / tf2

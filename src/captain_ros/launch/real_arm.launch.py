@@ -10,6 +10,14 @@ where the cameras are (config/camera_calibration.yaml). For an arm whose bring-u
 robot_state_publisher, own_state_publisher:=true starts one with this package's URDF, which also holds
 the cameras' nominal mounting (the calibration transforms are then not published: a frame has one parent).
 
+The calibration goes out through tf2_ros's static_transform_publisher with the flag arguments of Humble and
+later (`--x --y --z --qx --qy --qz --qw --frame-id --child-frame-id`; Jazzy and Kilted warn about the old
+positional form), one latched /tf_static transform per camera. perception_node hangs each camera on the link
+named there, at the image's joint state. Only a ROS install runs this file (launch, launch_ros and the vendor
+drivers are not on PyPI), and it has tf2_ros; the PyPI-wheel setups are the twin's, whose twin_node publishes
+its cameras on /tf itself, so nothing else publishes a calibration (no node of ours imitates
+static_transform_publisher).
+
     ros2 launch captain_ros real_arm.launch.py
     ros2 launch captain_ros real_arm.launch.py camera_calibration:=/path/to/my_calibration.yaml
 """
@@ -28,7 +36,8 @@ from launch_ros.substitutions import FindPackageShare
 
 
 def camera_extrinsics(context: LaunchContext) -> list[Node]:
-    """One static_transform_publisher per camera of the calibration file (read when the launch runs)."""
+    """One static_transform_publisher per camera of the calibration file (read when the launch runs): the optical
+    frame `child_frame` in `parent_frame`, a quaternion [x, y, z, w] as tf2 takes it."""
     path = Path(LaunchConfiguration("camera_calibration").perform(context))
     cameras = yaml.safe_load(path.read_text())["cameras"]
     publishers = []
@@ -70,6 +79,13 @@ def generate_launch_description() -> LaunchDescription:
             default_value=PathJoinSubstitution([FindPackageShare("captain_ros"), "config", "camera_calibration.yaml"]),
             description="hand-eye calibration: each camera's optical frame in the base or hand frame",
         ),
+        DeclareLaunchArgument(
+            "approval_mode",
+            default_value="false",
+            choices=["true", "false"],
+            description="every physical action waits for an operator's approval (/safety/approve, or "
+            "`captain-ros approve` in a terminal); recommended for a first run on a physical arm",
+        ),
     ]
     description = ParameterValue(
         Command(["cat ", PathJoinSubstitution([FindPackageShare("captain_ros"), "urdf", "panda.urdf"])]),
@@ -89,6 +105,7 @@ def generate_launch_description() -> LaunchDescription:
         PythonLaunchDescriptionSource(
             PathJoinSubstitution([FindPackageShare("captain_ros"), "launch", "harness.launch.py"])
         ),
+        launch_arguments={"approval_mode": LaunchConfiguration("approval_mode")}.items(),
     )  # its arguments (robot_profile, safety_config, watchdog, ...) pass through: real_arm.launch.py watchdog:=true
     monitor = IncludeLaunchDescription(
         PythonLaunchDescriptionSource(

@@ -1,9 +1,8 @@
 """perception_node: the perception capabilities over ROS, from any RGB-D cameras (twin or real).
 
 In:  <cam> color + aligned depth images and CameraInfo (names from the robot profile), /joint_states,
-     /tf and /tf_static (camera optical frames: a fixed camera's relative to the base, a camera on the arm's
-     relative to one of its links, e.g. real_arm.launch.py's hand-eye calibration; else the URDF's frames),
-     /harness/receipts (an executed physical action makes earlier observations stale).
+     /tf and /tf_static (captain_ros.ros.frames: tf2_ros where it is installed), /harness/receipts (an executed
+     physical action makes earlier observations stale).
 Out: /perception/call            captain_interfaces/srv/HarnessCall    observe, segment, point, mark_point,
                                  select_detection, track_target, measure_object_geometry, measure_image_points,
                                  inspect_contact_geometry, inspect_release_geometry, compare_object_observations
@@ -12,6 +11,19 @@ Out: /perception/call            captain_interfaces/srv/HarnessCall    observe, 
      /captain/markers            visualization_msgs/MarkerArray        detections as labelled boxes (rviz)
 Segmentation is the built-in RGB-D segmenter unless harness.yaml names an HTTP server. The simulator's
 ground truth is never used here.
+
+Each image's camera pose is that of the image's own frame (header.frame_id) in the base frame at the image's
+stamp, the first of:
+  1. a hand-eye calibration on /tf_static that hangs the frame on a link of the arm (real_arm.launch.py's, from
+     config/camera_calibration.yaml: a fixed camera's on the base, a wrist camera's on the hand), chained with
+     that link at the image's joint state: the time-correct answer, without waiting for robot_state_publisher;
+  2. /tf at the image's stamp, interpolated (the twin publishes its links and cameras there), waiting up to
+     `tf_wait_s` for /tf to reach the stamp;
+  3. the URDF at the image's joint state, for setups without /tf.
+An image whose frame_id differs from the profile's camera frame is used in its own frame, with a warning (the
+frame says where the pixels were taken; the profile's name is what the calibration and the URDF use): if that
+frame cannot be placed, observe fails with an error naming both. The calibration's frames need not be links of
+the arm's URDF.
 """
 
 from __future__ import annotations
@@ -27,10 +39,8 @@ from geometry_msgs.msg import PoseStamped
 from rcl_interfaces.msg import FloatingPointRange, ParameterDescriptor
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.node import Node
-from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CameraInfo, Image, JointState
 from std_msgs.msg import Header
-from tf2_msgs.msg import TFMessage
 from visualization_msgs.msg import Marker, MarkerArray
 
 from captain_interfaces.msg import CallResult as CallResultMsg
@@ -47,11 +57,13 @@ from captain_ros.perception.observation import CameraImage, PerceptionError
 from captain_ros.perception.perception import Perception
 from captain_ros.ros.convert import call_result_to_msg, camera_info, image_msg, pose_msg, quat_wxyz, stamp_msg
 from captain_ros.ros.description import resolve_profile
+from captain_ros.ros.frames import FrameBuffer, FrameError, Transform, UnknownFrameError
 from captain_ros.ros.spin import spin
 
 STALE_AFTER_S = 2.0  # default (parameter stale_after_s), wall seconds: older camera or joint messages are not current
 SYNC_TOLERANCE_S = 0.02  # colour and depth stamps must agree this well
 PAIR_WAIT_S = 1.0  # default (parameter pair_wait_s): how long observe waits for a colour and depth pair
+TF_WAIT_S = 0.5  # default (parameter tf_wait_s): how long observe waits for /tf to reach an image's stamp
 HISTORY = 4  # messages kept per stream for pairing
 JOINT_HISTORY = 200  # 2 s of joint states at 100 Hz
 
@@ -78,16 +90,6 @@ def image_to_array(msg: Image) -> np.ndarray:
 
 def _seconds(stamp) -> float:
     return stamp.sec + stamp.nanosec * 1e-9
-
-
-def _quat_to_mat(x: float, y: float, z: float, w: float) -> np.ndarray:
-    return np.array(
-        [
-            [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
-            [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
-            [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
-        ]
-    )
 
 
 class PerceptionNode(Node):
@@ -119,6 +121,14 @@ class PerceptionNode(Node):
                 description="wall seconds observe waits for a fresh colour and depth pair", floating_point_range=seconds
             ),
         )
+        self.declare_parameter(
+            "tf_wait_s",
+            TF_WAIT_S,
+            ParameterDescriptor(
+                description="wall seconds observe waits for /tf to reach an image's stamp (then: the URDF)",
+                floating_point_range=seconds,
+            ),
+        )
         self.profile = profile = resolve_profile(self, self.get_parameter("robot_profile").value)
         interfaces = profile.interfaces
         config = load_config(harness_path=Path(self.get_parameter("harness_config").value))
@@ -129,17 +139,11 @@ class PerceptionNode(Node):
         # message_filters' approximate-time policy would
         self._latest: dict[tuple[str, str], deque] = defaultdict(lambda: deque(maxlen=HISTORY))
         self._latest[("", "joints")] = deque(maxlen=JOINT_HISTORY)  # to find the arm's pose at an image's stamp
-        # cameras on the arm take their pose from the kinematics at the image's time; fixed ones from /tf
-        self._on_arm = {
-            cam: not np.allclose(self.kin.forward(profile.home_q, f)[0], self.kin.forward(np.zeros(profile.dof), f)[0])
-            for cam, f in profile.camera_frames.items()
-        }
-        # camera optical frames from /tf and /tf_static: (child, parent) -> (position, rotation). A fixed camera's
-        # parent is the base frame; a camera on the arm is calibrated relative to one of its links. (The twin
-        # also publishes every frame relative to the base, a flat tree: both may be there at once.)
-        self._tf: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
-        self._links = {self.kin.model.body(b).name for b in range(1, self.kin.model.nbody)}
+        self._links = {self.kin.model.body(b).name for b in range(1, self.kin.model.nbody)}  # the URDF's frames
+        self._image_frames = dict(profile.camera_frames)  # camera -> the frame its images came in, last seen
+        self._told: set[tuple] = set()  # frame problems already logged (once each: observe runs often)
         group = ReentrantCallbackGroup()
+        self.frames = FrameBuffer(self, callback_group=group)  # /tf and /tf_static
         for cam, topics in interfaces.cameras.items():
             for kind, topic, msg_type in (
                 ("color", topics.color_topic, Image),
@@ -156,44 +160,68 @@ class PerceptionNode(Node):
             10,
             callback_group=group,
         )
-        self.create_subscription(TFMessage, "/tf", self._on_tf, 10, callback_group=group)
-        latched = QoSProfile(
-            depth=100, durability=DurabilityPolicy.TRANSIENT_LOCAL, reliability=ReliabilityPolicy.RELIABLE
-        )
-        self.create_subscription(TFMessage, "/tf_static", self._on_tf, latched, callback_group=group)
         self.create_subscription(CallResultMsg, "/harness/receipts", self._on_receipt, 50, callback_group=group)
         self.receipts = self.create_publisher(CallResultMsg, "/harness/receipts", 50)
         self.markers = self.create_publisher(MarkerArray, "/captain/markers", 10)
         self.create_service(HarnessCall, "/perception/call", self._on_call, callback_group=group)
         self.create_service(GetObservation, "/perception/get_observation", self._on_get, callback_group=group)
         segmenter = config.perception.segment_url if config.perception.segmenter == "http" else "built-in RGB-D"
-        self.get_logger().info(f"perception ready: segmenter {segmenter}, cameras {', '.join(interfaces.cameras)}")
+        self.get_logger().info(
+            f"perception ready: segmenter {segmenter}, cameras {', '.join(interfaces.cameras)}, "
+            f"frames from {self.frames.engine_name}"
+        )
 
     # ------------------------------------------------------------------------------ inputs
     def _store(self, camera: str, kind: str, msg) -> None:
         self._latest[(camera, kind)].append((msg, time.monotonic()))
 
-    def _on_tf(self, msg: TFMessage) -> None:
-        for t in msg.transforms:
-            if t.child_frame_id in self.profile.camera_frames.values():
-                r, p = t.transform.rotation, t.transform.translation
-                pose = (np.array([p.x, p.y, p.z]), _quat_to_mat(r.x, r.y, r.z, r.w))
-                self._tf[(t.child_frame_id, t.header.frame_id)] = pose
+    def _tell(self, key: tuple, text: str) -> None:
+        """A warning about a camera's frames, once per kind of problem."""
+        if key not in self._told:
+            self._told.add(key)
+            self.get_logger().warning(text)
 
-    def _camera_pose(self, camera: str, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """A camera's optical frame in the base frame at the image's joint state q. A calibration published on
-        /tf or /tf_static relative to a link of the arm is composed with that link's pose at q; a fixed camera
-        may be published relative to the base (a camera on the arm is not taken from /tf's base-relative
-        frames, which lag its image); otherwise the URDF's frame."""
-        frame, base = self.profile.camera_frames[camera], self.profile.base_frame
-        known = dict(self._tf)
-        if not self._on_arm[camera] and (frame, base) in known:
-            return known[(frame, base)]
-        for (child, parent), (position, rotation) in known.items():
-            if child == frame and parent != base and parent in self._links:
-                p_link, r_link = self.kin.forward(q, parent)
-                return p_link + r_link @ position, r_link @ rotation
-        return self.kin.forward(q, frame)
+    def _image_frame(self, camera: str, image: Image) -> str:
+        """The frame the image was taken in: its own header's, else (an empty frame_id) the profile's."""
+        expected = self.profile.camera_frames.get(camera, "")
+        frame = image.header.frame_id.lstrip("/")  # tf2 names have no leading slash (a ROS 1 habit)
+        if not frame:
+            self._tell((camera, "empty"), f"{camera}: images with an empty frame_id: taken as {expected!r}")
+            return expected
+        if frame != expected:
+            self._tell(
+                (camera, "frame", frame),
+                f"{camera}: the images are in frame '{frame}', the profile's camera_frames.{camera} is "
+                f"'{expected}': using the image's own frame (name it in the profile, or calibrate that frame, "
+                "to silence this)",
+            )
+        return frame
+
+    def _camera_pose(self, camera: str, frame: str, image: Image, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The pose of the image's frame in the base frame at the image's stamp (q: the joint state at that
+        stamp); the order of the three sources is in the module docstring."""
+        base = self.profile.base_frame
+        chain = self.frames.static_chain(frame)
+        link = next((f for f in chain if f in self._links), None)
+        if link is not None:  # 1. calibrated on a link of the arm: with the link at the image's joint state
+            p_link, r_link = self.kin.forward(q, link)
+            pose = self.frames.lookup_with(base, frame, link, Transform(base, link, p_link, r_link, None))
+            return pose.position_m, pose.rotation
+        try:  # 2. /tf at the image's stamp
+            pose = self.frames.wait_for(base, frame, image.header.stamp, self.get_parameter("tf_wait_s").value)
+            return pose.position_m, pose.rotation
+        except FrameError as exc:
+            problem = exc
+        if frame in self._links:  # 3. the URDF at the image's joint state
+            if not isinstance(problem, UnknownFrameError):  # a /tf without the frame at all is a setup without /tf
+                self._tell((camera, type(problem)), f"{camera}: {problem}; taking '{frame}' from the URDF instead")
+            return self.kin.forward(q, frame)
+        expected = self.profile.camera_frames.get(camera, "")
+        named = f" (the profile names '{expected}')" if expected != frame else ""
+        raise BackendError(
+            f"{camera}: cannot place the image's frame '{frame}'{named} in {base}: {problem}. It is not a link of the "
+            "arm's URDF either: publish it on /tf or /tf_static (config/camera_calibration.yaml, real_arm.launch.py)"
+        )
 
     def _on_receipt(self, msg: CallResultMsg) -> None:
         if msg.executed and CAPABILITY_BY_NAME.get(msg.capability) and CAPABILITY_BY_NAME[msg.capability].physical:
@@ -243,7 +271,9 @@ class PerceptionNode(Node):
             if q is None:  # the observation's robot state: at the first camera's image time
                 fingers = {j: joints.position[index[j]] for j in self.profile.finger_joints if j in index}
                 q, jaw = q_cam, self.profile.jaw_opening_m(fingers) or 0.0
-            position, rotation = self._camera_pose(cam, q_cam)
+            frame = self._image_frame(cam, color)
+            position, rotation = self._camera_pose(cam, frame, color, q_cam)
+            self._image_frames[cam] = frame
             rgb, depth_m = image_to_array(color), image_to_array(depth)
             if rgb.shape[:2] != depth_m.shape:
                 raise BackendError(f"{cam}: colour {rgb.shape[:2]} and depth {depth_m.shape} are not aligned")
@@ -327,7 +357,7 @@ class PerceptionNode(Node):
         msg = ObservationMsg(header=header, handle=obs.handle, stale=store.is_stale(obs), cameras=cameras)
         for cam in cameras:
             im = obs.images[cam]
-            cam_header = Header(stamp=header.stamp, frame_id=self.profile.camera_frames[cam])
+            cam_header = Header(stamp=header.stamp, frame_id=self._image_frames.get(cam, ""))
             msg.color.append(image_msg(cam_header, im.rgb, "rgb8"))
             if request.include_depth:
                 msg.depth.append(image_msg(cam_header, im.depth_m.astype("<f4"), "32FC1"))
