@@ -5,6 +5,7 @@ captain-ros rollout         record twin episodes for training (proxy, workers, s
 captain-ros eval            run|report|compare: evaluation over suites x start states x attempts
 captain-ros export          mcap|parquet: episodes for ROS tools (rosbag2 MCAP) and tables for analysis
 captain-ros transport       receive|ship: the trainer-side receiver and the rollout host's shipper
+captain-ros approve         answer the motion node's approval requests in this terminal (approval mode)
 captain-ros doctor          check that this machine can run the stack
 captain-ros capabilities    the policy-facing API (22 capabilities plus finish)
 captain-ros failures        the closed set of failure categories
@@ -65,6 +66,12 @@ def _run(args: argparse.Namespace) -> int:
     return Stack(options).run()
 
 
+def _approve(args: argparse.Namespace) -> int:
+    from captain_ros.ros.safety import run_approve_prompt
+
+    return run_approve_prompt(args.namespace)
+
+
 def _rollout(args: argparse.Namespace) -> int:
     from captain_ros.bridge.cli import run_rollout
 
@@ -118,6 +125,15 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.set_defaults(fn=_rollout)
     for name, text in DELEGATED.items():
         sub.add_parser(name, help=text, add_help=False)
+    approve = sub.add_parser(
+        "approve",
+        help="answer the motion node's approval requests in this terminal (approval mode)",
+        description="Show each physical action the motion node holds for approval (approval_mode:=true) and "
+        "answer it: y approves, n rejects, either followed by an optional note. No answer within the node's "
+        "approval_timeout_s fails the call and the arm holds. Also prints e-stop changes. Ctrl-C quits.",
+    )
+    approve.add_argument("--namespace", default="", help="the motion node's namespace (default: the root)")
+    approve.set_defaults(fn=_approve)
     sub.add_parser("doctor", help="check that this machine can run the stack").set_defaults(fn=_doctor)
     sub.add_parser("capabilities", help="list the policy-facing API").set_defaults(fn=_capabilities)
     sub.add_parser("failures", help="list the failure categories").set_defaults(fn=_failures)

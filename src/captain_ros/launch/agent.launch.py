@@ -60,12 +60,23 @@ def generate_launch_description() -> LaunchDescription:
             default_value=PathJoinSubstitution([FindPackageShare("captain_ros"), "config", "harness.yaml"]),
             description="budgets, context limits and gate settings (the harness nodes read the same file)",
         ),
+        DeclareLaunchArgument(
+            "approval_mode",
+            default_value="false",
+            choices=["true", "false"],
+            description="with use_twin:=true, the twin's motion node asks an operator before every physical "
+            "action (`captain-ros approve`); on a real arm, give it to real_arm.launch.py",
+        ),
     ]
     twin = IncludeLaunchDescription(
         PythonLaunchDescriptionSource(
             PathJoinSubstitution([FindPackageShare("captain_ros"), "launch", "sim_twin.launch.py"])
         ),
-        launch_arguments={"task": LaunchConfiguration("task"), "split": LaunchConfiguration("split")}.items(),
+        launch_arguments={
+            "task": LaunchConfiguration("task"),
+            "split": LaunchConfiguration("split"),
+            "approval_mode": LaunchConfiguration("approval_mode"),
+        }.items(),
         condition=IfCondition(LaunchConfiguration("use_twin")),
     )
     expert = Node(

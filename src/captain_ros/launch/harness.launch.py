@@ -61,6 +61,13 @@ def generate_launch_description() -> LaunchDescription:
             "`ros2 lifecycle set /motion configure` and `activate`",
         ),
         DeclareLaunchArgument(
+            "approval_mode",
+            default_value="false",
+            choices=["true", "false"],
+            description="every physical action waits for an operator's approval (/safety/approve, or "
+            "`captain-ros approve` in a terminal); no answer within safety.yaml's approval_timeout_s: the arm holds",
+        ),
+        DeclareLaunchArgument(
             "use_sim_time",
             default_value="false",
             choices=["true", "false"],
@@ -84,6 +91,7 @@ def generate_launch_description() -> LaunchDescription:
                 "harness_config": typed("harness_config", str),
                 "watchdog": typed("watchdog", bool),
                 "autostart": typed("autostart", bool),
+                "approval_mode": typed("approval_mode", bool),
                 "control_period_s": typed("control_period_s", float),
                 "use_sim_time": typed("use_sim_time", bool),
             }
