@@ -6,7 +6,9 @@ vendor's interface: a gripper_action_controller (control_msgs/action/GripperComm
 parallel_gripper_action_controller (ParallelGripperCommand, which rejects goals without exactly one position),
 franka_gripper's Move and Grasp (franka_msgs), or a JointTrajectoryController's topic. A fake can be told to reject,
 abort (with the vendor's error text) or hang (accept and never finish). The vendor names the shipped profiles are
-checked against are written here from docs/vendor_interfaces.md, not read from the profiles.
+checked against are written here from docs/vendor_interfaces.md, not read from the profiles. The Robotiq Hand-E
+fake drives and reports one joint, hande_finger_distance (0.05 m - opening), as PickNik's controller does; a
+profile without a gripper gets a gripper that refuses every command.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +39,8 @@ from .helpers import wait_for  # noqa: E402
 pytestmark = pytest.mark.ros
 
 PANDA = robot.default_profile()  # a URDF with two prismatic fingers, 0..0.04 m each
+HANDE_STROKE_M = 0.05  # Robotiq Hand-E: hande_finger_distance 0..0.05 m, 0 = open (robotiq_hand_e_macro.urdf.xacro)
+HANDE_URDF = Path(__file__).with_name("urdf") / "ur5e_hande_vendor.urdf"
 DEADLINE_S = 30.0  # generous: the machine is loaded; nothing here judges timing
 FRANKA_ERROR = "libfranka gripper: command failed: motion aborted by reflex"
 
@@ -56,7 +61,7 @@ class FakeGripper:
     joint_trajectory_topic: str = ""
     joint_states_topic: str = "/joint_states"
     joints: tuple[str, ...] = ("panda_finger_joint1", "panda_finger_joint2")
-    distance_joint: bool = False  # Hand-E: publishes only hande_finger_distance (0.05 m - opening)
+    distance_joint: bool = False  # Hand-E: drives and publishes only hande_finger_distance (0.05 m - opening)
     mode: str = "ok"  # ok | reject | abort | hang
     object_m: float | None = None  # the jaw stops here when closing
     opening_m: float = 0.04
@@ -121,7 +126,7 @@ class FakeGripper:
         msg = JointState()
         msg.header.stamp = self.node.get_clock().now().to_msg()
         if self.distance_joint:
-            msg.name, msg.position = ["hande_finger_distance"], [0.05 - opening]
+            msg.name, msg.position = ["hande_finger_distance"], [HANDE_STROKE_M - opening]
         else:
             msg.name, msg.position = list(self.joints), [opening / 2] * len(self.joints)
         self._publisher.publish(msg)
@@ -182,9 +187,13 @@ class FakeGripper:
             return result
         if self.mode == "hang":
             self._hang(goal_handle)
-        self._command(2 * goal_handle.request.command.position[0])
+        position = goal_handle.request.command.position[0]
+        self._command(HANDE_STROKE_M - position if self.distance_joint else 2 * position)
         how, opening = self._settle(goal_handle)
-        result.state.name, result.state.position = [self.joints[0]], [opening / 2]
+        if self.distance_joint:
+            result.state.name, result.state.position = ["hande_finger_distance"], [HANDE_STROKE_M - opening]
+        else:
+            result.state.name, result.state.position = [self.joints[0]], [opening / 2]
         result.reached_goal, result.stalled = how == "reached", how == "stalled"
         {"reached": goal_handle.succeed, "stalled": goal_handle.abort, "canceled": goal_handle.canceled}[how]()
         return result
@@ -362,6 +371,38 @@ def test_parallel_gripper_rejected_or_aborted_goals_are_backend_errors(client_no
     check_failure(gripper, mode, words)
 
 
+def test_the_hand_e_is_driven_and_measured_through_its_distance_joint(client_node, fakes):
+    """The ur5e profile's Hand-E: parallel_gripper_action_controller on hande_finger_distance (0 = open, 0.05 m =
+    shut, the only joint /joint_states reports). Open sends 0, close sends 0.05 m, an opening beyond the stroke is
+    clipped to it, and the outcome is the opening measured from that joint: where the fingers met the object."""
+    profile = robot.load_profile("ur5e").with_urdf_text(HANDE_URDF.read_text())
+    fake = fakes(
+        FakeGripper(
+            "parallel_gripper_command",
+            action=profile.interfaces.gripper.action,
+            distance_joint=True,
+            opening_m=0.02,
+            object_m=0.03,
+        )
+    )
+    gripper, fingers = gripper_for(client_node, profile)
+    assert first_measurement(fingers) == pytest.approx(0.02, abs=1e-6)
+
+    assert gripper.move(0.08, 0.5) == pytest.approx(HANDE_STROKE_M)  # clipped to the stroke
+    outcome = gripper.wait(DEADLINE_S)
+    command = fake.goals[-1].command
+    assert list(command.name) == ["hande_finger_distance"] and list(command.position) == pytest.approx([0.0])
+    assert list(command.effort) == pytest.approx([profile.interfaces.gripper.max_effort_n])
+    assert list(command.velocity) == pytest.approx([0.03 / 0.5])  # the joint travels 0.03 m in 0.5 s
+    assert outcome.opening_m == pytest.approx(HANDE_STROKE_M, abs=1e-6) and outcome.reached_goal
+
+    gripper.move(0.0, 0.5)
+    outcome = gripper.wait(DEADLINE_S)
+    assert list(fake.goals[-1].command.position) == pytest.approx([HANDE_STROKE_M])  # shut
+    assert outcome.opening_m == pytest.approx(0.03, abs=1e-6) and outcome.stalled  # measured: on the object
+    assert outcome.command_m == 0.0
+
+
 # ---------------------------------------------------------------------------------------------- franka_gripper
 FRANKA = dict(
     action="/test_franka_gripper/move",
@@ -447,18 +488,12 @@ def test_every_shipped_profile_has_a_vendor_graph():
 def test_shipped_profile_gripper_names_resolve_against_the_vendor_graph(client_node, fakes, name):
     profile = robot.load_profile(name)
     fake = fakes(replace(VENDOR_GRAPHS[name], goals=[]))
-    if not profile.finger_joints:
-        with pytest.raises(BackendError, match="names no gripper finger joints"):
-            gripper_for(client_node, profile)
-        return
-    gripper, fingers = gripper_for(client_node, profile, server_timeout_s=5.0 if fake.distance_joint else DEADLINE_S)
-    if fake.distance_joint:
-        # the goal reaches the controller the profile names; the opening cannot be measured from the joint
-        # states Hand-E's broadcaster publishes (the profile's finger joints are mimics it does not report)
-        gripper.move(0.03, 0.2)
-        assert len(fake.goals) == 1 and list(fake.goals[0].command.name) == ["hande_left_finger_joint"]
-        with pytest.raises(BackendError, match="hande_finger_distance joints, not the profile's finger joints"):
-            gripper.wait(5.0)
+    gripper, fingers = gripper_for(client_node, profile)
+    if not profile.has_gripper:  # refused before anything is sent, and holding does nothing
+        for command in (lambda: gripper.move(0.03, 0.2), lambda: gripper.wait(1.0)):
+            with pytest.raises(BackendError, match=f"this robot profile \\('{name}'\\) has no gripper"):
+                command()
+        assert gripper.stop(0.0) == 0.0 and gripper.failure() == ""
         return
     first_measurement(fingers)
     if fake.kind == "joint_trajectory":  # a topic: messages sent before the subscriber is matched are lost

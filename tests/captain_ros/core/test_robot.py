@@ -1,24 +1,30 @@
 """Robot profiles: every shipped profile loads; the Panda twin's numbers come from its URDF; a profile that names
-something its URDF lacks, or is malformed, fails with the file, the key and what is wrong."""
+something its URDF lacks, or is malformed, fails with the file, the key and what is wrong; the gripper joints map to
+the jaw opening both ways (the Hand-E's distance joint included); an arm may have no gripper; camera frames need not
+be URDF links, and what needs one says so when it is used."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from captain_ros.core import robot
+from captain_ros.core.kinematics import Kinematics
 from captain_ros.paths import config_path
 
 PANDA_FILE = config_path("robots/panda_twin.yaml")
+VENDOR_URDFS = Path(__file__).parents[2] / "ros" / "urdf"  # stand-ins for the vendors' /robot_description
 
 
-def write_profile(tmp_path: Path, edit) -> Path:
+def write_profile(tmp_path: Path, edit, name: str = "edited") -> Path:
+    """The Panda twin's profile edited, as <name>.yaml (load_profile caches by path: one name per edit)."""
     doc = yaml.safe_load(PANDA_FILE.read_text())
     edit(doc)
-    path = tmp_path / "edited.yaml"
+    path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
 
@@ -30,7 +36,10 @@ def test_every_shipped_profile_loads():
         profile = robot.load_profile(name)
         assert profile.dof == len(profile.home_q_rad) >= 6
         assert profile.interfaces.trajectory_action.endswith("follow_joint_trajectory")
-        assert profile.interfaces.gripper.command in robot.GRIPPER_COMMANDS
+        gripper = profile.interfaces.gripper
+        assert gripper.command in (robot.GRIPPER_COMMANDS if profile.has_gripper else ("",)), name
+        assert bool(gripper.action) == profile.has_gripper, name
+    assert not robot.load_profile("ros2_control_demo").has_gripper  # the r6bot has none
 
 
 def test_the_panda_twin_reads_its_numbers_from_the_urdf():
@@ -72,6 +81,13 @@ def test_an_unknown_profile_lists_the_shipped_ones():
         (lambda d: d["twin"]["arm_kp"].pop(), "twin.arm_kp has 6 values for 7 joints"),
         (lambda d: d["description"].__setitem__("urdf", "missing.urdf"), "urdf 'missing.urdf' cannot be read"),
         (lambda d: d["gripper"]["pad_links"].__setitem__(0, "panda_thumb"), "pad_links\\[0\\] 'panda_thumb'"),
+        (lambda d: d["gripper"].__setitem__("opening_per_joint", 0), "opening_per_joint must be a finite, non-zero"),
+        (lambda d: d["gripper"].__setitem__("opening_per_joint", "wide"), "'opening_per_joint' must be float"),
+        (lambda d: d["gripper"].__setitem__("opening_offset_m", float("nan")), "opening_offset_m must be a finite"),
+        (lambda d: d["gripper"].__setitem__("opening_per_joint", -1.0), "the jaw would open -0.0800..0.0000 m"),
+        (lambda d: d["gripper"].__setitem__("action", ""), "gripper: action is empty"),
+        (lambda d: d["gripper"].__setitem__("joints", []), "joints is empty .* but command, action, pad_links are"),
+        (lambda d: d["description"]["camera_frames"].__setitem__("head", None), "camera_frames.head must be a frame"),
     ],
 )
 def test_a_broken_profile_says_which_key_and_why(tmp_path, edit, message):
@@ -100,3 +116,105 @@ def test_continuous_joints_get_a_full_turn(tmp_path):
     )
     limits = robot.load_profile(write_profile(tmp_path, lambda d: None)).with_urdf_text(text).joint_limits
     assert (limits["panda_joint7"].lower, limits["panda_joint7"].upper) == (-math.pi, math.pi)
+
+
+# ---------------------------------------------------------------------------------------------- the gripper
+def vendor_profile(name: str, urdf: str) -> robot.RobotProfile:
+    """A shipped real-arm profile on the stand-in of its vendor's /robot_description (tests/ros/urdf/)."""
+    return robot.load_profile(name).with_urdf_text((VENDOR_URDFS / urdf).read_text())
+
+
+def test_the_hand_e_opening_is_its_distance_joint_inverted_both_ways():
+    """The Hand-E's controller drives hande_finger_distance (0 = open, 0.05 m = shut): the measured opening and
+    the commanded joint position are 0.05 m minus each other, and the range comes from the joint's limits."""
+    ur5e = vendor_profile("ur5e", "ur5e_hande_vendor.urdf")
+    assert ur5e.finger_joints == ("hande_finger_distance",)
+    assert ur5e.jaw_opening_range_m() == pytest.approx((0.0, 0.05))
+    assert ur5e.jaw_opening_m({"hande_finger_distance": 0.0}) == pytest.approx(0.05)  # open
+    assert ur5e.jaw_opening_m({"hande_finger_distance": 0.02, "hande_left_finger_joint": 0.015}) == pytest.approx(0.03)
+    assert ur5e.finger_joint_position(0.05) == pytest.approx(0.0)
+    assert ur5e.finger_joint_position(0.0) == pytest.approx(0.05)  # close = the joint at its upper limit
+    assert ur5e.jaw_opening_m({"hande_left_finger_joint": 0.02}) is None  # mimics are not the gripper's joints
+
+
+@pytest.mark.parametrize(
+    ("name", "urdf"),
+    [("panda_twin", None), ("ur5e_twin", None), ("franka_fr3", "fr3_vendor.urdf"), ("ur5e", "ur5e_hande_vendor.urdf")],
+)
+def test_the_opening_mapping_round_trips(name, urdf):
+    """Commanding an opening and measuring the joints the command sets gives the opening back, across the range."""
+    profile = robot.load_profile(name) if urdf is None else vendor_profile(name, urdf)
+    shut, full = profile.jaw_opening_range_m()
+    assert shut == pytest.approx(0.0) and full > 0.04
+    for opening in np.linspace(shut, full, 7):
+        q = profile.finger_joint_position(opening)
+        assert profile.jaw_opening_m({j: q for j in profile.finger_joints}) == pytest.approx(opening)
+        assert profile.jaw_opening_at(q) == pytest.approx(opening)
+        lower = min(profile.joint_limits[j].lower for j in profile.finger_joints)
+        upper = max(profile.joint_limits[j].upper for j in profile.finger_joints)
+        assert lower - 1e-12 <= q <= upper + 1e-12  # an opening in range is a joint position in range
+
+
+def test_the_defaults_keep_the_finger_conventions(tmp_path):
+    """Without opening_* keys: two fingers sum (Panda: 0.02 + 0.02 = 0.04 m), one finger counts twice."""
+    panda = robot.default_profile()
+    assert (panda.interfaces.gripper.opening_offset_m, panda.interfaces.gripper.opening_per_joint) == (0.0, 1.0)
+    assert panda.finger_joint_position(0.04) == pytest.approx(0.02)
+
+    def one_finger(d):
+        d["gripper"]["joints"] = ["panda_finger_joint1"]
+
+    single = robot.load_profile(write_profile(tmp_path, one_finger))
+    assert single.interfaces.gripper.opening_per_joint == 2.0
+    assert single.max_jaw_opening_m() == pytest.approx(0.08)
+    assert single.jaw_opening_m({"panda_finger_joint1": 0.015}) == pytest.approx(0.03)
+    assert single.finger_joint_position(0.03) == pytest.approx(0.015)
+
+
+def test_a_profile_without_a_gripper_loads_and_refuses_gripper_questions(tmp_path):
+    demo = vendor_profile("ros2_control_demo", "r6bot_vendor.urdf")
+    assert not demo.has_gripper and demo.jaw_opening_range_m() == (0.0, 0.0) and demo.max_jaw_opening_m() == 0.0
+    assert demo.jaw_opening_m({"joint_1": 0.3}) is None
+    with pytest.raises(robot.ProfileError, match="has no gripper"):
+        demo.finger_joint_position(0.02)
+    with pytest.raises(robot.ProfileError, match="has no gripper: no finger pad geometry"):
+        _ = demo.gripper_geometry
+    assert Kinematics(profile=demo).self_collisions(demo.home_q) == []  # no fingers to place
+
+    def no_gripper_section(d):
+        del d["gripper"], d["twin"]
+
+    assert not robot.load_profile(write_profile(tmp_path, no_gripper_section, "no_gripper")).has_gripper
+
+    def twin_without_gripper(d):
+        d["gripper"] = {"joints": []}
+
+    with pytest.raises(robot.ProfileError, match="the MuJoCo twin needs a gripper"):
+        robot.load_profile(write_profile(tmp_path, twin_without_gripper, "twin_no_gripper"))
+
+
+# ---------------------------------------------------------------------------------------------- cameras
+def test_camera_frames_need_not_be_links_of_the_urdf():
+    """A vendor's description has no camera links (the calibration is on /tf_static): the profile loads on it;
+    the kinematics, asked for such a frame, say where it lives instead of failing obscurely."""
+    for name, urdf in (("franka_fr3", "fr3_vendor.urdf"), ("ur5e", "ur5e_hande_vendor.urdf")):
+        profile = vendor_profile(name, urdf)
+        assert profile.camera_frames["head"] == "head_camera_optical_frame"
+        assert "head_camera_optical_frame" not in profile.links()
+        kin = Kinematics(profile=profile)
+        assert "head_camera_optical_frame" not in kin.links
+        with pytest.raises(KeyError, match=r"'head_camera_optical_frame' is not a link .* /tf"):
+            kin.forward(profile.home_q, "head_camera_optical_frame")
+
+
+def test_the_twin_needs_its_cameras_in_its_urdf(tmp_path):
+    """The twin renders each camera at its optical frame's link: a twin profile naming a frame its URDF lacks
+    loads (validation does not ask), and building the twin says which camera and why."""
+    from captain_ros.twin.scene import build_spec
+
+    def elsewhere(d):
+        d["description"]["camera_frames"]["head"] = "calibrated_head_optical_frame"
+
+    profile = robot.load_profile(write_profile(tmp_path, elsewhere))
+    with pytest.raises(robot.ProfileError, match=r"camera_frames\.head 'calibrated_head_optical_frame' is not a link"):
+        build_spec([], profile=profile)

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from captain_ros.core.trajectory import JointTrajectory, TrajectoryError, TrajectoryFollower
+from captain_ros.core.trajectory import JointTrajectory, TrajectoryError, TrajectoryFollower, stop_ramp
 
 JOINTS = ("a", "b")
 LO, HI = np.array([-1.0, -1.0]), np.array([1.0, 1.0])
@@ -78,3 +78,112 @@ def test_streamed_trajectories_join_without_a_velocity_jump():
     f.start(build(times=(1.0,), positions=((0.9, 0.0),), velocities=((0.0, 0.0),)), now_s=0.5)
     f.update(0.5)
     np.testing.assert_allclose(f.desired_qd, moving, atol=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------- stop ramps
+ARM = ("j1", "j2", "j3")
+PERIOD = 0.01
+
+
+def _decelerations(ramp, qd0: np.ndarray) -> np.ndarray:
+    """Per-joint deceleration of each ramp segment, from the exact velocities at its points."""
+    times = np.concatenate([[0.0], ramp.times_s])
+    velocities = np.vstack([qd0, ramp.velocities])
+    return np.abs(np.diff(velocities, axis=0) / np.diff(times)[:, None])
+
+
+@pytest.mark.parametrize(
+    ("qd0", "decel"),
+    [
+        (np.array([0.8, -0.3, 0.05]), 5.0),
+        (np.array([0.8, -0.3, 0.05]), np.array([2.0, 7.5, 1.0])),  # per-joint limits: the slowest joint decides
+        (np.array([1e-3, 0.0, -2e-3]), 5.0),  # barely moving: one period suffices
+        (np.array([40.0, 0.0, 0.0]), 5.0),  # a long stop: sampled sparsely, still exact
+    ],
+)
+def test_stop_ramp_decelerates_every_joint_within_its_limit_to_rest(qd0, decel):
+    q0 = np.array([0.1, -0.2, 0.3])
+    ramp = stop_ramp(ARM, q0, qd0, decel_radps2=decel, period_s=PERIOD)
+    limit = np.broadcast_to(decel, qd0.shape)
+    assert np.all(_decelerations(ramp, qd0) <= limit * (1 + 1e-9))
+    # it begins at the next control period and takes whole periods
+    assert ramp.times_s[0] == pytest.approx(PERIOD)
+    assert ramp.duration_s / PERIOD == pytest.approx(round(ramp.duration_s / PERIOD))
+    # ends at rest, every joint together, having travelled what a constant deceleration travels
+    np.testing.assert_array_equal(ramp.velocities[-1], 0.0)
+    np.testing.assert_allclose(ramp.positions[-1], q0 + qd0 * ramp.duration_s / 2, atol=1e-12)
+    # and it is no longer than the slowest joint needs, rounded up to a period
+    assert ramp.duration_s < float(np.max(np.abs(qd0) / limit)) + PERIOD + 1e-12
+    # the controller's cubic interpolation from the moving setpoint reproduces the constant deceleration:
+    # no velocity step at the start, no acceleration beyond the limit anywhere
+    t = np.linspace(0.0, ramp.duration_s, 2001)
+    qd = np.array([ramp.sample(ti, q0, qd0)[1] for ti in t])
+    np.testing.assert_allclose(qd[0], qd0, atol=1e-12)
+    accel = np.abs(np.diff(qd, axis=0) / np.diff(t)[:, None])
+    assert np.all(accel <= limit * (1 + 1e-6))
+
+
+def test_stop_ramp_from_rest_is_one_hold_point_a_period_ahead():
+    q0 = np.array([0.1, -0.2, 0.3])
+    ramp = stop_ramp(ARM, q0, np.zeros(3), decel_radps2=5.0, period_s=PERIOD)
+    np.testing.assert_array_equal(ramp.times_s, [PERIOD])
+    np.testing.assert_array_equal(ramp.positions, [q0])
+    np.testing.assert_array_equal(ramp.velocities, [[0.0, 0.0, 0.0]])
+
+
+def test_stop_ramp_stays_inside_the_joint_limits():
+    ramp = stop_ramp(
+        ARM, [0.95, 0.0, 0.0], [1.0, 0.0, 0.0], decel_radps2=5.0, period_s=PERIOD, lower=-np.ones(3), upper=np.ones(3)
+    )
+    assert ramp.positions[:, 0].max() == 1.0  # a stop that would cross the limit ends at it
+    assert np.all(ramp.velocities[ramp.positions[:, 0] >= 1.0, 0] == 0.0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"qd_radps": [np.nan, 0.0, 0.0]}, "must be finite"),
+        ({"q_rad": [0.0, np.inf, 0.0]}, "must be finite"),
+        ({"qd_radps": [0.1, 0.0]}, "3 joints need 3 positions and velocities"),
+        ({"decel_radps2": 0.0}, "decel_radps2 must be finite and > 0"),
+        ({"decel_radps2": [5.0, -1.0, 5.0]}, "decel_radps2 must be finite and > 0"),
+        ({"decel_radps2": np.nan}, "decel_radps2 must be finite and > 0"),
+        ({"decel_radps2": [5.0, 5.0]}, "one value or one per joint"),
+        ({"period_s": 0.0}, "control period must be finite and > 0"),
+    ],
+)
+def test_stop_ramp_refuses_bad_input_with_a_reason(kwargs, message):
+    args = {"q_rad": [0.0, 0.0, 0.0], "qd_radps": [0.1, 0.0, 0.0], "decel_radps2": 5.0, "period_s": PERIOD}
+    args.update(kwargs)
+    with pytest.raises(TrajectoryError, match=message):
+        stop_ramp(ARM, args.pop("q_rad"), args.pop("qd_radps"), **args)
+
+
+# ---------------------------------------------------------------------------------------------- speed scaling
+def test_a_scaled_follower_runs_the_trajectory_at_that_fraction_of_the_clock():
+    f = TrajectoryFollower(JOINTS, LO, HI, np.zeros(2))
+    token = f.start(build(times=(1.0,), positions=((0.5, 0.0),)), now_s=0.0)
+    f.set_speed_scaling(0.5, now_s=0.0)
+    np.testing.assert_allclose(f.update(1.0), [0.25, 0.0])  # half way after one second at 50 %
+    assert f.elapsed_s(token) == pytest.approx(0.5) and not f.finished(token, 1.0)
+    f.set_speed_scaling(0.0, now_s=1.0)  # paused: nothing moves however long it lasts
+    np.testing.assert_allclose(f.update(30.0), [0.25, 0.0])
+    f.set_speed_scaling(1.0, now_s=30.0)
+    np.testing.assert_allclose(f.update(30.25), [0.375, 0.0])
+    assert f.finished(token, 30.5) and f.elapsed_s(token, 31.0) == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="fraction in"):
+        f.set_speed_scaling(50.0, now_s=31.0)  # percent given as a fraction
+
+
+def test_a_trajectory_stamped_in_the_past_begins_part_way_along():
+    """A stop computed at a joint state's stamp and received later runs as computed: at receipt the setpoint is
+    where the trajectory is by then, not a period behind it."""
+    q0, qd0 = np.zeros(3), np.array([0.5, -0.25, 0.0])
+    ramp = stop_ramp(ARM, q0, qd0, decel_radps2=5.0, period_s=PERIOD)
+    late = TrajectoryFollower(ARM, -np.ones(3), np.ones(3), q0)
+    late.desired_qd = qd0.copy()
+    late.desired_q = q0 + qd0 * 0.004  # the setpoint moved on for the 4 ms the message took
+    late.start(ramp, now_s=10.004, start_time_s=10.0)
+    expected, _ = ramp.sample(0.004 + PERIOD, q0, qd0)
+    np.testing.assert_allclose(late.update(10.004 + PERIOD), expected, atol=1e-5)
+    np.testing.assert_allclose(late.update(11.0), ramp.positions[-1], atol=1e-12)

@@ -133,7 +133,11 @@ class InProcessLink(HarnessLink):
                 self.close()
                 self.twin = Twin(task, suite=self.suite, profile=self.profile)
                 timer = _MotionTimer(self)
-                backend = _TimedBackend(TwinBackend(self.twin, self.config.safety.control_period_s), timer)
+                safety = self.config.safety
+                twin_backend = TwinBackend(
+                    self.twin, safety.control_period_s, stop_decel_radps2=safety.stop_decel_radps2
+                )
+                backend = _TimedBackend(twin_backend, timer)
                 self.harness = Harness(backend, self.config, self.kinematics)
                 self.harness.executor.execute = timer.timed(self.harness.executor.execute)
             start = self.twin.reset(start_id, split=split)

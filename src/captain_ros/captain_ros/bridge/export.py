@@ -324,9 +324,9 @@ def _joints(snapshot: dict[str, Any]) -> tuple[list[str], list[float]] | None:
     q = [float(v) for v in rob["arm_q_rad"]]
     names = list(rob.get("arm_joint_names") or profile.arm_joints[: len(q)])
     jaw = _num(rob.get("jaw_opening_m"))
-    if jaw is not None:
-        fingers = list(rob.get("finger_joint_names") or profile.finger_joints)
-        names, q = [*names, *fingers], [*q, *([jaw / len(fingers)] * len(fingers))]
+    fingers = list(rob.get("finger_joint_names") or profile.finger_joints)
+    if jaw is not None and fingers and profile.has_gripper:  # each joint at the profile's position for the opening
+        names, q = [*names, *fingers], [*q, *([profile.finger_joint_position(jaw)] * len(fingers))]
     return names, q
 
 

@@ -25,6 +25,7 @@ class SafetyConfig:
     max_tcp_speed_mps: float = 0.25
     default_tcp_speed_mps: float = 0.10
     max_joint_speed_radps: float = 1.0
+    stop_decel_radps2: float = 3.0  # every commanded stop decelerates each joint at most this hard
     force_limit_n: float = 40.0
     arm_reflex_force_n: float = 40.0
     contact_threshold_n: float = 3.0
@@ -191,4 +192,6 @@ def load_config(safety_path: Path | None = None, harness_path: Path | None = Non
         )
     if min(s.control_period_s, s.max_tcp_speed_mps, s.max_joint_speed_radps, s.watchdog_timeout_s) <= 0:
         raise ConfigError(f"{safety_path.name}: periods, speeds and timeouts must be positive")
+    if s.stop_decel_radps2 <= 0:
+        raise ConfigError(f"{safety_path.name}: stop_decel_radps2 must be positive (a stop must decelerate)")
     return config

@@ -3,6 +3,9 @@
 The kinematic model is the robot alone (no scene), compiled from the robot profile's URDF, so the IK,
 the twin and rviz share one description; any serial arm works (the profile names its joints). The IK is
 damped least squares on the TCP pose with joint-limit clamping and a null-space pull toward a rest posture.
+
+Only kinematics are computed here (positions, Jacobians, collision geometry): masses never enter, so a vendor's
+description with massless moving links (the Robotiq Hand-E's fingers) compiles with placeholder ones.
 """
 
 from __future__ import annotations
@@ -16,6 +19,12 @@ import mujoco
 import numpy as np
 
 from captain_ros.core import robot
+
+# Placeholder mass and inertia for moving links a URDF gives none (MuJoCo refuses massless moving bodies: "mass and
+# inertia of moving bodies must be larger than mjMINVAL"). MuJoCo's compiler bounds (boundmass, boundinertia) raise
+# only bodies below them, so every link with a real <inertial> keeps it; nothing here uses masses anyway.
+PLACEHOLDER_MASS_KG = 1e-3
+PLACEHOLDER_INERTIA_KGM2 = 1e-9
 
 
 @dataclass(frozen=True)
@@ -53,10 +62,26 @@ def primitive_urdf(text: str) -> str:
 def _kinematic_model(profile: robot.RobotProfile) -> mujoco.MjModel:
     spec = mujoco.MjSpec.from_string(primitive_urdf(profile.urdf_text))
     spec.compiler.fusestatic = False
+    spec.compiler.boundmass = PLACEHOLDER_MASS_KG  # links without <inertial>: see PLACEHOLDER_MASS_KG
+    spec.compiler.boundinertia = PLACEHOLDER_INERTIA_KGM2
     spec.body(profile.tcp_frame).add_site(name="tcp")
     if len(profile.pad_links) == 2:  # the fingers close onto each other
         spec.add_exclude(bodyname1=profile.pad_links[0], bodyname2=profile.pad_links[1])
     return spec.compile()
+
+
+def _joint_mimics(model: mujoco.MjModel) -> list[tuple[int, int, float, float, np.ndarray]]:
+    """(follower qpos address, leader qpos address, follower ref, leader ref, polynomial) of every joint coupling:
+    MuJoCo compiles a URDF <mimic> into one (an equality of type joint: follower - ref = poly(leader - ref)).
+    Kinematics alone does not enforce equalities, so self_collisions places the followers itself."""
+    out = []
+    for i in range(model.neq):
+        if model.eq_type[i] != mujoco.mjtEq.mjEQ_JOINT or model.eq_obj2id[i] < 0:
+            continue
+        follower, leader = int(model.jnt_qposadr[model.eq_obj1id[i]]), int(model.jnt_qposadr[model.eq_obj2id[i]])
+        poly = model.eq_data[i, :5].copy()
+        out.append((follower, leader, float(model.qpos0[follower]), float(model.qpos0[leader]), poly))
+    return out
 
 
 class Kinematics:
@@ -72,6 +97,9 @@ class Kinematics:
         self._site = self.model.site("tcp").id
         self.lower, self.upper = self.profile.arm_limits_rad()
         self.n = self.profile.dof
+        self.links = frozenset(self.model.body(b).name for b in range(1, self.model.nbody))  # frames forward() knows
+        self._fingers = np.array([self.model.joint(j).qposadr[0] for j in self.profile.finger_joints], dtype=int)
+        self._mimics = _joint_mimics(self.model)
 
     def self_collisions(self, q_rad: np.ndarray, jaw_opening_m: float | None = None) -> list[tuple[str, str]]:
         """Pairs of robot links whose collision geometry overlaps at q (parents and children excluded), with the
@@ -79,8 +107,11 @@ class Kinematics:
         if jaw_opening_m is None:
             jaw_opening_m = self.profile.max_jaw_opening_m()
         self.data.qpos[self._qadr] = q_rad
-        for j in self.profile.finger_joints:
-            self.data.qpos[self.model.joint(j).qposadr[0]] = jaw_opening_m / len(self.profile.finger_joints)
+        if self.profile.has_gripper:
+            self.data.qpos[self._fingers] = self.profile.finger_joint_position(jaw_opening_m)
+        for follower, leader, follower_ref, leader_ref, poly in self._mimics:  # fingers mimicking the driven joint
+            x = self.data.qpos[leader] - leader_ref
+            self.data.qpos[follower] = follower_ref + sum(c * x**k for k, c in enumerate(poly))
         mujoco.mj_kinematics(self.model, self.data)
         mujoco.mj_collision(self.model, self.data)
         pairs = set()
@@ -95,6 +126,11 @@ class Kinematics:
         mujoco.mj_kinematics(self.model, self.data)
         if frame is None or frame == self.profile.tcp_frame:
             return self.data.site_xpos[self._site].copy(), self.data.site_xmat[self._site].reshape(3, 3).copy()
+        if frame not in self.links:
+            raise KeyError(
+                f"'{frame}' is not a link of robot profile '{self.profile.name}''s URDF (a frame only /tf knows, such "
+                "as a calibrated camera, is looked up there)"
+            )
         body = self.model.body(frame).id
         return self.data.xpos[body].copy(), self.data.xmat[body].reshape(3, 3).copy()
 

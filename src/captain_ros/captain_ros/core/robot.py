@@ -8,6 +8,11 @@ gripper geometry) are read from the URDF, never restated in the profile.
 
 A real arm whose vendor publishes its description on /robot_description may leave `description.urdf` empty;
 the node that loads such a profile passes the received URDF text to `RobotProfile.with_urdf_text`.
+
+Camera frames need not be links of the URDF: on a real arm they come from the camera driver's /tf and the
+hand-eye calibration on /tf_static, and what needs a camera's pose looks it up there (perception_node); only a
+use that truly needs the URDF's pose (the MuJoCo twin renders its cameras at their links) checks, and says so.
+An arm without a gripper names no gripper joints (`has_gripper`); its gripper commands are refused.
 """
 
 from __future__ import annotations
@@ -26,6 +31,12 @@ from captain_ros.paths import config_path, urdf_path
 
 DEFAULT_PROFILE = "panda_twin"
 GRIPPER_COMMANDS = ("joint_trajectory", "gripper_command", "parallel_gripper_command", "franka")
+# interfaces.speed_scaling_unit -> the value the topic carries at full speed (UR's broadcaster publishes percent)
+SPEED_SCALING_UNITS = {"percent": 100.0, "fraction": 1.0}
+# The wrench subscription's reliability: a best-effort subscriber hears reliable and best-effort publishers alike,
+# a reliable one only reliable publishers (franka_robot_state_broadcaster publishes best effort from v3.4.0 on).
+WRENCH_QOS = ("reliable", "best_effort")
+OPENING_TOLERANCE_M = 1e-4  # how far below 0 a shut jaw may compute (rounding of URDF limits and offsets)
 
 
 class ProfileError(ValueError):
@@ -64,13 +75,22 @@ class GripperInterface:
     command: "joint_trajectory" (a JointTrajectoryController on the finger joint: the twin, ros2_control demos),
     "gripper_command" (control_msgs/action/GripperCommand: gripper_action_controller, Robotiq drivers),
     "parallel_gripper_command" (control_msgs/action/ParallelGripperCommand: parallel_gripper_action_controller),
-    or "franka" (franka_msgs/action/Move and Grasp of franka_gripper)."""
+    or "franka" (franka_msgs/action/Move and Grasp of franka_gripper); "" for an arm without a gripper.
 
-    command: str
-    action: str  # the trajectory / GripperCommand / ParallelGripperCommand / franka Move action
+    The jaw opening (the gap between the finger pads, m) is linear in the gripper joints the profile names (the
+    joints the controller drives and the joint states report): opening = opening_offset_m + opening_per_joint *
+    (the sum of their positions), and a command sends every named joint the inverse of it. Why both numbers: the
+    joint a vendor's controller drives is not always a finger. Two prismatic fingers (Panda, FR3) are 0 and 1; one
+    prismatic finger whose mirror is a mimic joint, 0 and 2; the Robotiq Hand-E's hande_finger_distance (0 = open,
+    0.05 m = shut, the fingers its mimics) 0.05 and -1."""
+
+    command: str = ""
+    action: str = ""  # the trajectory / GripperCommand / ParallelGripperCommand / franka Move action
     grasp_action: str = ""  # franka_gripper's Grasp action (command "franka")
     joint_states_topic: str = ""  # where the fingers' measured positions come from ("" = the arm's joint_states)
     max_effort_n: float = 70.0  # grasp force asked of force-controlled grippers
+    opening_offset_m: float = 0.0  # the opening with every gripper joint at 0
+    opening_per_joint: float = 1.0  # metres of opening per unit of the joints' sum (profiles default 2 for one joint)
 
 
 @dataclass(frozen=True)
@@ -86,11 +106,17 @@ class Interfaces:
     joint_states_topic: str
     trajectory_action: str  # control_msgs/action/FollowJointTrajectory of the arm's trajectory controller
     trajectory_topic: str  # trajectory_msgs/JointTrajectory of the same controller (the hold/stop path)
-    wrench_topic: str  # geometry_msgs/WrenchStamped, in any frame of the arm
+    wrench_topic: str  # geometry_msgs/WrenchStamped, in a frame of the arm's URDF or one /tf connects to the hand
     gripper: GripperInterface
     cameras: dict[str, CameraInterface]
-    speed_scaling_topic: str = ""  # std_msgs/Float64 in [0, 1] (UR's speed_scaling_state_broadcaster); "" = none
+    speed_scaling_topic: str = ""  # std_msgs/Float64: the arm's execution-speed scaling; "" = none
+    speed_scaling_unit: str = "fraction"  # "percent" (0..100: UR's speed_scaling_state_broadcaster) or "fraction"
     force_reflex: ForceReflex | None = None
+    wrench_qos: str = "reliable"  # the wrench subscription's reliability: one of WRENCH_QOS
+
+    def speed_scaling_fraction(self, value: float) -> float:
+        """A speed_scaling_topic value as a fraction of full speed (1 = as planned, 0 = paused)."""
+        return float(value) / SPEED_SCALING_UNITS[self.speed_scaling_unit]
 
 
 @dataclass(frozen=True)
@@ -115,9 +141,9 @@ class RobotProfile:
     tcp_frame: str  # tool centre point between the finger pads
     arm_joints: tuple[str, ...]
     home_q_rad: tuple[float, ...]
-    finger_joints: tuple[str, ...]  # prismatic; opening = sum of their positions (one joint: twice it)
+    finger_joints: tuple[str, ...]  # the gripper's joints (none: no gripper); opening: GripperInterface
     pad_links: tuple[str, ...]  # the finger links that touch objects
-    camera_frames: dict[str, str]  # camera name -> optical frame
+    camera_frames: dict[str, str]  # camera name -> optical frame (a URDF link, or a frame only /tf knows)
     self_filter_chain_m: dict[str, float]  # links cut out of point clouds, with a radius around each
     interfaces: Interfaces
     twin: TwinSpec | None = None
@@ -170,20 +196,54 @@ class RobotProfile:
     def home_q(self) -> np.ndarray:
         return np.array(self.home_q_rad)
 
+    # ------------------------------------------------------------------ the gripper
+    @property
+    def has_gripper(self) -> bool:
+        """Whether the arm has a gripper: the profile names its joints (gripper.joints)."""
+        return bool(self.finger_joints)
+
+    def jaw_opening_at(self, joint_position: float) -> float:
+        """The jaw opening (m) with every gripper joint at `joint_position` (gripper.opening_offset_m +
+        opening_per_joint * their sum)."""
+        g = self.interfaces.gripper
+        return float(g.opening_offset_m + g.opening_per_joint * len(self.finger_joints) * joint_position)
+
+    def finger_joint_position(self, opening_m: float) -> float:
+        """The position every gripper joint is commanded to for a jaw opening: the inverse of `jaw_opening_at`
+        (Panda: opening / 2 per finger; Hand-E: hande_finger_distance = 0.05 m - opening)."""
+        if not self.has_gripper:
+            raise ProfileError(f"{self.source}: robot profile '{self.name}' has no gripper (gripper.joints is empty)")
+        g = self.interfaces.gripper
+        return float((opening_m - g.opening_offset_m) / (g.opening_per_joint * len(self.finger_joints)))
+
+    def jaw_opening_range_m(self) -> tuple[float, float]:
+        """(shut, fully open) jaw openings over the gripper joints' URDF limits; (0, 0) without a gripper."""
+        if not self.has_gripper:
+            return 0.0, 0.0
+        n = len(self.finger_joints)
+        lower = sum(self.joint_limits[j].lower for j in self.finger_joints) / n
+        upper = sum(self.joint_limits[j].upper for j in self.finger_joints) / n
+        ends = self.jaw_opening_at(lower), self.jaw_opening_at(upper)
+        return min(ends), max(ends)
+
     def max_jaw_opening_m(self) -> float:
-        """Finger gap when fully open: every finger joint at its upper limit."""
-        upper = sum(self.joint_limits[j].upper for j in self.finger_joints)
-        return upper * (2 if len(self.finger_joints) == 1 else 1)
+        """The jaw opening when fully open (from the gripper joints' URDF limits; 0 without a gripper)."""
+        return self.jaw_opening_range_m()[1]
 
     def jaw_opening_m(self, positions: dict[str, float]) -> float | None:
-        """The measured gap from finger joint positions (a missing second finger mirrors the first)."""
+        """The measured jaw opening from gripper joint positions (joint name -> position); a joint missing from
+        `positions` counts as the mean of those present (a mimic finger the broadcaster does not report). None
+        when none of them is there (or the arm has no gripper)."""
         known = [positions[j] for j in self.finger_joints if j in positions]
         if not known:
             return None
-        return float(sum(known) * len(self.finger_joints) / len(known)) * (2 if len(self.finger_joints) == 1 else 1)
+        return self.jaw_opening_at(sum(known) / len(known))
 
     @cached_property
     def gripper_geometry(self) -> GripperGeometry:
+        if not self.has_gripper or not self.pad_links:
+            what = "has no gripper" if not self.has_gripper else "names no gripper.pad_links"
+            raise ProfileError(f"{self.source}: robot profile '{self.name}' {what}: no finger pad geometry")
         joints = {j.find("child").get("link"): j for j in self._urdf.iter("joint")}
         links = {link.get("name"): link for link in self._urdf.iter("link")}
         tcp_z = float(_origin_xyz(joints[self.tcp_frame])[2])
@@ -219,12 +279,14 @@ class RobotProfile:
         return profile
 
     def validate(self) -> None:
-        """Every name the profile gives exists in the URDF, the home pose is inside the limits."""
+        """Every name the profile gives exists in the URDF (camera frames excepted: /tf may hold them), the home
+        pose is inside the limits, the gripper is described consistently and opens from 0 up."""
         where = self.source
         if len(self.home_q_rad) != self.dof:
             raise ProfileError(
                 f"{where}: description.home_q_rad has {len(self.home_q_rad)} values for {self.dof} joints"
             )
+        self._validate_gripper()
         if not self.urdf_text:
             return
         try:
@@ -237,7 +299,6 @@ class RobotProfile:
             ("flange_frame", self.flange_frame),
             ("hand_frame", self.hand_frame),
             ("tcp_frame", self.tcp_frame),
-            *((f"camera_frames.{c}", f) for c, f in self.camera_frames.items()),
             *((f"gripper.pad_links[{i}]", f) for i, f in enumerate(self.pad_links)),
             *((f"self_filter_chain_m.{f}", f) for f in self.self_filter_chain_m),
         ):
@@ -254,6 +315,50 @@ class RobotProfile:
             raise ProfileError(f"{where}: description.home_q_rad is outside the URDF limits at {', '.join(outside)}")
         if self.twin is not None and len(self.twin.arm_kp) != self.dof:
             raise ProfileError(f"{where}: twin.arm_kp has {len(self.twin.arm_kp)} values for {self.dof} joints")
+        shut, open_ = self.jaw_opening_range_m()
+        if self.has_gripper and (shut < -OPENING_TOLERANCE_M or open_ <= shut):
+            raise ProfileError(
+                f"{where}: gripper: over the URDF limits of {', '.join(self.finger_joints)} the jaw would open "
+                f"{shut:.4f}..{open_:.4f} m (opening = opening_offset_m + opening_per_joint * their sum); a jaw "
+                "opens from 0 (shut) up: check opening_offset_m and opening_per_joint"
+            )
+
+    def _validate_gripper(self) -> None:
+        """A gripper names its joints, action and command and an invertible opening; an arm without one (no
+        gripper.joints) names none of its interfaces, and has no twin (the twin simulates a gripper)."""
+        g, where = self.interfaces.gripper, f"{self.source}: gripper"
+        if not self.has_gripper:
+            given = [
+                key
+                for key, value in (
+                    ("command", g.command),
+                    ("action", g.action),
+                    ("grasp_action", g.grasp_action),
+                    ("joint_states_topic", g.joint_states_topic),
+                    ("pad_links", self.pad_links),
+                )
+                if value
+            ]
+            if given:
+                raise ProfileError(
+                    f"{where}: joints is empty (an arm without a gripper) but {', '.join(given)} "
+                    f"{'is' if len(given) == 1 else 'are'} given: name the gripper's joints, or remove "
+                    f"{'it' if len(given) == 1 else 'them'}"
+                )
+            if self.twin is not None:
+                raise ProfileError(f"{where}: joints is empty, but the MuJoCo twin needs a gripper to simulate")
+            return
+        if g.command not in GRIPPER_COMMANDS:
+            raise ProfileError(f"{where}: command must be one of {', '.join(GRIPPER_COMMANDS)}, got {g.command!r}")
+        if not g.action:
+            raise ProfileError(f"{where}: action is empty: name the gripper controller's action")
+        if not math.isfinite(g.opening_offset_m):
+            raise ProfileError(f"{where}: opening_offset_m must be a finite number of metres, got {g.opening_offset_m}")
+        if not (math.isfinite(g.opening_per_joint) and g.opening_per_joint != 0):
+            raise ProfileError(
+                f"{where}: opening_per_joint must be a finite, non-zero number (the opening must follow the joints), "
+                f"got {g.opening_per_joint}"
+            )
 
 
 def _origin_xyz(element: ET.Element | None) -> np.ndarray:
@@ -327,12 +432,15 @@ def _parse(doc: dict, source: str) -> RobotProfile:
     if not isinstance(doc, dict):
         raise ProfileError(f"{source}: a robot profile is a mapping")
     desc = _get(doc, "description", source, dict)
-    grip = _get(doc, "gripper", source, dict)
+    grip = _get(doc, "gripper", source, dict, {})  # absent: an arm without a gripper
     ifc = _get(doc, "interfaces", source, dict)
     d, g, i = f"{source}: description", f"{source}: gripper", f"{source}: interfaces"
-    command = _get(grip, "command", g)
-    if command not in GRIPPER_COMMANDS:
-        raise ProfileError(f"{g}: command must be one of {', '.join(GRIPPER_COMMANDS)}, got {command!r}")
+    finger_joints = _names(grip, "joints", g, [])
+    per_joint_default = 2.0 if len(finger_joints) == 1 else 1.0  # one prismatic finger, its mirror a mimic
+    camera_frames = _get(desc, "camera_frames", d, dict, {})
+    for cam, frame in camera_frames.items():
+        if not (isinstance(frame, str) and frame):
+            raise ProfileError(f"{d}: camera_frames.{cam} must be a frame name, got {frame!r}")
     cameras = {}
     for cam, topics in _get(ifc, "cameras", i, dict, {}).items():
         w = f"{i}.cameras.{cam}"
@@ -340,6 +448,16 @@ def _parse(doc: dict, source: str) -> RobotProfile:
             _get(topics, "color_topic", w), _get(topics, "depth_topic", w), _get(topics, "info_topic", w)
         )
     reflex = _get(ifc, "force_reflex", i, dict, None)
+    scaling_topic = _get(ifc, "speed_scaling_topic", i, str, "")
+    scaling_unit = _get(ifc, "speed_scaling_unit", i, str, "") or ("" if scaling_topic else "fraction")
+    if scaling_unit not in SPEED_SCALING_UNITS:
+        raise ProfileError(
+            f"{i}: speed_scaling_unit must be one of {', '.join(SPEED_SCALING_UNITS)} with a speed_scaling_topic "
+            f"(UR's speed_scaling_state_broadcaster publishes percent, 0..100), got {scaling_unit!r}"
+        )
+    wrench_qos = _get(ifc, "wrench_qos", i, str, "reliable")
+    if wrench_qos not in WRENCH_QOS:
+        raise ProfileError(f"{i}: wrench_qos must be one of {', '.join(WRENCH_QOS)}, got {wrench_qos!r}")
     twin = _get(doc, "twin", source, dict, None)
     urdf_file = _get(desc, "urdf", d, str, "")
     urdf_text = ""
@@ -359,9 +477,9 @@ def _parse(doc: dict, source: str) -> RobotProfile:
         tcp_frame=_get(desc, "tcp_frame", d),
         arm_joints=_names(desc, "arm_joints", d),
         home_q_rad=_numbers(desc, "home_q_rad", d),
-        finger_joints=_names(grip, "joints", g),
-        pad_links=_names(grip, "pad_links", g),
-        camera_frames={str(k): str(v) for k, v in _get(desc, "camera_frames", d, dict, {}).items()},
+        finger_joints=finger_joints,
+        pad_links=_names(grip, "pad_links", g, []),
+        camera_frames={str(k): v for k, v in camera_frames.items()},
         self_filter_chain_m={str(k): float(v) for k, v in radii.items()},
         interfaces=Interfaces(
             joint_states_topic=_get(ifc, "joint_states_topic", i),
@@ -369,17 +487,21 @@ def _parse(doc: dict, source: str) -> RobotProfile:
             trajectory_topic=_get(ifc, "trajectory_topic", i),
             wrench_topic=_get(ifc, "wrench_topic", i),
             gripper=GripperInterface(
-                command=command,
-                action=_get(grip, "action", g),
+                command=_get(grip, "command", g, str, ""),
+                action=_get(grip, "action", g, str, ""),
                 grasp_action=_get(grip, "grasp_action", g, str, ""),
                 joint_states_topic=_get(grip, "joint_states_topic", g, str, ""),
                 max_effort_n=_get(grip, "max_effort_n", g, float, 70.0),
+                opening_offset_m=_get(grip, "opening_offset_m", g, float, 0.0),
+                opening_per_joint=_get(grip, "opening_per_joint", g, float, per_joint_default),
             ),
             cameras=cameras,
-            speed_scaling_topic=_get(ifc, "speed_scaling_topic", i, str, ""),
+            speed_scaling_topic=scaling_topic,
+            speed_scaling_unit=scaling_unit,
             force_reflex=None
             if reflex is None
             else ForceReflex(_get(reflex, "parameter_service", i), _get(reflex, "parameter", i)),
+            wrench_qos=wrench_qos,
         ),
         twin=None
         if twin is None

@@ -6,7 +6,13 @@ points when velocities are given, linear otherwise, starting from the joint stat
 moment it was accepted. After the last point it holds the last position.
 
 `TrajectoryFollower` is the controller itself, modelled: the twin runs it at every physics step;
-the ros2_control backend runs a copy to know what the real controller is being told.
+the ros2_control backend runs a copy to know what the real controller is being told. It runs a trajectory on
+a clock of its own that advances at the arm's speed scaling (UR's scaled_joint_trajectory_controller: at 30 %
+a sweep takes 1/0.3 as long, at 0 it stands still), so "how far along" is always in the trajectory's own time.
+
+`stop_ramp` is how every stop is commanded: not a jump of the setpoint to rest (a velocity step that real arms'
+reflexes reject) but a short constant-deceleration trajectory, within the arm's deceleration limit on every
+joint, whose first point is one control period ahead.
 """
 
 from __future__ import annotations
@@ -92,20 +98,23 @@ class JointTrajectory:
         return float(self.times_s[-1])
 
     def sample(
-        self, t_s: float, start_q: np.ndarray, start_qd: np.ndarray | None = None
+        self, t_s: float, start_q: np.ndarray, start_qd: np.ndarray | None = None, start_at_s: float = 0.0
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Desired (position, velocity) at `t_s` after acceptance, starting from `start_q` moving at
-        `start_qd` (at rest when None), so streamed trajectories join without a velocity jump."""
-        times = np.concatenate([[0.0], self.times_s]) if self.times_s[0] > 0 else self.times_s
-        pos = np.vstack([start_q, self.positions]) if self.times_s[0] > 0 else self.positions
+        """Desired (position, velocity) at `t_s` of the trajectory's time, starting from `start_q` moving at
+        `start_qd` (at rest when None), so streamed trajectories join without a velocity jump. The start state
+        sits at `start_at_s`: 0 for a trajectory begun on receipt, later for one stamped in the past, which
+        begins part-way along; points at or before it are passed (as joint_trajectory_controller does)."""
+        before = self.times_s[0] > start_at_s
+        times = np.concatenate([[start_at_s], self.times_s]) if before else self.times_s
+        pos = np.vstack([start_q, self.positions]) if before else self.positions
         if self.velocities is None:
             vel = None
         else:
             v0 = np.zeros_like(start_q) if start_qd is None else start_qd
-            vel = np.vstack([v0, self.velocities]) if self.times_s[0] > 0 else self.velocities
+            vel = np.vstack([v0, self.velocities]) if before else self.velocities
+        t_s = max(t_s, float(times[0]))
         if t_s >= times[-1]:
             return pos[-1].copy(), (np.zeros_like(pos[-1]) if vel is None else vel[-1].copy())
-        t_s = max(t_s, 0.0)
         i = int(np.searchsorted(times, t_s, side="right") - 1)
         h = times[i + 1] - times[i]
         s = (t_s - times[i]) / h
@@ -121,13 +130,18 @@ class JointTrajectory:
 @dataclass
 class _Active:
     trajectory: JointTrajectory
-    start_time_s: float
+    start_at_s: float  # trajectory time at which the start state sits (> 0: stamped in the past)
     start_q: np.ndarray
     start_qd: np.ndarray
     token: int
+    elapsed_s: float  # how far along the trajectory is, in its own time
+    clock_s: float  # the clock time elapsed_s was last brought up to
 
 
 class TrajectoryFollower:
+    """A joint_trajectory_controller, modelled. `desired_qd` is the velocity along the trajectory's own time (what
+    the controller's desired state holds); the arm moves at `speed_scaling` times it."""
+
     def __init__(self, joint_names: tuple[str, ...], lower: np.ndarray, upper: np.ndarray, initial_q: np.ndarray):
         self.joint_names = joint_names
         self.lower, self.upper = lower, upper
@@ -135,35 +149,78 @@ class TrajectoryFollower:
         self._active: _Active | None = None
         self._hold_q = np.asarray(initial_q, dtype=float).copy()
         self._next_token = 1
+        self._scaling = 1.0
         self.desired_q = self._hold_q.copy()
         self.desired_qd = np.zeros_like(self._hold_q)
 
-    def start(self, trajectory: JointTrajectory, now_s: float) -> int:
+    def start(self, trajectory: JointTrajectory, now_s: float, start_time_s: float | None = None) -> int:
         """Begin `trajectory` from the current desired position and velocity (as joint_trajectory_controller
-        does); returns a token that identifies it."""
+        does); returns a token that identifies it. `start_time_s` is the clock time of the trajectory's time zero
+        (its header stamp; None or a future stamp: now): one stamped in the past begins part-way along (as far
+        as the current speed scaling would have taken it), so a stop computed at a state's stamp runs as computed
+        however late it arrives."""
         with self._lock:
             token = self._next_token
             self._next_token += 1
-            self._active = _Active(trajectory, now_s, self.desired_q.copy(), self.desired_qd.copy(), token)
+            offset = 0.0 if start_time_s is None else max(0.0, now_s - start_time_s) * self._scaling
+            self._active = _Active(
+                trajectory, offset, self.desired_q.copy(), self.desired_qd.copy(), token, offset, now_s
+            )
             return token
 
     def hold(self, q: np.ndarray) -> None:
-        """Stop any trajectory and hold `q` (used on cancel and on reset)."""
+        """Stop any trajectory and hold `q` at once (a cancel, a reset, the arm's own reflex; stops that the
+        client commands are ramps: `stop_ramp`)."""
         with self._lock:
             self._active = None
             self._hold_q = np.clip(np.asarray(q, dtype=float), self.lower, self.upper)
             self.desired_q = self._hold_q.copy()
             self.desired_qd = np.zeros_like(self._hold_q)
 
+    @property
+    def speed_scaling(self) -> float:
+        with self._lock:
+            return self._scaling
+
+    def set_speed_scaling(self, scaling: float, now_s: float) -> None:
+        """From `now_s` on, the trajectory's time advances at `scaling` (0..1) times the clock (UR's speed slider
+        and hardware scaling); the time up to `now_s` ran at the previous scaling."""
+        scaling = float(scaling)
+        if not (math.isfinite(scaling) and 0.0 <= scaling <= 1.0):
+            raise ValueError(f"speed scaling must be a fraction in [0, 1], got {scaling}")
+        with self._lock:
+            self._advance(now_s)
+            self._scaling = scaling
+
+    def _advance(self, now_s: float) -> None:
+        a = self._active
+        if a is not None and now_s > a.clock_s:  # an older time (a late message, a reset clock) moves nothing
+            a.elapsed_s += (now_s - a.clock_s) * self._scaling
+            a.clock_s = now_s
+
     def active_token(self) -> int | None:
         with self._lock:
             return None if self._active is None else self._active.token
+
+    def elapsed_s(self, token: int | None = None, now_s: float | None = None) -> float | None:
+        """How far along (in its own time) the running trajectory is at `now_s` (default: the last update);
+        None when none runs, or when `token` was replaced."""
+        with self._lock:
+            a = self._active
+            if a is None or (token is not None and a.token != token):
+                return None
+            if now_s is not None:
+                self._advance(now_s)
+            return a.elapsed_s
 
     def finished(self, token: int, now_s: float) -> bool:
         """Whether trajectory `token` has reached its last point (or was replaced)."""
         with self._lock:
             a = self._active
-            return a is None or a.token != token or now_s - a.start_time_s >= a.trajectory.duration_s
+            if a is None or a.token != token:
+                return True
+            self._advance(now_s)
+            return a.elapsed_s >= a.trajectory.duration_s
 
     def update(self, now_s: float) -> np.ndarray:
         """Desired position at `now_s` (clipped to the joint limits)."""
@@ -171,10 +228,79 @@ class TrajectoryFollower:
             a = self._active
             if a is None:
                 return self.desired_q.copy()
-            q, qd = a.trajectory.sample(now_s - a.start_time_s, a.start_q, a.start_qd)
+            self._advance(now_s)
+            q, qd = a.trajectory.sample(a.elapsed_s, a.start_q, a.start_qd, a.start_at_s)
             self.desired_q = np.clip(q, self.lower, self.upper)
             self.desired_qd = qd
             return self.desired_q.copy()
+
+
+MAX_RAMP_POINTS = 100  # a longer stop is sampled more sparsely (the cubic interpolation is exact on it anyway)
+REST_RADPS = 1e-6  # a setpoint slower than this on every joint is at rest: its stop is one hold point
+
+
+def stop_ramp(
+    joint_names: Sequence[str],
+    q_rad: Sequence[float],
+    qd_radps: Sequence[float],
+    *,
+    decel_radps2: float | Sequence[float],
+    period_s: float,
+    lower: np.ndarray | None = None,
+    upper: np.ndarray | None = None,
+) -> JointTrajectory:
+    """The stop of a setpoint at `q_rad` moving at `qd_radps`, as a trajectory its controller can follow.
+
+    Every joint decelerates at a constant rate to rest, all arriving together (time-synchronised, so the path
+    keeps its shape: the joint that needs longest sets the time, the others decelerate more gently), never faster
+    than `decel_radps2` (one value, or one per joint). The first point is one control period ahead and the stop
+    takes a whole number of periods. Points carry exact positions and velocities of that constant deceleration
+    (every control period, sparser beyond MAX_RAMP_POINTS): a controller's cubic interpolation reproduces it exactly,
+    starting from `q_rad`, `qd_radps` without a velocity step. A setpoint at rest stops with a single hold point.
+
+    The setpoint, not the measured state, is what is ramped: it is what the controller continues from, and a
+    command that starts where the last one was is what a real arm's reflexes accept (Franka rejects command
+    discontinuities). Positions stay inside [`lower`, `upper`] where given: a joint whose stop would cross its
+    limit stops at the limit, as the controller clips it there anyway. Raises TrajectoryError on non-finite or
+    mismatched input and on limits or periods that are not positive.
+    """
+    names = tuple(joint_names)
+    q = np.asarray(q_rad, dtype=float)
+    qd = np.asarray(qd_radps, dtype=float)
+    if q.shape != (len(names),) or qd.shape != (len(names),):
+        raise TrajectoryError(
+            f"stop ramp: {len(names)} joints need {len(names)} positions and velocities, got {q.shape} and {qd.shape}"
+        )
+    if not (np.all(np.isfinite(q)) and np.all(np.isfinite(qd))):
+        raise TrajectoryError(f"stop ramp: positions and velocities must be finite, got {q.tolist()}, {qd.tolist()}")
+    try:
+        decel = np.broadcast_to(np.asarray(decel_radps2, dtype=float), q.shape)
+    except ValueError:
+        raise TrajectoryError(
+            f"stop ramp: decel_radps2 must be one value or one per joint ({len(names)}), got {decel_radps2!r}"
+        ) from None
+    if not np.all(np.isfinite(decel) & (decel > 0)):
+        raise TrajectoryError(f"stop ramp: decel_radps2 must be finite and > 0 rad/s^2 on every joint, got {decel}")
+    if not (math.isfinite(period_s) and period_s > 0):
+        raise TrajectoryError(f"stop ramp: the control period must be finite and > 0 s, got {period_s}")
+    lo = np.full(q.shape, -np.inf) if lower is None else np.asarray(lower, dtype=float)
+    hi = np.full(q.shape, np.inf) if upper is None else np.asarray(upper, dtype=float)
+    if np.abs(qd).max(initial=0.0) <= REST_RADPS:
+        return JointTrajectory(names, np.array([period_s]), np.clip(q, lo, hi)[None], np.zeros((1, len(names))))
+    periods = max(1, math.ceil(float(np.max(np.abs(qd) / decel)) / period_s - 1e-9))
+    stop_s = periods * period_s
+    if periods <= MAX_RAMP_POINTS:
+        t = period_s * np.arange(1, periods + 1)
+    else:
+        t = np.concatenate([[period_s], np.linspace(period_s, stop_s, MAX_RAMP_POINTS)[1:]])
+    t = t[:, None]
+    positions = q + qd * t - 0.5 * (qd / stop_s) * t**2
+    velocities = qd * (1.0 - t / stop_s)
+    velocities[-1] = 0.0
+    clipped = (positions < lo) | (positions > hi)
+    positions = np.clip(positions, lo, hi)
+    velocities[clipped] = 0.0
+    return JointTrajectory(names, t[:, 0].copy(), positions, velocities)
 
 
 def duration_to_s(sec: int, nanosec: int) -> float:

@@ -3,8 +3,12 @@
 The motion executor hands the backend a whole joint trajectory (as a ros2_control
 joint_trajectory_controller takes it), then watches the measured state one control period at
 a time and stops it with `hold` on contact, force, cancel, the stop service or the watchdog.
+A stop is a ramp, not a jump: from the next control period on, every joint decelerates to rest within the
+safety config's `stop_decel_radps2` (core.trajectory.stop_ramp); only the arm's own force reflex stops it at once.
 The backend reports what the controller is actually being told (`commanded`, after clipping
-to the joint limits), so the harness records what the arm was really commanded.
+to the joint limits), so the harness records what the arm was really commanded, and how far along its
+trajectory the controller is (`trajectory_time_s`): an arm with speed scaling (UR) runs trajectories slower than
+planned, or not at all while paused.
 """
 
 from __future__ import annotations
@@ -65,12 +69,34 @@ class ArmBackend(ABC):
 
     @abstractmethod
     def hold(self, q_rad: np.ndarray | None = None) -> np.ndarray:
-        """Stop now: the commanded velocity is zero from the next control period on, holding `q_rad`
-        (the measured position when None). Returns the held position after clipping."""
+        """Stop. Without `q_rad` (every stop: cancel, contact, force limit, stop service, watchdog, e-stop): the
+        setpoint decelerates from the next control period on, within `stop_decel_radps2` on every joint, to rest
+        (at once if it is at rest); returns where it comes to rest. After the arm's own reflex stopped it, it
+        already holds where it stopped and nothing is sent. With `q_rad`: hold that position from the next period
+        on (for an arm at rest whose setpoint must move to where someone else left it). Positions are clipped to
+        the joint limits."""
 
     @abstractmethod
     def commanded(self) -> tuple[np.ndarray, np.ndarray]:
-        """The arm setpoint (position, velocity) the controller follows at the latest state's time."""
+        """The arm setpoint (position, velocity) the controller follows at the latest state's time. The velocity
+        is along the trajectory's own time: the arm moves at speed_scaling() times it."""
+
+    def speed_scaling(self) -> float:
+        """The fraction of planned speed the arm's trajectory controller runs at now: 1 = as planned, 0 = paused
+        (UR: the pendant's speed slider times the hardware's own scaling). Arms without speed scaling run at 1."""
+        return 1.0
+
+    def trajectory_time_s(self) -> float | None:
+        """How far along the trajectory it follows (the last follow() or stop) the controller is, in the
+        trajectory's own time, at the latest state's time; None when this backend cannot tell (the harness then
+        takes the time since follow() on the arm's clock).
+
+        Why the backend measures it: with speed scaling the controller advances the trajectory at the scaling
+        times the clock, so the planned duration is only meaningful on that scaled time. The backend integrates the
+        scaling as the controller does (the twin exactly, the ros2_control backend from the scaling topic, on the
+        joint states' stamps), so progress, "done" and "stalled" are judged against the sweep itself, never
+        against a wall or arm clock that a slowed or paused arm would overrun."""
+        return None
 
     @abstractmethod
     def move_gripper(self, opening_m: float, duration_s: float) -> float:

@@ -20,6 +20,7 @@ from captain_ros.core import robot
 from captain_ros.core.config import HarnessConfig
 from captain_ros.core.contract import CAPABILITY_BY_NAME, Budget, CallResult, FailureCategory
 from captain_ros.core.kinematics import Kinematics
+from captain_ros.harness.approval import Approver, Decision, EStop, PendingAction
 from captain_ros.harness.backend import ArmBackend
 from captain_ros.harness.dispatch import dispatch
 from captain_ros.harness.motion import (
@@ -96,9 +97,14 @@ class Harness:
         kinematics: Kinematics | None = None,
         clock: Callable[[], float] = time.monotonic,
         watchdog: Watchdog | None = None,
+        *,
+        approver: Approver | None = None,
+        estop: EStop | None = None,
     ):
         """`watchdog`: fed by the agent's heartbeats (the motion node makes one); in-process callers
-        are alive by construction and need none."""
+        are alive by construction and need none. `approver`: asked before every physical action (approval
+        mode; harness/approval.py); `estop`: a latch shared with whoever engages it (the motion node's
+        e-stop service and topic), checked by the physical-action gate."""
         self.backend, self.config = backend, config
         self.kin = kinematics or Kinematics(profile=backend.profile)
         if (self.kin.profile.urdf_text, self.kin.profile.arm_joints) != (
@@ -115,6 +121,9 @@ class Harness:
         self.stop_signal = StopSignal()
         self.watchdog = watchdog
         self.stopped = False  # set by the stop service; cleared by resume()
+        self.approver = approver
+        self.estop = estop if estop is not None else EStop()
+        self._call_args: dict[str, Any] = {}  # the running call's arguments as given (what an approver sees)
         self.on_progress: Callable[[MotionProgress], None] | None = None  # e.g. the MoveTo action's feedback
         self._clock = clock
         self.perception = Perception(self.kin, self._capture, config.perception)
@@ -147,10 +156,14 @@ class Harness:
         """Stop service: halt any motion within one control period and refuse motions until resume()."""
         self.stopped = True
         self.stop_signal.request(StopReason.SAFETY_STOP)
+        if self.approver is not None:
+            self.approver.withdraw("the stop service was called")
 
     def cancel(self) -> None:
         """Action cancel: halt the current motion within one control period."""
         self.stop_signal.request(StopReason.CANCELED)
+        if self.approver is not None:
+            self.approver.withdraw("the call was canceled")
 
     def resume(self) -> None:
         self.stopped = False
@@ -161,6 +174,7 @@ class Harness:
         """Run one capability by name. Never raises (`capability` is positional-only, so an argument of
         that name reaches the handler's validation instead of Python's call machinery)."""
         self.budget.wall_time_used_s = self._clock() - self._t0
+        self._call_args = kwargs
         result = dispatch(capability, kwargs, self._handler(capability), self.capabilities())
         self.budget.wall_time_used_s = self._clock() - self._t0
         result.budget = Budget(**vars(self.budget))
@@ -185,12 +199,9 @@ class Harness:
         return state.time_s, images, state.q_rad, state.jaw_opening_m
 
     def _physical(self, capability: str) -> None:
-        """Budget and safety gate for a physical action whose arguments are valid."""
-        if self.stopped:
-            raise PlanError(
-                FailureCategory.SAFETY_STOP,
-                "the arm is stopped (stop service); nothing moves until an operator resumes",
-            )
+        """Budget and safety gate for a physical action whose arguments are valid. Its second half,
+        `_approve`, runs right before the action commands the arm."""
+        self._check_latches()
         exhausted = self.budget.exhausted()
         if exhausted:
             raise PlanError(FailureCategory.BUDGET_EXHAUSTED, f"the {exhausted} budget is spent")
@@ -198,6 +209,67 @@ class Harness:
         self.stop_signal.clear()
         if self.watchdog is not None:
             self.watchdog.feed()
+
+    def _require_gripper(self, capability: str) -> None:
+        """Gripper capabilities on an arm without a gripper: refused before anything is counted or moves."""
+        if not self.profile.has_gripper:
+            raise PlanError(
+                FailureCategory.UNSUPPORTED,
+                f"{capability}: this robot profile ('{self.profile.name}') has no gripper; nothing moved",
+            )
+
+    def _check_latches(self) -> None:
+        """The e-stop, then the stop service: either refuses every physical action."""
+        refusal = self.estop.refusal()
+        if refusal:
+            raise PlanError(FailureCategory.SAFETY_STOP, refusal)
+        if self.stopped:
+            raise PlanError(
+                FailureCategory.SAFETY_STOP,
+                "the arm is stopped (stop service); nothing moves until an operator resumes",
+            )
+
+    def _approve(self, action: PendingAction) -> bool:
+        """The gate's last step, right before the arm is commanded: the approver's answer (approval mode),
+        then the e-stop and stop latches again, which may have been engaged while the operator was asked or
+        since the gate cleared the stop signal (they latch before they signal, so nothing slips between).
+        Returns whether an operator was asked (the arm may have been moved meanwhile: plan again). The
+        watchdog is not fed here: an agent that went silent during the wait stops the motion at once."""
+        self._check_latches()  # also before asking: no operator is asked to approve what is refused anyway
+        if self.approver is None:
+            return False
+        action = PendingAction(**{**vars(action), "args": self._call_args, "episode_id": self.episode_id})
+        approval = self.approver.ask(action)
+        note = f": {approval.note}" if approval.note else ""
+        if approval.decision is Decision.REJECTED:
+            raise PlanError(
+                FailureCategory.SAFETY_STOP, f"the operator rejected {action.capability}{note}; the arm holds"
+            )
+        if approval.decision is Decision.TIMED_OUT:
+            raise PlanError(
+                FailureCategory.TIMEOUT, f"no operator approval for {action.capability}{note}; the arm holds"
+            )
+        self._check_latches()
+        if approval.decision is Decision.WITHDRAWN:
+            if self.stop_signal.is_set() and self.stop_signal.reason is StopReason.CANCELED:
+                raise PlanError(FailureCategory.CANCELED, f"canceled while waiting for approval{note}")
+            raise PlanError(FailureCategory.SAFETY_STOP, f"the approval request was withdrawn{note}; the arm holds")
+        return approval.asked
+
+    def _target(
+        self, capability: str, description: str, position: np.ndarray, rotation: np.ndarray, path: Any = ()
+    ) -> PendingAction:
+        """A motion's PendingAction: where the TCP will end and the planned sweep (`path`), in the base frame."""
+        pose = A.pose_dict(position, rotation)
+        return PendingAction(
+            capability,
+            {},
+            description,
+            frame_id=self.profile.base_frame,
+            target_position_m=tuple(pose["position"]),
+            target_quaternion_xyzw=tuple(pose["quaternion"]),
+            tcp_path_m=tuple(tuple(round(float(v), 4) for v in p) for p in path),
+        )
 
     # ------------------------------------------------------------------------------ motion
     def _move_to(
@@ -225,6 +297,7 @@ class Harness:
             else A.number("force_limit_n", force_limit_n, lo=safety.contact_threshold_n, hi=safety.force_limit_n)
         )
         if gripper is not None:
+            self._require_gripper("move_to(gripper=...)")
             if isinstance(gripper, str):
                 target = {"open": self.profile.max_jaw_opening_m(), "close": 0.0}.get(gripper)
                 if target is None:
@@ -239,6 +312,17 @@ class Harness:
         plan = self.planner.plan_pose(
             state.q_rad, position, rotation, speed_mps=speed, duration_s=duration, jaw_opening_m=state.jaw_opening_m
         )
+        start = plan.tcp_waypoints[0]
+        description = (
+            f"move_to ({mode}): TCP ({start[0]:.3f}, {start[1]:.3f}, {start[2]:.3f}) -> ({position[0]:.3f}, "
+            f"{position[1]:.3f}, {position[2]:.3f}) m, {plan.distance_m * 100:.1f} cm and "
+            f"{math.degrees(plan.rotation_rad):.0f} deg in {plan.duration_s:.1f} s, force limit {limit:.0f} N"
+        )
+        if self._approve(self._target("move_to", description, position, rotation, plan.tcp_waypoints)):
+            state = self.backend.read_state()  # planned again from where the arm is after the wait
+            plan = self.planner.plan_pose(
+                state.q_rad, position, rotation, speed_mps=speed, duration_s=duration, jaw_opening_m=state.jaw_opening_m
+            )
         outcome = self.executor.execute(
             self.backend,
             plan,
@@ -263,6 +347,8 @@ class Harness:
             )
         )
         self._physical("hold")
+        position, rotation = self.kin.forward(self.backend.read_state().q_rad)
+        self._approve(self._target("hold", f"hold the current pose for {seconds:.1f} s", position, rotation))
         q = self.backend.read_state().q_rad
         plan = self.planner.plan_path(np.array([q]))
         plan.duration_s = seconds
@@ -311,6 +397,11 @@ class Harness:
             raise PlanError(
                 FailureCategory.INVALID_ARGUMENT, "the last motion moved less than 2 mm: nothing to reverse"
             )
+        end, rotation = self.kin.forward(path[-1])
+        description = f"recover: reverse {travelled * 100:.1f} cm of motion {last.motion_id}"
+        tcp_path = [self.kin.forward(q)[0] for q in path] if self.approver is not None else ()
+        if self._approve(self._target("recover", description, end, rotation, tcp_path)):
+            path[0] = self.backend.read_state().q_rad  # from where the arm is after the wait
         plan = self.planner.plan_path(np.array(path), speed_mps=speed)
         outcome = self.executor.execute(
             self.backend,
@@ -326,6 +417,7 @@ class Harness:
         )
 
     def _release(self, opening_m: Any = None) -> CallResult:
+        self._require_gripper("release")
         motion_cfg = self.config.motion
         current = self.backend.read_state(require_force=False).jaw_opening_m
         bound = min(current + motion_cfg.release_max_opening_m, self.profile.max_jaw_opening_m())
@@ -338,6 +430,15 @@ class Harness:
     def _jaw(self, capability: str, target_m: float) -> CallResult:
         """Move the jaw to target_m at the gripper speed, then let it settle (closes onto objects)."""
         motion_cfg = self.config.motion
+        current = self.backend.read_state(require_force=False).jaw_opening_m
+        self._approve(
+            PendingAction(
+                capability,
+                {},
+                f"{capability}: jaw {current * 1000:.0f} -> {target_m * 1000:.0f} mm",
+                target_jaw_opening_m=round(target_m, 4),
+            )
+        )
         start = self.backend.read_state(require_force=False)
         before = start.jaw_opening_m
         ramp_s = abs(target_m - self.jaw_command_m) / motion_cfg.gripper_speed_mps
@@ -349,13 +450,15 @@ class Harness:
                 self.jaw_command_m = self.backend.hold_gripper()
                 break
             self.backend.wait_period()
-        after = self.backend.read_state(require_force=False).jaw_opening_m
+        end = self.backend.read_state(require_force=False)
+        after = end.jaw_opening_m
         holding = target_m < after - 0.002 and after > motion_cfg.grasp_min_width_m
         value = {
             "jaw_before_m": round(before, 4),
             "jaw_after_m": round(after, 4),
             "jaw_command_m": round(target_m, 4),
             "holding_object": holding,
+            "tcp_position_m": [round(float(v), 4) for v in self.kin.forward(end.q_rad)[0]],  # where it grasped
         }
         if stopped is not None:
             return CallResult.fail(
@@ -388,6 +491,8 @@ class Harness:
             "tcp_position_m": [round(float(v), 4) for v in outcome.end_tcp_m],
             "duration_s": round(outcome.duration_s, 3),
         }
+        if outcome.speed_scaling_range != (1.0, 1.0):  # an arm slowed from its pendant (UR's speed slider)
+            value["speed_scaling_range"] = [round(float(v), 3) for v in outcome.speed_scaling_range]
         if target is not None:
             value["distance_to_target_m"] = round(float(np.linalg.norm(target - outcome.end_tcp_m)), 4)
         receipt = (
@@ -489,6 +594,7 @@ class Harness:
         return CallResult.ok("get_robot_state", value=value, receipt=receipt)
 
     def _gripper_state(self) -> CallResult:
+        self._require_gripper("gripper_state")
         opening = self.backend.read_state(require_force=False).jaw_opening_m
         holding = self.jaw_command_m < opening - 0.002 and opening > self.config.motion.grasp_min_width_m
         value = {
@@ -503,6 +609,7 @@ class Harness:
         return CallResult.ok("gripper_state", value=value, receipt=receipt)
 
     def _robot_geometry(self) -> CallResult:
+        self._require_gripper("robot_geometry")
         s, g = self.config.safety, self.profile.gripper_geometry
         value = {
             "base_frame": self.profile.base_frame,
@@ -558,6 +665,12 @@ class Harness:
         name = self.frames[A.choice("frame", frame, tuple(self.frames))]
         if name == self.profile.base_frame:
             return np.zeros(3), np.eye(3)
+        if name not in self.kin.links:  # a camera placed by /tf only (a real arm's calibration): not in the URDF
+            raise PlanError(
+                FailureCategory.UNSUPPORTED,
+                f"frame '{frame}' is '{name}', which is not a link of the arm's URDF (only /tf knows it): "
+                "transform_pose cannot place it; perception's results are already in the base frame",
+            )
         return self.kin.forward(self.backend.read_state(require_force=False).q_rad, name)
 
     def _transform_pose(

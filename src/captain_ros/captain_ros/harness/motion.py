@@ -7,6 +7,16 @@ contact when the hand turns. Before each motion the arm's own force reflex (wher
 set it) is set to what this monitor would stop at: the contact threshold for guarded motions, the
 force limit otherwise. The reflex stops the arm in its own control loop, whatever this process is
 doing; this monitor is the second layer.
+
+Every stop this monitor commands (contact, force limit, cancel, the stop service, the watchdog, a pause that
+lasts too long) is the backend's ramped stop: from the next control period on the arm decelerates within
+`stop_decel_radps2` to rest, and the executor rides the ramp out before it reports where the arm ended.
+
+Progress is measured on the trajectory's own time as the backend reports it (`ArmBackend.trajectory_time_s`):
+an arm with speed scaling (UR's pendant slider) runs the sweep at that fraction of the clock, so at 30 % it takes
+1/0.3 as long and is neither "stalled" nor timed out for it. At scaling 0 (paused on the pendant) the sweep
+waits; a pause longer than `settle_timeout_s` (the slack a motion already has to settle) ends the motion with a
+clear message and a ramped stop, which the arm completes when it is resumed. The receipt says the scaling.
 """
 
 from __future__ import annotations
@@ -24,12 +34,14 @@ import numpy as np
 from captain_ros.core.config import HarnessConfig
 from captain_ros.core.contract import CallFailure, FailureCategory
 from captain_ros.core.kinematics import Kinematics
-from captain_ros.core.trajectory import JointTrajectory
+from captain_ros.core.trajectory import REST_RADPS, JointTrajectory
 from captain_ros.core.wrench import external_force_n
 from captain_ros.harness.backend import ArmBackend, ArmReflexStop, ArmState, BackendError
 
 MIN_JERK_PEAK = 1.875  # peak / mean speed of a minimum-jerk profile
 FOREIGN_MOTION_RAD = 0.05  # setpoint-to-measured gap above which the arm was moved by someone else
+PAUSED_SCALING = 1e-3  # speed scaling at or below this: the arm's controller is paused
+SETTLED_RADPS = 0.01  # measured joint speeds below this on every joint: the arm has come to rest
 
 
 class StopReason(StrEnum):
@@ -126,6 +138,7 @@ class SweepPlan:
         h = 1e-4
         positions = np.array([self.setpoint(t) for t in times])
         velocities = np.array([(self.setpoint(t + h) - self.setpoint(t - h)) / (2 * h) for t in times])
+        velocities[-1] = 0.0  # a minimum-jerk profile ends at rest (the difference quotient leaves a residue)
         return JointTrajectory(joint_names, times, positions, velocities)
 
 
@@ -162,7 +175,8 @@ class MotionOutcome:
     jaw_after_m: float
     trace: list[TraceRow]
     duration_s: float
-    stop_latency_periods: int | None = None  # control periods from a stop request to a holding setpoint
+    stop_latency_periods: int | None = None  # control periods from a stop request to the start of the stop ramp
+    speed_scaling_range: tuple[float, float] = (1.0, 1.0)  # lowest and highest speed scaling during the motion
 
     @property
     def executed_distance_m(self) -> float:
@@ -305,6 +319,61 @@ class Planner:
         return SweepPlan(qs, tcps, duration, distance, angle, peak, notes)
 
 
+_DONE = "done"
+
+
+@dataclass
+class _SweepClock:
+    """A running sweep's progress on the trajectory's own time (`ArmBackend.trajectory_time_s`), and when it has
+    taken too long: settle_timeout_s after the sweep's end without reaching the target, or that long paused (speed
+    scaling 0) before it. A hold (no travel) runs on the arm's clock: a paused arm holds as well."""
+
+    plan: SweepPlan
+    settle_timeout_s: float
+    last_s: float  # arm time of the last tick
+    scalings: list[float]
+    tau_s: float = 0.0
+    ended_at_s: float | None = None  # arm time at which the sweep's time ran out
+    paused_s: float = 0.0
+    now_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.start_s = self.last_s
+        self.stationary = self.plan.distance_m == 0 and not np.any(np.diff(self.plan.q_waypoints, axis=0))
+
+    def tick(self, time_s: float, trajectory_time_s: float | None, scaling: float) -> None:
+        dt, self.last_s, self.now_s = time_s - self.last_s, time_s, time_s
+        self.scalings.append(scaling)
+        self.tau_s = time_s - self.start_s if trajectory_time_s is None or self.stationary else trajectory_time_s
+        paused = scaling <= PAUSED_SCALING and not self.stationary
+        self.paused_s = self.paused_s + dt if paused else 0.0
+        if self.tau_s >= self.plan.duration_s and self.ended_at_s is None:
+            self.ended_at_s = time_s
+
+    @property
+    def progress(self) -> float:
+        return min(1.0, self.tau_s / self.plan.duration_s) if self.plan.duration_s > 0 else 1.0
+
+    def verdict(self, miss_m: float, tolerance_m: float) -> str | tuple[StopReason, str] | None:
+        """_DONE (at the target after the sweep), a reason to stop with its message, or None (carry on)."""
+        if self.ended_at_s is not None:
+            if miss_m <= tolerance_m:
+                return _DONE
+            if self.now_s - self.ended_at_s >= self.settle_timeout_s:
+                return StopReason.STALLED, (
+                    f"did not reach the target within {self.settle_timeout_s:.1f} s after the sweep "
+                    f"({miss_m * 1000:.0f} mm short)"
+                )
+            return None
+        if self.paused_s > self.settle_timeout_s:
+            return StopReason.STALLED, (
+                f"paused: the arm's speed scaling has been 0 for {self.paused_s:.1f} s (paused on the pendant, or a "
+                f"protective stop?) at {100 * self.progress:.0f}% of the sweep; the motion ends here and the arm "
+                "completes its stop when it is resumed"
+            )
+        return None
+
+
 class Executor:
     """Hands a plan to the backend as one trajectory and watches every control period for contact,
     the force limit, cancel, the stop service and the watchdog; any of them holds the arm."""
@@ -312,6 +381,8 @@ class Executor:
     def __init__(self, config: HarnessConfig, kinematics: Kinematics | None = None):
         self.config = config
         self.kin = kinematics or Kinematics()
+        # shown each plan just before it runs (the motion node draws the planned sweep in rviz); must not raise
+        self.on_plan: Callable[[SweepPlan], None] | None = None
 
     def baseline(self, backend: ArmBackend) -> tuple[np.ndarray, np.ndarray]:
         """Mean wrist force while holding still, and the hand rotation it was measured at. The arm holds
@@ -319,9 +390,15 @@ class Executor:
         and is first allowed to come to rest, e.g. after a stop. If the arm is far from that setpoint
         (someone else moved it), it holds where it is instead of going back."""
         commanded, measured = backend.commanded()[0], backend.read_state().q_rad
-        backend.hold(commanded if np.abs(commanded - measured).max() <= FOREIGN_MOTION_RAD else measured)
+        if np.abs(commanded - measured).max() <= FOREIGN_MOTION_RAD:
+            backend.hold()  # its setpoint: nothing moves at rest, a setpoint still moving is ramped to rest
+        else:
+            backend.hold(measured)
         deadline = backend.read_state().time_s + self.config.motion.settle_timeout_s
-        while float(np.abs(backend.read_state().qd_radps).max()) >= 0.01 and backend.read_state().time_s < deadline:
+        while (
+            float(np.abs(backend.read_state().qd_radps).max()) >= SETTLED_RADPS
+            and backend.read_state().time_s < deadline
+        ):
             backend.wait_period()
         forces = []
         for _ in range(max(1, self.config.motion.baseline_periods)):
@@ -346,6 +423,8 @@ class Executor:
     ) -> MotionOutcome:
         """Run `plan` with the arm's reflex lowered to this motion's stop force, then restore the arm's idle
         reflex (config: arm_reflex_force_n), so a grasp or a wait after a guarded motion cannot trip it."""
+        if self.on_plan is not None:
+            self.on_plan(plan)
         try:
             return self._execute(
                 backend,
@@ -387,9 +466,11 @@ class Executor:
         latency = None
         state = start
         target_tcp = plan.tcp_waypoints[-1]
+        t0 = start.time_s
         try:
             backend.follow(plan.to_trajectory(motion.trajectory_spacing_s, self.kin.profile.arm_joints))
             t0 = backend.read_state().time_s  # the controller starts the trajectory on receipt
+            clock = _SweepClock(plan, motion.settle_timeout_s, t0, [backend.speed_scaling()])
             while True:
                 if stop.is_set():
                     backend.hold()
@@ -404,11 +485,12 @@ class Executor:
                     backend.wait_period()
                 except ArmReflexStop as exc:  # the arm stopped itself, within its own control period
                     peak = max(peak, exc.force_n)
-                    backend.hold()
+                    backend.hold()  # nothing is sent: the arm already holds where its reflex stopped it
                     reason = StopReason.CONTACT if guarded else StopReason.FORCE_LIMIT
                     message = f"{'contact' if guarded else 'force limit'}: the arm's {exc}"
                     break
                 state = backend.read_state()
+                clock.tick(state.time_s, backend.trajectory_time_s(), backend.speed_scaling())
                 force = self.contact_force(state, f0, r0)
                 peak = max(peak, force)
                 tcp = self.kin.forward(state.q_rad)[0]
@@ -422,39 +504,29 @@ class Executor:
                             force,
                             peak,
                             state.jaw_opening_m,
-                            min(1.0, t / plan.duration_s) if plan.duration_s > 0 else 1.0,
+                            clock.progress,
                         )
                     )
-                if guarded and force > safety.contact_threshold_n:
+                miss_m = float(np.linalg.norm(tcp - target_tcp))
+                verdict = self._force_verdict(force, guarded, force_limit_n) or clock.verdict(
+                    miss_m, motion.target_tolerance_m
+                )
+                if verdict == _DONE:
+                    break
+                if verdict is not None:
                     backend.hold()
-                    reason, message = StopReason.CONTACT, f"contact: {force:.1f} N above the baseline"
+                    reason, message = verdict
                     break
-                if force > force_limit_n:
-                    backend.hold()
-                    reason, message = (
-                        StopReason.FORCE_LIMIT,
-                        f"force {force:.1f} N exceeded the limit {force_limit_n:.0f} N",
-                    )
-                    break
-                if t >= plan.duration_s and np.linalg.norm(tcp - target_tcp) <= motion.target_tolerance_m:
-                    break
-                if t >= plan.duration_s + motion.settle_timeout_s:
-                    backend.hold()
-                    reason = StopReason.STALLED
-                    message = (
-                        f"did not reach the target within {motion.settle_timeout_s:.1f} s after the sweep "
-                        f"({np.linalg.norm(tcp - target_tcp) * 1000:.0f} mm short)"
-                    )
-                    break
-            # let the hold settle one period so the reported end state is at rest
-            try:
-                backend.wait_period()
-            except ArmReflexStop:
-                pass  # the stop's own deceleration tripped it: the arm holds either way, the outcome stands
-            state = backend.read_state()
+            state, peak = self._ride_out_stop(backend, trace, t0=t0, f0=f0, r0=r0, peak=peak)
         except BackendError as exc:
             backend_hold_quietly(backend)
             return self._error(exc, start_tcp, start, trace)
+        scaling_range = (float(min(clock.scalings)), float(max(clock.scalings)))
+        note = _scaling_note(scaling_range, state.time_s - t0, plan.duration_s)
+        if note:
+            plan.notes.append(note)  # the move_to receipt lists the plan's notes
+            if reason is not StopReason.TARGET_REACHED:
+                message = f"{message} ({note})"
         return MotionOutcome(
             reason,
             message,
@@ -466,7 +538,42 @@ class Executor:
             trace,
             state.time_s - t0,
             latency,
+            scaling_range,
         )
+
+    def _force_verdict(self, force: float, guarded: bool, force_limit_n: float) -> tuple[StopReason, str] | None:
+        if guarded and force > self.config.safety.contact_threshold_n:
+            return StopReason.CONTACT, f"contact: {force:.1f} N above the baseline"
+        if force > force_limit_n:
+            return StopReason.FORCE_LIMIT, f"force {force:.1f} N exceeded the limit {force_limit_n:.0f} N"
+        return None
+
+    def _ride_out_stop(
+        self, backend: ArmBackend, trace: list[TraceRow], *, t0: float, f0: np.ndarray, r0: np.ndarray, peak: float
+    ) -> tuple[ArmState, float]:
+        """After the motion ended (reached, or stopped with a ramp): wait until the setpoint is at rest and the arm
+        has followed it there (its servos lag the setpoint), at least one period and at most settle_timeout_s, so
+        the reported end state is where the arm stays; the ramp is traced like the sweep. A paused arm (speed
+        scaling 0) is not waited for: it does not move, and finishes its ramp when resumed."""
+        deadline = backend.read_state().time_s + self.config.motion.settle_timeout_s
+        while True:
+            try:
+                backend.wait_period()
+            except ArmReflexStop as exc:  # the stop's own deceleration tripped it: the arm holds either way
+                peak = max(peak, exc.force_n)
+                return backend.read_state(), peak
+            state = backend.read_state()
+            force = self.contact_force(state, f0, r0)
+            peak = max(peak, force)
+            commanded_q, commanded_qd = backend.commanded()
+            tcp = self.kin.forward(state.q_rad)[0]
+            trace.append(TraceRow(state.time_s - t0, state.q_rad, commanded_q, tcp, force, state.jaw_opening_m))
+            at_rest = (
+                float(np.abs(commanded_qd).max(initial=0.0)) <= REST_RADPS
+                and float(np.abs(state.qd_radps).max(initial=0.0)) < SETTLED_RADPS
+            )
+            if at_rest or backend.speed_scaling() <= PAUSED_SCALING or state.time_s >= deadline:
+                return state, peak
 
     def _error(self, exc: Exception, start_tcp=None, start: ArmState | None = None, trace=None) -> MotionOutcome:
         tcp = np.zeros(3) if start_tcp is None else start_tcp
@@ -474,6 +581,15 @@ class Executor:
         return MotionOutcome(
             StopReason.BACKEND_ERROR, f"backend error: {exc}", tcp, tcp, 0.0, jaw, jaw, trace or [], 0.0
         )
+
+
+def _scaling_note(scaling_range: tuple[float, float], took_s: float, planned_s: float) -> str:
+    """What the receipt says about speed scaling: nothing at full speed."""
+    low, high = scaling_range
+    if low >= 0.995:
+        return ""
+    pct = f"{100 * low:.0f}%" if high - low < 0.01 else f"{100 * low:.0f}-{100 * high:.0f}%"
+    return f"the arm's speed scaling was {pct}: {took_s:.2f} s for a {planned_s:.2f} s sweep"
 
 
 def backend_hold_quietly(backend: ArmBackend) -> None:

@@ -2,7 +2,11 @@
 
 `Gripper.move(opening_m, duration_s)` commands a jaw opening (the gap between the finger pads, in metres) with
 the profile's grasp force, `wait()` blocks until the gripper is done and reports the MEASURED opening (from the
-fingers' joint states, never the command), `stop()` holds where the jaw is. The four kinds a robot profile names
+gripper joints' states, never the command), `stop()` holds where the jaw is. Openings and joint positions are
+related by the profile's linear mapping (`gripper.opening_offset_m`, `gripper.opening_per_joint`:
+RobotProfile.jaw_opening_m for what the joint states say, RobotProfile.finger_joint_position for what a command
+sends): two prismatic fingers get opening / 2 each, the Robotiq Hand-E's hande_finger_distance 0.05 m - opening.
+A profile without a gripper gets `NoGripper`, which refuses every command. The four kinds a robot profile names
 (`gripper.command`, captain_ros.core.robot.GripperInterface):
 
   joint_trajectory          a JointTrajectoryController on the finger joint: one trajectory_msgs/JointTrajectory
@@ -12,15 +16,16 @@ fingers' joint states, never the command), `stop()` holds where the jaw is. The 
                             the server drives: ros2_controllers' gripper_action_controller commands its `joint`
                             (a prismatic finger joint: per-finger metres), and franka_gripper's
                             `~/gripper_action` takes the per-finger position as well (width = 2 * position,
-                            gripper_action_server.cpp). With the profile's convention (opening = sum of the finger
-                            joints; one joint: twice it) both get opening / max(fingers, 2). Their results differ
-                            (the controller reports the joint position, Franka the full width), so the opening is
-                            read from the joint states, not from the result. A revolute finger joint (Robotiq
-                            2F-85's left_knuckle_joint) is not a linear function of the opening: not supported.
+                            gripper_action_server.cpp): both get the profile's joint position for the opening.
+                            Their results differ (the controller reports the joint position, Franka the full
+                            width), so the opening is read from the joint states, not from the result. A revolute
+                            finger joint (Robotiq 2F-85's left_knuckle_joint) is not a linear function of the
+                            opening: not supported.
   parallel_gripper_command  control_msgs/action/ParallelGripperCommand (parallel_gripper_action_controller, Jazzy
                             and later): the goal is a JointState with exactly one position (the server rejects
-                            others), for the profile's first finger joint, per finger as above; `effort` carries
-                            the grasp force and `velocity` the finger speed (used only where the controller has
+                            others), the profile's joint position for the opening, named as the profile's first
+                            gripper joint (the Hand-E's hande_finger_distance: 0 = open); `effort` carries the
+                            grasp force and `velocity` the joint's speed (used only where the controller has
                             max_effort_interface / max_velocity_interface).
   franka                    franka_gripper's franka_msgs/action/Move {width, speed} and Grasp {width, epsilon,
                             speed, force}: widths are the full opening. Opening (or staying) is a Move; CLOSING is
@@ -78,9 +83,9 @@ def _duration(seconds: float) -> Duration:
 
 
 def per_finger_m(profile: RobotProfile, opening_m: float) -> float:
-    """A finger joint's position for a jaw opening, with the profile's convention (opening = the sum of the
-    finger joints; a single joint counts twice): opening / max(fingers, 2)."""
-    return opening_m / max(len(profile.finger_joints), 2)
+    """A gripper joint's position for a jaw opening, with the profile's mapping (RobotProfile.finger_joint_position:
+    two prismatic fingers opening / 2 each, the Hand-E's hande_finger_distance 0.05 m - opening)."""
+    return profile.finger_joint_position(opening_m)
 
 
 @dataclass(frozen=True)
@@ -180,15 +185,16 @@ class Gripper(ABC):
         self._server_timeout = server_timeout_s
         self._period_s = control_period_s  # the shortest time to a point a trajectory controller is given
         try:
-            self.max_opening_m: float | None = profile.max_jaw_opening_m()
+            self.min_opening_m, self.max_opening_m = profile.jaw_opening_range_m()
         except (ProfileError, KeyError):  # no URDF yet (/robot_description): the vendor refuses what it cannot do
-            self.max_opening_m = None
+            self.min_opening_m, self.max_opening_m = 0.0, None
         self._command_m = float("nan")
 
     def clip(self, opening_m: float) -> float:
         if not np.isfinite(opening_m):
             raise BackendError(f"gripper opening must be a finite number of metres, got {opening_m!r}")
-        return float(np.clip(opening_m, 0.0, self.max_opening_m if self.max_opening_m is not None else np.inf))
+        upper = self.max_opening_m if self.max_opening_m is not None else np.inf
+        return float(np.clip(opening_m, max(self.min_opening_m, 0.0), upper))
 
     @abstractmethod
     def move(self, opening_m: float, duration_s: float, max_effort_n: float | None = None) -> float:
@@ -235,13 +241,12 @@ class JointTrajectoryGripper(Gripper):
         self._closing = False
 
     def move(self, opening_m: float, duration_s: float, max_effort_n: float | None = None) -> float:
-        fingers = max(len(self.profile.finger_joints), 2)
         finger = float(np.clip(per_finger_m(self.profile, opening_m), *self._finger_range))
         point = JointTrajectoryPoint(positions=[finger], time_from_start=_duration(max(duration_s, self._period_s)))
         names = [self.profile.finger_joints[0]]
         start = self.fingers.latest()
         self._publisher.publish(JointTrajectoryMsg(joint_names=names, points=[point]))
-        self._command_m = fingers * finger
+        self._command_m = self.profile.jaw_opening_at(finger)
         self._closing = start is not None and self._command_m < start - GOAL_TOLERANCE_M
         self._sent = self.fingers.count()
         return self._command_m
@@ -410,7 +415,8 @@ class ActionGripper(Gripper):
 
 
 class GripperCommandGripper(ActionGripper):
-    """control_msgs/action/GripperCommand: position = per-finger joint position, max_effort = the grasp force."""
+    """control_msgs/action/GripperCommand: position = the joint's position (the profile's mapping), max_effort = the
+    grasp force."""
 
     kind = "gripper_command"
 
@@ -432,7 +438,7 @@ class GripperCommandGripper(ActionGripper):
 
 
 class ParallelGripper(ActionGripper):
-    """control_msgs/action/ParallelGripperCommand: one joint, per-finger position, speed and force."""
+    """control_msgs/action/ParallelGripperCommand: one joint's position (the profile's mapping), speed and force."""
 
     kind = "parallel_gripper_command"
 
@@ -451,7 +457,8 @@ class ParallelGripper(ActionGripper):
         )
         start = self.fingers.latest()
         if duration_s > 0 and start is not None and abs(start - target) > 0:
-            command.velocity = [per_finger_m(self.profile, abs(start - target)) / duration_s]
+            travel = abs(per_finger_m(self.profile, start) - per_finger_m(self.profile, target))
+            command.velocity = [travel / duration_s]  # the joint's speed
         goal = self.action_type.Goal(command=command)
         self._send(
             self._client, self.action_name, goal, command_m=target, duration_s=duration_s, what="ParallelGripperCommand"
@@ -497,6 +504,31 @@ class FrankaGripper(ActionGripper):
         return super()._judge(record, status, result)
 
 
+class NoGripper(Gripper):
+    """The gripper of an arm without one (a profile with no gripper joints): every command is refused with a
+    BackendError that says so, before anything is sent; holding does nothing (there is nothing to hold)."""
+
+    kind = ""
+
+    def __init__(self, node: Node, profile: RobotProfile, fingers: FingerStates, **_kwargs):
+        self.node, self.profile, self.fingers = node, profile, fingers
+        self.interface = profile.interfaces.gripper
+        self.min_opening_m, self.max_opening_m = 0.0, 0.0
+        self._command_m = 0.0
+
+    def _refuse(self) -> BackendError:
+        return BackendError(
+            f"this robot profile ('{self.profile.name}') has no gripper (gripper.joints is empty): nothing to open, "
+            "close or grasp with"
+        )
+
+    def move(self, opening_m: float, duration_s: float, max_effort_n: float | None = None) -> float:
+        raise self._refuse()
+
+    def wait(self, timeout_s: float = 10.0) -> GripperOutcome:
+        raise self._refuse()
+
+
 KINDS: dict[str, type[Gripper]] = {
     "joint_trajectory": JointTrajectoryGripper,
     "gripper_command": GripperCommandGripper,
@@ -515,7 +547,9 @@ def make_gripper(
     server_timeout_s: float = 5.0,
     control_period_s: float = 0.01,
 ) -> Gripper:
-    """The gripper the profile's `gripper.command` names."""
+    """The gripper the profile's `gripper.command` names (`NoGripper` for a profile without a gripper)."""
+    if not profile.has_gripper:
+        return NoGripper(node, profile, fingers)
     kind = profile.interfaces.gripper.command
     if kind not in KINDS:
         raise BackendError(f"robot profile '{profile.name}': unknown gripper command '{kind}'")

@@ -10,7 +10,12 @@
   /harness/gate         std_srvs/Trigger                     read-only: would finish() be accepted now, and if
                                                              not, the gate's objections (success = none)
   /agent/heartbeat      std_msgs/Empty                       the agent is alive (watchdog; see `watchdog`)
-  /captain/markers      visualization_msgs/MarkerArray       executed TCP paths (rviz)
+  /captain/markers      visualization_msgs/MarkerArray       each motion's planned TCP sweep just before it runs
+                                                             (ns 'planned') and its executed path (ns 'motions')
+  /safety/...                                                the safety supervisor (ros/safety.py): e-stop
+                                                             service and topic, clear_estop, approval mode
+                                                             (approve, approval_requests), state, and the
+                                                             workspace box on /captain/markers
   ~/change_state, ~/get_state, ...                           the standard lifecycle services (/motion/...)
 
 Lifecycle (ROS 2 managed node): configure = read the parameters, load the robot profile and connect: every
@@ -67,13 +72,17 @@ from captain_ros.core import robot
 from captain_ros.core.clock import ForwardClock
 from captain_ros.core.config import load_config
 from captain_ros.core.contract import CallResult, FailureCategory
+from captain_ros.core.operator_view import planned_sweep_marker
+from captain_ros.harness.approval import load_supervisor_config
 from captain_ros.harness.backend import BackendError
 from captain_ros.harness.harness import Harness
-from captain_ros.harness.motion import MotionProgress, StopReason, Watchdog
+from captain_ros.harness.motion import MotionProgress, StopReason, SweepPlan, Watchdog
 from captain_ros.paths import config_path
 from captain_ros.ros.convert import call_result_to_msg
 from captain_ros.ros.description import resolve_profile
+from captain_ros.ros.operator_view import marker_msg
 from captain_ros.ros.ros2_control_backend import Ros2ControlBackend
+from captain_ros.ros.safety import SafetySupervisor
 
 FEEDBACK_EVERY_S = 0.05
 HALT_WAIT_S = 10.0  # deactivation: how long the running call may take to end after its stop
@@ -148,6 +157,22 @@ class MotionNode(LifecycleNode):
             0.0,
             describe(description="silence that trips the watchdog; 0 = safety.yaml's watchdog_timeout_s"),
         )
+        self.declare_parameter(
+            "approval_mode",
+            False,
+            describe(
+                description="every physical action waits for an operator's approval (/safety/approve or "
+                "`captain-ros approve`); settable at run time"
+            ),
+        )
+        self.declare_parameter(
+            "approval_timeout_s",
+            0.0,
+            describe(
+                description="approval mode: no answer within this (wall time) fails the call and the arm "
+                "holds; 0 = safety.yaml's supervisor.approval_timeout_s"
+            ),
+        )
         self.autostart = bool(self.get_parameter("autostart").value)
         # the node's clock (sim time with the twin): the watchdog and the wall-time budget mean the same at any
         # real-time factor; ForwardClock ignores the jump back to 0 when the twin resets
@@ -169,6 +194,8 @@ class MotionNode(LifecycleNode):
         self._serving = False
         self.receipts = self.create_publisher(CallResultMsg, "/harness/receipts", 50)
         self.markers = self.create_publisher(MarkerArray, "/captain/markers", 10)
+        # e-stop, approval and their state: served from start-up, in every lifecycle state
+        self.safety = SafetySupervisor(self, self._on_estop, ReentrantCallbackGroup())
         if not self.autostart:
             self._serve()  # managed: the services exist from the start and say why they refuse
 
@@ -198,8 +225,16 @@ class MotionNode(LifecycleNode):
         self._state, self.failure = "activating", ""
         try:
             if self.harness is None:
-                self.harness = Harness(self.backend, self.config, clock=self.clock, watchdog=self.watchdog)
+                self.harness = Harness(
+                    self.backend,
+                    self.config,
+                    clock=self.clock,
+                    watchdog=self.watchdog,
+                    approver=self.safety.approver,
+                    estop=self.safety.estop,
+                )
                 self.harness.on_progress = self._feedback
+                self.harness.executor.on_plan = lambda plan, harness=self.harness: self._show_plan(harness, plan)
                 self.harness.new_episode(uuid.uuid4().hex)
             tcp = self.harness.kin.forward(self.backend.read_state(require_force=False).q_rad)[0]
         except BackendError as exc:
@@ -214,7 +249,8 @@ class MotionNode(LifecycleNode):
         self._serve()  # with autostart, the services appear only now: clients waiting for them wait for the arm
         self.get_logger().info(
             f"harness ready on {self.backend.name}: tcp at {np.round(tcp, 3)} m, "
-            f"episode {self.harness.episode_id}, watchdog {'on' if self.watchdog else 'off'}"
+            f"episode {self.harness.episode_id}, watchdog {'on' if self.watchdog else 'off'}, "
+            f"approval mode {'on' if self.safety.approver.enabled else 'off'}"
         )
         return TransitionCallbackReturn.SUCCESS
 
@@ -260,6 +296,7 @@ class MotionNode(LifecycleNode):
             control_period_s=float(param("control_period_s").value),
             state_timeout_s=float(param("state_timeout_s").value),
             wrench_max_lag_s=float(param("wrench_max_lag_s").value),
+            stop_decel_radps2=self.config.safety.stop_decel_radps2,
         )
         missing = self._wait_for_interfaces(deadline)
         if missing:
@@ -270,6 +307,13 @@ class MotionNode(LifecycleNode):
         self.backend.wait_for_state(max(deadline - time.monotonic(), 1.0))
         watchdog_s = float(param("watchdog_timeout_s").value) or self.config.safety.watchdog_timeout_s
         self.watchdog = Watchdog(watchdog_s, clock=self.clock) if param("watchdog").value else None
+        self.safety.configure(
+            load_supervisor_config(Path(param("safety_config").value)),
+            self.config.safety,
+            self.profile.base_frame,
+            approval_mode=bool(param("approval_mode").value),
+            approval_timeout_s=float(param("approval_timeout_s").value),
+        )
 
     def required_interfaces(self) -> list[tuple[str, object]]:
         """(what, check) for every interface the profile names; check() says whether it is there now."""
@@ -304,7 +348,7 @@ class MotionNode(LifecycleNode):
         if gripper.command == "joint_trajectory":  # the controller's topic next to the action (as grippers.py)
             fingers = topic(gripper.action.rsplit("/", 1)[0] + "/joint_trajectory")
             needed.append((f"{fingers} (no gripper trajectory subscriber)", subscriber(fingers)))
-        else:
+        elif self.profile.has_gripper:  # an arm without a gripper names no gripper interface (profile validation)
             needed.append((f"{topic(gripper.action)} (no {gripper.command} gripper server)", action(gripper.action)))
         if gripper.grasp_action:
             needed.append((f"{topic(gripper.grasp_action)} (no grasp server)", action(gripper.grasp_action)))
@@ -333,6 +377,7 @@ class MotionNode(LifecycleNode):
         queue: the stop is asked for again every few milliseconds until the running call has ended (a call that
         was just starting clears stop requests made before its motion began)."""
         self._active, self._halt_reason = False, reason
+        self.safety.approver.withdraw("the motion node stopped serving")  # a call waiting for an operator ends
         deadline = time.monotonic() + HALT_WAIT_S
         while not self._busy.acquire(timeout=0.02):
             if self.harness is not None:
@@ -414,6 +459,7 @@ class MotionNode(LifecycleNode):
         if refusal:
             return self._refused(capability, refusal, call_id)
         harness = self.harness
+        engagements = self.safety.estop.engagements
         if not self._busy.acquire(timeout=120.0):
             result = CallResult.fail(capability, FailureCategory.TIMEOUT, "another call held the arm for 120 s")
         else:
@@ -429,6 +475,7 @@ class MotionNode(LifecycleNode):
                 self._busy.release()
         if self._halt_reason and result.failure_category is FailureCategory.SAFETY_STOP:
             result.message = f"{result.message} ({self._halt_reason})"
+        self.safety.annotate(result, engagements)
         if call_id:
             result.call_id = call_id
         self.receipts.publish(call_result_to_msg(result, time.time()))
@@ -455,6 +502,16 @@ class MotionNode(LifecycleNode):
             (0.2, 0.9, 0.2, 1.0) if result.success else (1.0, 0.5, 0.0, 1.0)
         )
         self.markers.publish(MarkerArray(markers=[line]))
+
+    def _show_plan(self, harness: Harness, plan: SweepPlan) -> None:
+        """The TCP sweep a motion is about to run, in rviz (/captain/markers, namespace 'planned'), with the id
+        its result's motion_id will have (calls run one at a time: the next one). Published before the arm
+        moves and by the publisher of the executed paths, so a subscriber sees each plan before its path."""
+        try:
+            spec = planned_sweep_marker(len(harness.motions) + 1, plan.tcp_waypoints, harness.profile.base_frame)
+            self.markers.publish(MarkerArray(markers=[marker_msg(spec)]))
+        except Exception as exc:  # a display must never stop a motion
+            self.get_logger().error(f"the planned sweep could not be published: {exc}")
 
     def _on_call(self, request: HarnessCall.Request, response: HarnessCall.Response) -> HarnessCall.Response:
         try:
@@ -500,7 +557,7 @@ class MotionNode(LifecycleNode):
     def _on_goal(self, goal: MoveTo.Goal) -> GoalResponse:
         """One motion at a time: a goal that arrives while one runs is rejected, not queued in a thread. The
         action protocol's reply carries no reason: it goes to the log and the receipts topic (goal's call_id)."""
-        reason, category = self.refusal(), FailureCategory.SAFETY_STOP
+        reason, category = self.refusal() or self.safety.estop.refusal(), FailureCategory.SAFETY_STOP
         if not reason:
             category = FailureCategory.INVALID_ARGUMENT  # one goal at a time: this one was sent too early
             with self._goal_lock:
@@ -531,6 +588,18 @@ class MotionNode(LifecycleNode):
         goal.publish_feedback(MoveTo.Feedback(**vars(progress)))  # same field names, same units
 
     # ------------------------------------------------------------------------------ safety services
+    def _on_estop(self, source: str) -> None:
+        """The e-stop latched (the supervisor withdrew any pending approval): signal the running motion, which
+        holds at its next control period, or hold an idle arm. Never waits for the running call."""
+        harness, backend = self.harness, self.backend
+        if harness is not None:
+            harness.stop_signal.request(StopReason.SAFETY_STOP)
+        if backend is not None and not self._busy.locked():
+            try:
+                backend.hold()
+            except BackendError as exc:
+                self.get_logger().error(f"e-stop engaged by {source}, but the hold failed: {exc}")
+
     def _on_stop(self, _request, response: Trigger.Response) -> Trigger.Response:
         """Accepted in every state where this node commands the arm (a stop latched while inactive still holds
         after activation); unconfigured, it commands no arm and says so."""

@@ -1,13 +1,17 @@
 """The real-arm backend: drives any ros2_control arm through its standard interfaces.
 
 In:  sensor_msgs/JointState (joint_state_broadcaster), geometry_msgs/WrenchStamped (the wrist F/T, or the
-     vendor's external-wrench estimate) in any frame of the arm's description: it is expressed in the hand
-     frame the harness assumes, from the message's own frame.
+     vendor's external-wrench estimate; subscribed with the profile's `wrench_qos`) in any frame of the arm's
+     description, or in one that /tf connects to it (UR's tool0_controller: /tf is then subscribed too): it is
+     expressed in the hand frame the harness assumes, from the message's own frame, at the message's stamp.
 Out: control_msgs/action/FollowJointTrajectory to the arm's joint_trajectory_controller: each sweep
      is sent whole, so the controller interpolates it at its own rate and nothing depends on this
-     process keeping up. Stops go out on the controller's JointTrajectory topic (one point, zero
-     velocity, one control period ahead: a topic message preempts the running goal at once) and
-     the goal is canceled too. The jaw is driven through the gripper interface the profile names
+     process keeping up. Stops go out on the controller's JointTrajectory topic (a topic message preempts the
+     running goal at once): a ramp that decelerates the setpoint to rest within the safety config's
+     `stop_decel_radps2`, first point one control period ahead, stamped with the joint state it starts from
+     (`hold`, `_send_stop_ramp`). The speed scaling topic, where the profile names one (UR), is followed: the
+     backend's copy of the controller runs trajectories at that fraction of the clock, and reports how far
+     along they are (`trajectory_time_s`). The jaw is driven through the gripper interface the profile names
      (captain_ros.ros.grippers: a JointTrajectory topic, GripperCommand, ParallelGripperCommand or franka_gripper's
      Move/Grasp), and its opening is always the measured one: from the fingers in the arm's joint states, or from
      the gripper's own joint states topic where the profile names one (franka_gripper).
@@ -18,9 +22,9 @@ older than `state_timeout_s` (wall clock) means the link is lost: BackendError, 
 backend_error, and the harness then holds: the backend cancels the running goal and commands its last
 setpoint (the state stream may be lost while commands still get through).
 Force sensing fails closed the same way: no wrench yet, a wrench older than `state_timeout_s`, one whose
-stamp is more than `wrench_max_lag_s` away from the joint states', or one in a frame the description does
-not have is a BackendError, so a silent or misconfigured sensor refuses motion and stops a running one
-instead of reading as 0 N.
+stamp is more than `wrench_max_lag_s` away from the joint states', or one in a frame that neither the
+description nor /tf relates to the hand is a BackendError, so a silent or misconfigured sensor refuses motion
+and stops a running one instead of reading as 0 N.
 Every name (joints, frames, topics, actions) comes from the robot profile (captain_ros.core.robot).
 Where the profile names it (`force_reflex`), the arm's own force reflex is set before each motion through
 that node's parameter service; a goal the controller aborts because the reflex fired is an ArmReflexStop.
@@ -32,6 +36,7 @@ import itertools
 import re
 import threading
 import time
+from collections import deque
 
 import numpy as np
 import rclpy
@@ -44,20 +49,26 @@ from rclpy.action import ActionClient
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
+from rclpy.qos import QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import JointState
+from std_msgs.msg import Float64
 from trajectory_msgs.msg import JointTrajectory as JointTrajectoryMsg
 from trajectory_msgs.msg import JointTrajectoryPoint
 
 from captain_ros.core import robot
+from captain_ros.core.config import load_config
 from captain_ros.core.kinematics import Kinematics
-from captain_ros.core.trajectory import JointTrajectory, TrajectoryFollower
+from captain_ros.core.trajectory import REST_RADPS, JointTrajectory, TrajectoryError, TrajectoryFollower, stop_ramp
 from captain_ros.core.wrench import REFLEX_ABORT_PREFIX, change_frame
 from captain_ros.harness.backend import ArmBackend, ArmReflexStop, ArmState, BackendError
+from captain_ros.ros.convert import stamp_msg
+from captain_ros.ros.frames import FrameBuffer, FrameError, Transform, stamp_ns
 from captain_ros.ros.grippers import FingerStates, make_gripper
 from captain_ros.ros.spin import spin_until_shutdown
 
 REFLEX_FORCE = re.compile(r"external force ([0-9.]+) N")
 _LINKS = itertools.count()  # numbers each backend's own node
+WRENCH_HISTORY = 100  # wrenches kept for /tf to reach (0.2 s at UR's 500 Hz)
 
 
 def _duration(seconds: float) -> Duration:
@@ -96,10 +107,16 @@ class Ros2ControlBackend(ArmBackend):
         state_timeout_s: float = 0.5,
         server_timeout_s: float = 5.0,
         wrench_max_lag_s: float = 0.25,
+        stop_decel_radps2: float | None = None,
     ):
         """`node` is the host: its namespace and remappings name the arm's interfaces. The backend talks to the
         arm through a node of its own, spun by a thread of its own, so the arm's state keeps flowing however
-        busy the host's executor is (every one of its threads waiting for the arm, say); close() stops it."""
+        busy the host's executor is (every one of its threads waiting for the arm, say); close() stops it.
+        `stop_decel_radps2`: the stop ramps' deceleration limit (default: config/safety.yaml's)."""
+        decel = load_config().safety.stop_decel_radps2 if stop_decel_radps2 is None else float(stop_decel_radps2)
+        if not decel > 0:  # also refuses NaN
+            raise ValueError(f"stop_decel_radps2 must be > 0 rad/s^2, got {stop_decel_radps2}")
+        self.stop_decel_radps2 = decel
         self.node, self.profile = node, profile
         interfaces = profile.interfaces
         topic, service = node.resolve_topic_name, node.resolve_service_name
@@ -134,7 +151,16 @@ class Ros2ControlBackend(ArmBackend):
         link.create_subscription(
             JointState, topic(interfaces.joint_states_topic), self._on_joints, 10, callback_group=group
         )
-        link.create_subscription(WrenchStamped, self._wrench_topic, self._on_wrench, 10, callback_group=group)
+        reliability = (
+            ReliabilityPolicy.BEST_EFFORT if interfaces.wrench_qos == "best_effort" else ReliabilityPolicy.RELIABLE
+        )
+        wrench_qos = QoSProfile(depth=10, reliability=reliability)  # a best-effort publisher needs best effort here
+        link.create_subscription(WrenchStamped, self._wrench_topic, self._on_wrench, wrench_qos, callback_group=group)
+        # a wrench in a frame only /tf knows (UR's tool0_controller) goes to the hand frame through /tf at its own
+        # stamp: recent wrenches wait for /tf to reach them; /tf is subscribed when the first such wrench comes
+        self._wrenches: deque[WrenchStamped] = deque(maxlen=WRENCH_HISTORY)
+        self._tf: FrameBuffer | None = None
+        self._tf_group, self._tf_problem = group, ""
         reflex = interfaces.force_reflex
         self._reflex_parameter = reflex.parameter if reflex else ""
         self._reflex_client = (
@@ -146,6 +172,11 @@ class Ros2ControlBackend(ArmBackend):
         self._action_name = topic(interfaces.trajectory_action)
         self._arm_action = ActionClient(link, FollowJointTrajectory, self._action_name, callback_group=group)
         self._arm_topic = link.create_publisher(JointTrajectoryMsg, topic(interfaces.trajectory_topic), 10)
+        # the arm controller's speed scaling (UR): full speed until the topic says otherwise
+        self._scaling, self._scaling_topic, self._scaling_seen = 1.0, "", False
+        if interfaces.speed_scaling_topic:
+            self._scaling_topic = topic(interfaces.speed_scaling_topic)
+            link.create_subscription(Float64, self._scaling_topic, self._on_speed_scaling, 10, callback_group=group)
         # the fingers' measured positions: the arm's joint states carry them unless the gripper publishes its own
         finger_topic = topic(interfaces.gripper.joint_states_topic) if interfaces.gripper.joint_states_topic else ""
         apart = bool(finger_topic) and finger_topic != topic(interfaces.joint_states_topic)
@@ -174,9 +205,39 @@ class Ros2ControlBackend(ArmBackend):
         if self._arm_fingers is not None:
             self._arm_fingers.update(msg)
 
+    def _on_speed_scaling(self, msg: Float64) -> None:
+        """The controller's speed scaling, in the profile's unit; the mirror runs its trajectory at it from the
+        latest joint state's stamp on (the topic has no stamp of its own)."""
+        fraction = self.profile.interfaces.speed_scaling_fraction(msg.data)
+        if not np.isfinite(fraction):
+            self._link.get_logger().warning(
+                f"{self._scaling_topic}: speed scaling {msg.data} is not finite: ignored", throttle_duration_sec=5.0
+            )
+            return
+        if not -1e-6 <= fraction <= 1 + 1e-6:
+            self._link.get_logger().warning(
+                f"{self._scaling_topic}: speed scaling {msg.data} is outside full speed 0..1 in the profile's unit "
+                f"'{self.profile.interfaces.speed_scaling_unit}' (is speed_scaling_unit right?): clipped",
+                throttle_duration_sec=5.0,
+            )
+        fraction = float(np.clip(fraction, 0.0, 1.0))
+        with self._cond:
+            self._scaling, self._scaling_seen = fraction, True
+            mirror, joints = self._mirror, self._joints
+            self._cond.notify_all()
+        if mirror is not None and joints is not None:
+            mirror.set_speed_scaling(fraction, _stamp_s(joints))
+
     def _on_wrench(self, msg: WrenchStamped) -> None:
+        frame = msg.header.frame_id
+        if self._tf is None and not self._tf_problem and frame != self.profile.hand_frame and frame not in self._frames:
+            try:  # created here, in the link's executor, before a reader can see the wrench
+                self._tf = FrameBuffer(self._link, callback_group=self._tf_group)
+            except ImportError as exc:
+                self._tf_problem = f"no transform library ({exc}): install tf2_ros, or pytransform3d"
         with self._cond:
             self._wrench, self._wrench_wall = msg, time.monotonic()
+            self._wrenches.append(msg)
             self._cond.notify_all()
 
     # ------------------------------------------------------------------------------ state
@@ -203,8 +264,20 @@ class Ros2ControlBackend(ArmBackend):
         problem = self._wait_for_force(left)
         if problem:  # logged outside the lock: rclpy's logger inspects the stack, slowly
             self._link.get_logger().warning(f"{problem}; motions are refused until force sensing works")
+        if self._scaling_topic:
+            left = max(0.0, deadline - time.monotonic())
+            with self._cond:
+                heard = self._cond.wait_for(lambda: self._scaling_seen, left)
+            if not heard:
+                self._link.get_logger().warning(
+                    f"no speed scaling on {self._scaling_topic} yet: the arm is taken to run at full speed until it "
+                    "comes (a slowed or paused arm then fails its motions as stalled)"
+                )
         state = self.read_state(require_force=False)
-        self._mirror = TrajectoryFollower(self.profile.arm_joints, self.lower, self.upper, state.q_rad)
+        mirror = TrajectoryFollower(self.profile.arm_joints, self.lower, self.upper, state.q_rad)
+        with self._cond:
+            mirror.set_speed_scaling(self._scaling, state.time_s)
+            self._mirror = mirror
         return state
 
     def _wait_for_force(self, timeout_s: float) -> str:
@@ -256,7 +329,10 @@ class Ros2ControlBackend(ArmBackend):
     def _hand_wrench(
         self, msg: WrenchStamped | None, age_s: float, joints_stamp_s: float, q: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """The latest wrench in the hand frame, or BackendError when force sensing cannot be trusted."""
+        """The latest wrench in the hand frame, or BackendError when force sensing cannot be trusted. One in a frame
+        of the arm's description is expressed in the hand frame through the kinematics at q; one in a frame only /tf
+        knows, through /tf at its own stamp: the newest wrench /tf has reached (as tf2_ros's MessageFilter would
+        pass it on), so the frame change is never taken at another time than the force's."""
         topic = self._wrench_topic
         if msg is None:
             raise BackendError(
@@ -267,29 +343,53 @@ class Ros2ControlBackend(ArmBackend):
             raise BackendError(
                 f"the last wrench on {topic} is {age_s:.2f} s old (limit {self._timeout} s): force sensing lost"
             )
+        hand, frame = self.profile.hand_frame, msg.header.frame_id
+        on_tf = frame != hand and frame not in self._frames
+        if on_tf:
+            msg, to_hand = self._wrench_on_tf(msg)
         lag = joints_stamp_s - _stamp_s(msg)
         if abs(lag) > self._wrench_max_lag:
             raise BackendError(
-                f"the wrench on {topic} is stamped {lag:+.3f} s from the joint states (limit "
-                f"{self._wrench_max_lag} s): stale force data"
+                f"the {'newest wrench /tf reaches' if on_tf else 'wrench'} on {topic} is stamped {lag:+.3f} s from "
+                f"the joint states (limit {self._wrench_max_lag} s): stale force data"
             )
-        frame = msg.header.frame_id
         f, t = msg.wrench.force, msg.wrench.torque
         force, torque = np.array([f.x, f.y, f.z]), np.array([t.x, t.y, t.z])
         if not (np.all(np.isfinite(force)) and np.all(np.isfinite(torque))):
             raise BackendError(f"the wrench on {topic} is not finite: force sensing failed")
-        hand = self.profile.hand_frame
         if frame == hand:
             return force, torque
-        if frame not in self._frames:
-            raise BackendError(
-                f"the wrench on {topic} is in frame '{frame}', which the arm's description does not have "
-                f"(expected {hand} or another link of the arm): cannot use it"
-            )
+        if on_tf:
+            return change_frame(force, torque, to_hand.rotation, to_hand.position_m)
         with self._kin_lock:
             p_hand, r_hand = self._kin.forward(q, hand)
             p_frame, r_frame = self._kin.forward(q, frame)
         return change_frame(force, torque, r_hand.T @ r_frame, r_hand.T @ (p_frame - p_hand))
+
+    def _wrench_on_tf(self, latest: WrenchStamped) -> tuple[WrenchStamped, Transform]:
+        """The newest wrench in `latest`'s frame that /tf can express in the hand frame at its own stamp, with
+        that transform (the frame's pose in the hand frame); BackendError when there is none."""
+        topic, hand, frame = self._wrench_topic, self.profile.hand_frame, latest.header.frame_id
+        try:
+            if self._tf is None:
+                raise FrameError(self._tf_problem or "/tf is not subscribed yet")
+            reach = self._tf.lookup(hand, frame)  # at the newest time the whole chain has
+            if reach.stamp_ns is None:  # a chain of static transforms: the same at any time
+                return latest, reach
+            with self._cond:
+                kept = [m for m in reversed(self._wrenches) if m.header.frame_id == frame]
+            msg = next((m for m in kept if stamp_ns(m.header.stamp) <= reach.stamp_ns), None)
+            if msg is None:
+                raise FrameError(
+                    f"/tf reaches '{frame}' only up to {reach.stamp_ns * 1e-9:.3f} s, before the {len(kept)} wrenches "
+                    f"kept (the newest stamped {_stamp_s(latest):.3f} s): is the publisher of '{frame}' late?"
+                )
+            return msg, self._tf.lookup(hand, frame, msg.header.stamp)
+        except FrameError as exc:
+            raise BackendError(
+                f"the wrench on {topic} is in frame '{frame}', which the arm's description does not have and /tf "
+                f"cannot express in {hand}: {exc} (expected {hand}, another link of the arm, or a frame on /tf)"
+            ) from None
 
     def _mirror_or_fail(self) -> TrajectoryFollower:
         if self._mirror is None:
@@ -300,6 +400,17 @@ class Ros2ControlBackend(ArmBackend):
         mirror = self._mirror_or_fail()
         mirror.update(self.read_state(require_force=False).time_s)
         return mirror.desired_q.copy(), mirror.desired_qd.copy()
+
+    def speed_scaling(self) -> float:
+        with self._cond:
+            return self._scaling
+
+    def trajectory_time_s(self) -> float | None:
+        """The mirror's trajectory time at the latest joint state's stamp: it integrates the speed scaling topic on
+        the joint states' stamps as the scaled controller integrates its scaling factor on its own clock (the
+        factor sampled at the topic's rate, 100 Hz on UR, which is close enough to judge progress by)."""
+        mirror = self._mirror_or_fail()
+        return mirror.elapsed_s(now_s=self.read_state(require_force=False).time_s)
 
     def capture(self, cameras: tuple[str, ...]) -> dict:
         raise BackendError(
@@ -346,11 +457,18 @@ class Ros2ControlBackend(ArmBackend):
 
     # ------------------------------------------------------------------------------ commands
     def follow(self, trajectory: JointTrajectory) -> None:
+        """Send `trajectory` as a goal, stamped with the latest joint state's time: the controller starts it at that
+        time on its own clock (header.stamp), and so does this backend's copy of it, so both are at the same point
+        of it at every stamp (a goal started "on receipt" would leave the copy a transport delay apart, and a stop
+        ramped from the copy's setpoint would then begin with a jump)."""
         mirror = self._mirror_or_fail()
         if not self._arm_action.wait_for_server(timeout_sec=self._server_timeout):
             raise BackendError(f"the arm controller's action server {self._action_name} is not available")
+        start_s = self.read_state(require_force=False).time_s
+        msg = trajectory_msg(trajectory)
+        msg.header.stamp = stamp_msg(start_s)
         accepted = threading.Event()
-        future = self._arm_action.send_goal_async(FollowJointTrajectory.Goal(trajectory=trajectory_msg(trajectory)))
+        future = self._arm_action.send_goal_async(FollowJointTrajectory.Goal(trajectory=msg))
         future.add_done_callback(lambda _f: accepted.set())
         if not accepted.wait(self._server_timeout):
             raise BackendError(f"the arm controller did not answer the goal within {self._server_timeout:.0f} s")
@@ -360,7 +478,8 @@ class Ros2ControlBackend(ArmBackend):
         with self._cond:
             self._goal, self._goal_failure, self._reflex_holds = handle, "", False
         handle.get_result_async().add_done_callback(lambda f, h=handle: self._on_result(h, f))
-        mirror.start(trajectory, self.read_state(require_force=False).time_s)
+        mirror.update(start_s)
+        mirror.start(trajectory, start_s, start_time_s=start_s)
 
     def _on_result(self, handle, future) -> None:
         response = future.result()
@@ -376,21 +495,43 @@ class Ros2ControlBackend(ArmBackend):
             self._cond.notify_all()
 
     def hold(self, q_rad: np.ndarray | None = None) -> np.ndarray:
-        """Stop and hold `q_rad` (default: where the arm is). After the arm's reflex stopped it, the arm already
-        holds where it stopped: a hold at a position read later (a state that may be 10 ms old, taken while the
-        arm rebounded from the contact) would move an arm that presses on something, so none is sent, as a real
-        arm in its reflex state takes no position command until the next motion."""
+        """Stop. Without `q_rad`: the setpoint the controller follows (the mirror's, at the latest joint state's
+        stamp) is ramped to rest within `stop_decel_radps2` (`_send_stop_ramp`); returns where the ramp ends. A
+        setpoint at rest is held where it is, a hold the controller already has is not sent again.
+
+        After the arm's reflex stopped it, the arm already holds where it stopped: a hold at a position read later
+        (a state that may be 10 ms old, taken while the arm rebounded from the contact) would move an arm that
+        presses on something, so none is sent, as a real arm in its reflex state takes no position command until
+        the next motion. Without a fresh joint state (link lost) nothing can be ramped from where the controller
+        is: it is told to hold the last setpoint we commanded, and its goal is canceled (the stop then is a jump,
+        but a stop). With `q_rad`: hold that position (one point one period ahead, the goal canceled)."""
         mirror = self._mirror_or_fail()
         if q_rad is None:
             try:
-                q_rad = self.read_state(require_force=False).q_rad
+                state = self.read_state(require_force=False)
             except BackendError:  # no fresh state (link lost): stop at the last setpoint we commanded
-                q_rad = mirror.desired_q
+                state = None
             with self._cond:
                 reflex_holds = self._reflex_holds and self._goal is None
             if reflex_holds:
-                mirror.hold(q_rad)
+                mirror.hold(mirror.desired_q if state is None else state.q_rad)
                 return mirror.desired_q.copy()
+            q_rad = mirror.desired_q if state is None else mirror.update(state.time_s)
+            if state is not None and np.abs(mirror.desired_qd).max(initial=0.0) > REST_RADPS:
+                try:
+                    ramp = stop_ramp(
+                        self.profile.arm_joints,
+                        q_rad,
+                        mirror.desired_qd,
+                        decel_radps2=self.stop_decel_radps2,
+                        period_s=self._period,
+                        lower=self.lower,
+                        upper=self.upper,
+                    )
+                except TrajectoryError:  # a setpoint gone non-finite cannot be ramped: hold where the arm is
+                    q_rad = state.q_rad
+                else:
+                    return self._send_stop_ramp(mirror, ramp, state.time_s)
         q = np.clip(np.asarray(q_rad, dtype=float), self.lower, self.upper)
         with self._cond:
             # from here on the running goal's abort is ours, and an earlier goal's late failure is superseded
@@ -407,6 +548,36 @@ class Ros2ControlBackend(ArmBackend):
             goal.cancel_goal_async()
         mirror.hold(q)
         return q
+
+    def _send_stop_ramp(self, mirror: TrajectoryFollower, ramp: JointTrajectory, stamp_s: float) -> np.ndarray:
+        """Send a stop ramp on the controller's trajectory topic, stamped with the joint state it was computed at.
+
+        The stamp makes the controller run the ramp on its own clock from that state's time (header.stamp is the
+        trajectory's start time for joint_trajectory_controller, and for twin_node): however late the message
+        arrives, the ramp continues from where the setpoint is, instead of starting a period late from a setpoint
+        that has moved on (which would brake harder than the ramp). A controller discards a trajectory that ends
+        before it arrives, so the ramp's rest position is repeated `state_timeout_s` later: it still applies if it
+        arrives that late (a state older than that is a lost link anyway).
+
+        The running goal is not canceled: joint_trajectory_controller answers a cancel by holding the current
+        position at once, the very jump the ramp replaces. The topic message replaces the goal's trajectory (the
+        twin aborts the goal as preempted; joint_trajectory_controller lets it end with the ramp) and this backend
+        no longer listens to that goal's result."""
+        end = ramp.positions[-1]
+        held = JointTrajectory(
+            ramp.joint_names,
+            np.append(ramp.times_s, ramp.times_s[-1] + max(self._timeout, self._period)),
+            np.vstack([ramp.positions, end]),
+            np.vstack([ramp.velocities, np.zeros_like(end)]),
+        )
+        msg = trajectory_msg(held)
+        msg.header.stamp = stamp_msg(stamp_s)
+        with self._cond:
+            # from here on the running goal's end is ours, and an earlier goal's late failure is superseded
+            self._goal, self._goal_failure, self._reflex_stop = None, "", ""
+        self._arm_topic.publish(msg)
+        mirror.start(held, stamp_s, start_time_s=stamp_s)
+        return end.copy()
 
     def move_gripper(self, opening_m: float, duration_s: float) -> float:
         """Start the jaw towards `opening_m` with the profile's grasp force and return the opening sent; the

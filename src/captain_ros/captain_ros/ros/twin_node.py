@@ -20,7 +20,11 @@ The arm has a force reflex in its physics loop, as a real arm has in its control
 standard parameter service, as they would set a vendor's collision thresholds): above it the arm stops
 where it is and the running trajectory goal is aborted with a "force reflex: ..." error string.
 A stop or hold sent on a controller's topic before a reset is dropped, never applied to the new episode, and
-after a reflex trip the arm takes no topic command until the next trajectory goal.
+after a reflex trip the arm takes no topic command until the next trajectory goal. Trajectories honour their
+header.stamp as their start time (joint_trajectory_controller's rule; 0 = on receipt).
+An arm whose profile names a speed_scaling_topic (ur5e_twin, as UR's) runs its arm trajectories at the simulated
+pendant slider (parameter `speed_slider_fraction`, 0..1; 0 pauses the arm), approached smoothly as UR's
+scaled_joint_trajectory_controller does, and publishes the factor on that topic in the profile's unit.
 The arm, its names and its topics come from the robot profile (parameter `robot_profile`, a profile with a
 `twin` section); parameters from config/twin.yaml.
 """
@@ -44,7 +48,7 @@ from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import CameraInfo, Image, JointState
-from std_msgs.msg import Header, String
+from std_msgs.msg import Float64, Header, String
 from tf2_msgs.msg import TFMessage
 from trajectory_msgs.msg import JointTrajectory as JointTrajectoryMsg
 from trajectory_msgs.msg import JointTrajectoryPoint
@@ -70,6 +74,7 @@ ACTION_MONITOR_RATE_HZ = 20.0  # goal checks and feedback, joint_trajectory_cont
 MAX_LAG_S = 0.1  # falling further behind real time than this drops the lag instead of fast-forwarding
 DIAGNOSTICS_PERIOD_S = 0.1  # wall clock; a reflex trip is published at once
 REFLEX_PARAMETER = "reflex_force_threshold_n"
+SPEED_SLIDER_PARAMETER = "speed_slider_fraction"
 
 
 class TwinNode(Node):
@@ -81,6 +86,9 @@ class TwinNode(Node):
         if self.profile.twin is None:
             raise robot.ProfileError(f"robot profile '{self.profile.name}' has no twin section: it has no twin")
         self.interfaces = self.profile.interfaces
+        problem = self._check_slider(float(self.get_parameter(SPEED_SLIDER_PARAMETER).value))
+        if problem:
+            raise ValueError(f"{SPEED_SLIDER_PARAMETER}: {problem}")
         self._moving_links = set(self.profile.arm_links()) - {self.profile.base_frame}  # their /tf
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -95,6 +103,8 @@ class TwinNode(Node):
 
         self.joint_pub = self.create_publisher(JointState, self.interfaces.joint_states_topic, 10)
         self.wrench_pub = self.create_publisher(WrenchStamped, self.interfaces.wrench_topic, 10)
+        scaling_topic = self.interfaces.speed_scaling_topic  # as UR's speed_scaling_state_broadcaster
+        self.scaling_pub = self.create_publisher(Float64, scaling_topic, 10) if scaling_topic else None
         self.clock_pub = self.create_publisher(Clock, "/clock", 10)
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self._next_diagnostics = 0.0
@@ -186,13 +196,34 @@ class TwinNode(Node):
             config.safety.arm_reflex_force_n,
             desc("the arm's force reflex: external force at the hand that stops it; 0 = off", 0.0, 500.0),
         )
+        self.declare_parameter(
+            SPEED_SLIDER_PARAMETER,
+            1.0,
+            desc(
+                "the pendant's speed slider, simulated (arms whose profile names a speed_scaling_topic, as UR's): the "
+                "arm's trajectory controller runs at this fraction of planned speed; 0 pauses it",
+                0.0,
+                1.0,
+            ),
+        )
         self.add_on_set_parameters_callback(self._on_set_parameters)
 
+    def _check_slider(self, value: float) -> str:
+        if value != 1.0 and not self.interfaces.speed_scaling_topic:
+            return f"robot profile '{self.profile.name}' names no speed_scaling_topic: this arm has no speed scaling"
+        return ""
+
     def _on_set_parameters(self, parameters) -> SetParametersResult:
+        for parameter in parameters:
+            if parameter.name == SPEED_SLIDER_PARAMETER and self._check_slider(float(parameter.value)):
+                return SetParametersResult(successful=False, reason=self._check_slider(float(parameter.value)))
         for parameter in parameters:
             if parameter.name == REFLEX_PARAMETER and self.controllers is not None:
                 with self._lock:
                     self.controllers.reflex.threshold_n = float(parameter.value)
+            if parameter.name == SPEED_SLIDER_PARAMETER and self.controllers is not None:
+                with self._lock:
+                    self.controllers.speed_scaling_target = float(parameter.value)
         return SetParametersResult(successful=True)
 
     # ------------------------------------------------------------------------------ episode
@@ -211,7 +242,11 @@ class TwinNode(Node):
             else:
                 start = self.twin.reset(start_id, split=split)
             # fresh followers: goals still running on the old ones see the swap and abort
-            self.controllers = TwinControllers(self.twin, float(self.get_parameter(REFLEX_PARAMETER).value))
+            self.controllers = TwinControllers(
+                self.twin,
+                float(self.get_parameter(REFLEX_PARAMETER).value),
+                float(self.get_parameter(SPEED_SLIDER_PARAMETER).value),
+            )
             self._next_state = self._next_tf = self._next_camera = 0.0
             self.fault = ""
             self._reset_at_ns = time.time_ns()
@@ -274,6 +309,14 @@ class TwinNode(Node):
             upper=follower.upper,
         )
 
+    @staticmethod
+    def _start_time_s(msg: JointTrajectoryMsg) -> float | None:
+        """The trajectory's start time (header.stamp, sim time), or None: start on receipt. As in
+        joint_trajectory_controller, a trajectory stamped in the past begins part-way along (a stop ramp computed
+        at a joint state's stamp runs as computed however late it arrives)."""
+        stamp = msg.header.stamp
+        return None if stamp.sec == 0 and stamp.nanosec == 0 else stamp.sec + stamp.nanosec * 1e-9
+
     def _on_topic(self, name: str, msg: JointTrajectoryMsg, info: dict) -> None:
         """A trajectory on the controller's topic (a stop or hold) preempts whatever the controller follows.
         One sent before the last reset is dropped: topic messages and the reset request travel on separate
@@ -296,7 +339,7 @@ class TwinNode(Node):
             # (while the arm still sank into what it hit) would press it deeper
             reflex_holds = name == "arm" and self.controllers.reflex.tripped is not None
             if not (stale or reflex_holds):
-                self.controllers[name].start(trajectory, self.twin.time_s)
+                self.controllers[name].start(trajectory, self.twin.time_s, self._start_time_s(msg))
             now, reset_ns = self.twin.time_s, self._reset_at_ns
         if stale:
             self.get_logger().warning(
@@ -310,7 +353,7 @@ class TwinNode(Node):
     def _measured(self, name: str) -> np.ndarray:
         if name == "arm":
             return self.twin.arm_q()
-        return np.array([self.twin.jaw_opening_m() / 2])
+        return np.array([self.profile.finger_joint_position(self.twin.jaw_opening_m())])
 
     def _execute(self, name: str, goal_handle) -> FollowJointTrajectory.Result:
         result = FollowJointTrajectory.Result()
@@ -336,7 +379,7 @@ class TwinNode(Node):
         with self._lock:
             controllers = self.controllers
             start = controllers.start_motion if name == "arm" else follower.start
-            token = start(trajectory, self.twin.time_s)
+            token = start(trajectory, self.twin.time_s, self._start_time_s(goal.trajectory))
             start_s = self.twin.time_s
         feedback = FollowJointTrajectory.Feedback(joint_names=list(follower.joint_names))
         while rclpy.ok() and not self._stop.is_set():
@@ -346,6 +389,9 @@ class TwinNode(Node):
                 desired = follower.desired_q.copy()
                 replaced = follower.active_token() not in (token, None) or self.controllers[name] is not follower
                 trip = controllers.reflex.tripped if name == "arm" and not replaced else None
+                # how far along, in the trajectory's own time (it runs at the arm's speed scaling)
+                elapsed = follower.elapsed_s(token, now)
+                elapsed = now - start_s if elapsed is None else elapsed
             if goal_handle.is_cancel_requested:
                 with self._lock:
                     follower.hold(measured)  # stop where the arm is, within one control period
@@ -367,13 +413,13 @@ class TwinNode(Node):
             feedback.actual = JointTrajectoryPoint(positions=measured.tolist())
             feedback.error = JointTrajectoryPoint(positions=(desired - measured).tolist())
             goal_handle.publish_feedback(feedback)
-            if now - start_s >= trajectory.duration_s:
+            if elapsed >= trajectory.duration_s:
                 error = np.abs(trajectory.positions[-1] - measured)
                 if np.all(error <= tol):
                     goal_handle.succeed()
                     result.error_code = FollowJointTrajectory.Result.SUCCESSFUL
                     return result
-                if now - start_s > trajectory.duration_s + time_tol:
+                if elapsed > trajectory.duration_s + time_tol:
                     worst = int(np.argmax(error - tol))
                     goal_handle.abort()
                     result.error_code = FollowJointTrajectory.Result.GOAL_TOLERANCE_VIOLATED
@@ -476,6 +522,9 @@ class TwinNode(Node):
         msg.wrench.force.x, msg.wrench.force.y, msg.wrench.force.z = map(float, wrench.force_n)
         msg.wrench.torque.x, msg.wrench.torque.y, msg.wrench.torque.z = map(float, wrench.torque_nm)
         self.wrench_pub.publish(msg)
+        if self.scaling_pub is not None:  # in the profile's unit, as UR's broadcaster (percent)
+            full = robot.SPEED_SCALING_UNITS[self.interfaces.speed_scaling_unit]
+            self.scaling_pub.publish(Float64(data=self.controllers.arm.speed_scaling * full))
 
     def _publish_diagnostics(self, now: float, trip: ReflexTrip | None) -> None:
         """The arm's force reflex for operators (rqt_robot_monitor) and benchmarks: its threshold, the external

@@ -1,7 +1,11 @@
 """The twin's controllers, as ros2_control would run them on the real arm: one joint trajectory
 follower for the arm joints and one for the gripper's (first) finger joint (its share of the jaw opening),
 updated at every physics step, and the arm's own force reflex. Used by twin_node and by the
-in-process twin backend, so both move (and stop) the arm exactly the same way."""
+in-process twin backend, so both move (and stop) the arm exactly the same way.
+
+The arm's controller honours a speed scaling (UR's scaled_joint_trajectory_controller, driven by the pendant's speed
+slider): trajectories advance at that fraction of the clock. A new slider value is approached at
+SPEED_SCALING_SLEW_PER_S, as UR's controller ramps the factor (a pause is a smooth stop, not a jump)."""
 
 from __future__ import annotations
 
@@ -14,6 +18,8 @@ import numpy as np
 from captain_ros.core.trajectory import JointTrajectory, TrajectoryFollower
 from captain_ros.core.wrench import REFLEX_ABORT_PREFIX, external_force_n
 from captain_ros.twin.sim import Twin
+
+SPEED_SCALING_SLEW_PER_S = 2.0  # fraction of full speed per second: a pause from full speed takes 0.5 s
 
 
 @dataclass(frozen=True)
@@ -72,10 +78,11 @@ class ForceReflex:
 
 
 class TwinControllers:
-    def __init__(self, twin: Twin, reflex_threshold_n: float = 0.0):
+    def __init__(self, twin: Twin, reflex_threshold_n: float = 0.0, speed_scaling: float = 1.0):
+        """`speed_scaling`: the arm's speed slider (0..1) to start with (applied at once)."""
         profile = twin.profile
         lower, upper = profile.arm_limits_rad()
-        self._fingers = len(profile.finger_joints)
+        self._profile = profile  # the gripper joint <-> jaw opening mapping
         self.gripper_joints = profile.finger_joints[:1]
         finger = profile.joint_limits[self.gripper_joints[0]]
         self.arm = TrajectoryFollower(profile.arm_joints, lower, upper, twin.arm_q())
@@ -83,24 +90,29 @@ class TwinControllers:
             self.gripper_joints,
             np.array([finger.lower]),
             np.array([finger.upper]),
-            np.array([twin.jaw_opening_m() / self._fingers]),
+            np.array([profile.finger_joint_position(twin.jaw_opening_m())]),
         )
         self.reflex = ForceReflex(reflex_threshold_n)
         self._hand = twin.model.body(profile.hand_frame).id
+        self.arm.set_speed_scaling(speed_scaling, twin.time_s)
+        self.speed_scaling_target = float(speed_scaling)  # the slider; the arm's factor follows it at the slew rate
+        self._dt = float(twin.model.opt.timestep)
 
     def __getitem__(self, name: str) -> TrajectoryFollower:
         return {"arm": self.arm, "gripper": self.gripper}[name]
 
-    def start_motion(self, trajectory: JointTrajectory, now_s: float) -> int:
+    def start_motion(self, trajectory: JointTrajectory, now_s: float, start_time_s: float | None = None) -> int:
         """Start an arm motion (a trajectory goal): arms the reflex with the load measured at rest, then
         follows `trajectory`. Stops and holds sent on the controller's topic go to `arm.start` directly and
         leave the reflex as it is (a hold after a trip must not re-arm it against the contact force)."""
         self.reflex.arm()
-        return self.arm.start(trajectory, now_s)
+        return self.arm.start(trajectory, now_s, start_time_s)
 
     def jaw_trajectory(self, opening_m: float, duration_s: float) -> JointTrajectory:
         """Move the jaw to `opening_m` (clipped to the finger's range) in `duration_s`."""
-        share = float(np.clip(opening_m / self._fingers, self.gripper.lower[0], self.gripper.upper[0]))
+        share = float(
+            np.clip(self._profile.finger_joint_position(opening_m), self.gripper.lower[0], self.gripper.upper[0])
+        )
         return JointTrajectory(self.gripper_joints, np.array([max(duration_s, 1e-3)]), np.array([[share]]), None)
 
     def step(self, twin: Twin, n: int = 1) -> ReflexTrip | None:
@@ -108,8 +120,13 @@ class TwinControllers:
         reflex after each. Returns the reflex trip if one happened (the arm then holds where it was)."""
         trip = None
         for _ in range(n):
+            scaling = self.arm.speed_scaling
+            if scaling != self.speed_scaling_target:
+                step = SPEED_SCALING_SLEW_PER_S * self._dt
+                scaling = float(np.clip(self.speed_scaling_target, scaling - step, scaling + step))
+                self.arm.set_speed_scaling(scaling, twin.time_s)
             twin.set_arm_command(self.arm.update(twin.time_s))
-            twin.set_gripper_command(self._fingers * float(self.gripper.update(twin.time_s)[0]))
+            twin.set_gripper_command(self._profile.jaw_opening_at(float(self.gripper.update(twin.time_s)[0])))
             twin.step()
             r_hand = twin.data.xmat[self._hand].reshape(3, 3).copy()
             tripped = self.reflex.check(twin.wrist_wrench().force_n, r_hand, twin.time_s)

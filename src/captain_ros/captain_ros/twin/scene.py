@@ -144,7 +144,13 @@ def _robot(spec: mujoco.MjSpec, physics: PhysicsConfig, profile: robot.RobotProf
     # cameras at the URDF's optical frames; MuJoCo cameras look along -z with y up, optical
     # frames along +z with y down: a half turn about x
     for cam, frame in profile.camera_frames.items():
-        spec.body(frame).add_camera(name=cam, quat=[0, 1, 0, 0], fovy=CAMERA_FOVY_DEG[cam])
+        body = spec.body(frame)
+        if body is None:  # a real arm's camera frames may live on /tf only; the twin renders at a URDF link
+            raise robot.ProfileError(
+                f"{profile.source}: camera_frames.{cam} '{frame}' is not a link of the URDF: the twin renders each "
+                "camera at its optical frame's link, so a twin's URDF must have it"
+            )
+        body.add_camera(name=cam, quat=[0, 1, 0, 0], fovy=CAMERA_FOVY_DEG[cam])
     # the base stands on the table
     spec.add_exclude(bodyname1="world", bodyname2=profile.base_frame)
     for link in twin.base_contact_excludes:

@@ -150,7 +150,7 @@ class Twin:
         mujoco.mj_resetData(m, d)
         d.qpos[self._arm_qpos] = self.profile.home_q
         d.ctrl[self._arm_act] = self.profile.home_q
-        open_m = self.profile.max_jaw_opening_m() / len(self.profile.finger_joints)
+        open_m = self.profile.finger_joint_position(self.profile.max_jaw_opening_m())  # each gripper joint's
         d.qpos[self._finger_qpos] = open_m
         d.ctrl[self._grip_act] = open_m
         for obj in self.task.objects:
@@ -235,10 +235,8 @@ class Twin:
     def set_gripper_command(self, opening_m: float) -> None:
         if not math.isfinite(opening_m):
             raise ValueError(f"gripper command must be finite, got {opening_m}")
-        fingers = len(self.profile.finger_joints)
-        self.data.ctrl[self._grip_act] = float(
-            np.clip(opening_m / fingers, 0.0, self.profile.max_jaw_opening_m() / fingers)
-        )
+        shut, full = self.profile.jaw_opening_range_m()
+        self.data.ctrl[self._grip_act] = self.profile.finger_joint_position(float(np.clip(opening_m, shut, full)))
 
     def step(self, n: int = 1) -> None:
         """Advance n physics steps; the state is checked for faults every CHECK_EVERY_STEPS steps."""

@@ -1,0 +1,365 @@
+"""Every shipped real-arm profile against a fake of its vendor's bring-up, over DDS, through the real motion node.
+
+One motion_node process (`autostart:=false`) is driven as an operator drives it on a robot: set `robot_profile`,
+`ros2 lifecycle set /motion configure`, `activate`, then MoveTo goals. Each test starts a `VendorGraph`
+(tests/ros/fake_vendor.py) that serves the vendor's names (docs/vendor_interfaces.md) for franka_fr3 (franka_ros2
+v3.4.0), ur5e (ur_robot_driver jazzy + PickNik's Hand-E controller) and ros2_control_demo (example 7 with a JTC and
+an F/T broadcaster added); the twins are covered by test_backends.py and test_motion_*.py.
+
+Checked for each profile: configure finds every interface and warns about nothing; without any one interface,
+configure fails naming exactly that one; a small move_to runs through the vendor's trajectory action with the
+vendor's joint names; open and close go through the vendor's gripper action with the profile's effort, and the
+receipt reports the opening the gripper measured, not the command.
+
+The graphs are the vendors' as shipped (Franka's best-effort wrench, UR's wrench in tool0_controller known from /tf,
+UR's speed scaling in percent), and so are the descriptions: stand-ins with the vendors' link and joint names and
+no camera links (cameras come from /tf), the Hand-E's links without inertials as in its xacro.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+rclpy = pytest.importorskip("rclpy")
+from action_msgs.msg import GoalStatus  # noqa: E402
+from control_msgs.action import ParallelGripperCommand  # noqa: E402
+from franka_msgs.action import Grasp, Move  # noqa: E402
+from lifecycle_msgs.msg import State, Transition  # noqa: E402
+from lifecycle_msgs.srv import ChangeState, GetState  # noqa: E402
+from rcl_interfaces.srv import SetParameters  # noqa: E402
+
+from captain_interfaces.action import MoveTo  # noqa: E402
+from captain_interfaces.msg import CallResult as CallResultMsg  # noqa: E402
+from captain_interfaces.srv import HarnessCall  # noqa: E402
+from captain_ros.core import robot  # noqa: E402
+from captain_ros.ros.spin import SpunActionClient  # noqa: E402
+
+from .fake_vendor import VENDORS, VendorGraph, VendorSpec, read_urdf  # noqa: E402
+from .helpers import (  # noqa: E402
+    LOADED_MACHINE_STATE_TIMEOUT_S,
+    LOADED_MACHINE_WRENCH_LAG_S,
+    launch_node,
+    result_of,
+    set_parameters,
+    stop,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.ros, pytest.mark.slow]
+
+CONNECT_TIMEOUT_S = 60.0  # configure with everything there: a starved machine may take a while to discover it
+MISSING_TIMEOUT_S = 8.0  # configure with one interface missing waits this long before naming it
+DEADLINE_S = 60.0
+TWINS = {"panda_twin", "ur5e_twin"}  # test_backends.py, test_motion_node.py, test_motion_lifecycle.py
+LABELS = {
+    State.PRIMARY_STATE_UNCONFIGURED: "unconfigured",
+    State.PRIMARY_STATE_INACTIVE: "inactive",
+    State.PRIMARY_STATE_ACTIVE: "active",
+}
+DOWN = {"active": Transition.TRANSITION_DEACTIVATE, "inactive": Transition.TRANSITION_CLEANUP}
+NOT_READY = (
+    "nothing behind",
+    "motions are refused until force sensing works",
+    "no speed scaling on",
+    "configure failed",
+)
+
+# The graphs the main tests run: the vendors' as shipped (Franka's best-effort wrench in fr3_hand_tcp, UR's wrench in
+# tool0_controller with /tf from robot_state_publisher and tcp_pose_broadcaster, speed scaling at 100 %), on the
+# vendors' descriptions as they are (no camera links; the Hand-E's massless links).
+MAIN_GRAPHS = {
+    "franka_fr3": {},
+    "ur5e": {"publish_tf": True},
+    "ros2_control_demo": {},
+}
+PROFILES = [
+    pytest.param("franka_fr3"),
+    pytest.param("ur5e"),
+    pytest.param("ros2_control_demo"),
+]
+MOVE = np.array([0.02, 0.02, -0.02])  # a small move from where the arm stands, m
+
+
+# ---------------------------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def motion_node():
+    """The real motion node, unconfigured, waiting for an operator (its services exist from the start)."""
+    proc, lines = launch_node(
+        "motion_node",
+        ("autostart", False),
+        ("robot_profile", "franka_fr3"),
+        ("state_timeout_s", LOADED_MACHINE_STATE_TIMEOUT_S),
+        ("wrench_max_lag_s", LOADED_MACHINE_WRENCH_LAG_S),
+        ("watchdog", False),
+    )
+    yield lines
+    stop(proc)
+
+
+@dataclass
+class Operator:
+    """The test as operator and agent: lifecycle and parameter services, the harness call and MoveTo."""
+
+    node: object
+    lines: list[str]  # the motion node's console output
+    move: SpunActionClient
+    clients: dict = field(default_factory=dict)
+    receipts: list[CallResultMsg] = field(default_factory=list)
+
+    def state(self) -> str:
+        reply = result_of(self.clients["get_state"].call_async(GetState.Request()), 30)
+        return LABELS.get(reply.current_state.id, reply.current_state.label)
+
+    def change(self, transition: int) -> bool:
+        request = ChangeState.Request(transition=Transition(id=transition))
+        return result_of(self.clients["change_state"].call_async(request), 180).success
+
+    def unconfigure(self) -> None:
+        state = self.state()
+        while state != "unconfigured":
+            assert self.change(DOWN[state]), f"{DOWN[state]} failed from {state}"
+            state = self.state()
+
+    def configure(self, profile: str, timeout_s: float) -> tuple[bool, str]:
+        """`robot_profile:=<profile>`, then configure; returns whether it succeeded and, if not, the log line that
+        says why."""
+        set_parameters(self.clients["set_parameters"], robot_profile=profile, connect_timeout_s=timeout_s)
+        start = len(self.lines)
+        if self.change(Transition.TRANSITION_CONFIGURE):
+            return True, ""
+        wait_for(lambda: self._failure(start), 30, "the configure failure in the motion node's log")
+        return False, self._failure(start)
+
+    def _failure(self, start: int) -> str:
+        return next((line for line in self.lines[start:] if "configure failed" in line), "")
+
+    def bring_up(self, profile: str) -> str:
+        """Configure and activate; returns the log from configure until the harness was ready (so every warning
+        the transitions gave is in it: the log keeps its order)."""
+        start = len(self.lines)
+        ok, failure = self.configure(profile, CONNECT_TIMEOUT_S)
+        assert ok, failure or "".join(self.lines[start:])
+        assert self.change(Transition.TRANSITION_ACTIVATE), "".join(self.lines[start:])
+        wait_for(lambda: any("harness ready on" in line for line in self.lines[start:]), 30, "the harness")
+        log = self.lines[start:]
+        return "".join(log[: next(i for i, line in enumerate(log) if "harness ready on" in line) + 1])
+
+    def call(self, capability: str, **kwargs) -> CallResultMsg:
+        request = HarnessCall.Request(capability=capability, args_json=json.dumps(kwargs))
+        return result_of(self.clients["call"].call_async(request), 120).result
+
+    def run(self, goal: MoveTo.Goal) -> tuple[int, CallResultMsg]:
+        handle = result_of(self.move.send_goal_async(goal), 30)
+        assert handle.accepted, f"goal {goal.call_id} was rejected"
+        wrapped = result_of(handle.get_result_async(), 120)
+        return wrapped.status, wrapped.result.result
+
+
+@pytest.fixture
+def operator(motion_node, client_node):
+    node = client_node
+    op = Operator(node, motion_node, SpunActionClient(node, MoveTo, "/harness/move_to"))
+    op.clients = {
+        "get_state": node.create_client(GetState, "/motion/get_state"),
+        "change_state": node.create_client(ChangeState, "/motion/change_state"),
+        "set_parameters": node.create_client(SetParameters, "/motion/set_parameters"),
+        "call": node.create_client(HarnessCall, "/harness/call"),
+    }
+    node.create_subscription(CallResultMsg, "/harness/receipts", op.receipts.append, 50)
+    for name, client in op.clients.items():
+        if not client.wait_for_service(timeout_sec=60):
+            raise RuntimeError(f"motion_node serves no {name}:\n" + "".join(motion_node))
+    assert op.move.wait_for_server(timeout_sec=30)
+    op.unconfigure()
+    yield op
+    op.unconfigure()  # let go of this test's graph before it stops
+
+
+@pytest.fixture
+def vendor():
+    """Start a VendorGraph (stopped when the test ends)."""
+    started: list[VendorGraph] = []
+
+    def start(profile: str, *, description: str | None = None, **options) -> VendorGraph:
+        spec = VENDORS[profile]
+        graph = VendorGraph(spec, description or read_urdf(spec.urdf), **options)
+        started.append(graph.start())
+        return graph
+
+    yield start
+    for graph in started:
+        graph.stop()
+
+
+def served(node, spec: VendorSpec, key: str) -> bool:
+    """Whether `node` sees the interface `key` of `spec` on the graph (as the motion node's configure checks it)."""
+    name = spec.interfaces()[key]
+    if key in ("trajectory_action", "gripper_action", "grasp_action"):
+        return node.count_services(f"{name}/_action/send_goal") > 0
+    if key == "trajectory_topic":
+        return node.count_subscribers(name) > 0
+    return node.count_publishers(name) > 0
+
+
+def missing_names(failure: str) -> list[str]:
+    """The interface names a configure failure lists as missing ([] if it lists none)."""
+    if match := re.search(r"nothing was published on (\S+) within", failure):
+        return [match.group(1)]
+    if match := re.search(r"nothing behind (.*) within [0-9.]+ s \(is the arm", failure):
+        return [item.split(" (", 1)[0] for item in match.group(1).split("; ")]
+    return []
+
+
+def pose_goal(position: np.ndarray, quaternion: list[float], call_id: str, **fields) -> MoveTo.Goal:
+    goal = MoveTo.Goal(target_kind=MoveTo.Goal.TARGET_POSE, call_id=call_id, **fields)
+    p, o = goal.pose.pose.position, goal.pose.pose.orientation
+    p.x, p.y, p.z = map(float, position)
+    o.x, o.y, o.z, o.w = map(float, quaternion)
+    return goal
+
+
+def jaw_goal(command: str, call_id: str) -> MoveTo.Goal:
+    return MoveTo.Goal(target_kind=MoveTo.Goal.TARGET_JAW, jaw_command=command, call_id=call_id)
+
+
+def tcp_pose(op: Operator) -> tuple[np.ndarray, list[float]]:
+    state = op.call("get_robot_state")
+    assert state.success, state.message
+    pose = json.loads(state.value_json)["tcp_pose"]
+    return np.array(pose["position"]), pose["quaternion"]
+
+
+def check_move(op: Operator, graph: VendorGraph, call_id: str, delta: np.ndarray = MOVE, **fields) -> None:
+    """A move_to by `delta` from where the arm is reaches its target through the vendor's trajectory action."""
+    start, quaternion = tcp_pose(op)
+    target = start + delta
+    status, result = op.run(pose_goal(target, quaternion, call_id, **fields))
+    assert status == GoalStatus.STATUS_SUCCEEDED and result.success, (result.message, "".join(op.lines[-20:]))
+    value = json.loads(result.value_json)
+    assert value["stop_reason"] == "target_reached" and value["distance_to_target_m"] <= 0.003
+    goals = graph.controller.goals
+    assert goals, "the vendor's trajectory controller received no goal"
+    assert all(sorted(g.trajectory.joint_names) == sorted(graph.spec.arm_joints) for g in goals)
+    last = goals[-1].trajectory.points[-1].positions
+    np.testing.assert_allclose(graph.controller.follower.desired_q, last, atol=1e-6)  # the controller got there
+    np.testing.assert_allclose(tcp_pose(op)[0], target, atol=0.003)  # and the harness measures the arm there
+
+
+# ---------------------------------------------------------------------------------------------- the vendor facts
+def test_every_real_arm_profile_matches_its_vendors_names():
+    """The fakes hold the vendors' names (docs/vendor_interfaces.md); each shipped profile names the same."""
+    assert set(VENDORS) == set(robot.available_profiles()) - TWINS
+    for name, spec in VENDORS.items():
+        profile = robot.load_profile(name)
+        interfaces = profile.interfaces
+        assert profile.arm_joints == spec.arm_joints, name
+        assert (interfaces.joint_states_topic, interfaces.trajectory_action, interfaces.trajectory_topic) == (
+            spec.joint_states_topic,
+            spec.trajectory_action,
+            spec.trajectory_topic,
+        ), name
+        assert (interfaces.wrench_topic, interfaces.speed_scaling_topic) == (
+            spec.wrench_topic,
+            spec.speed_scaling_topic,
+        ), name
+        gripper = interfaces.gripper
+        if spec.gripper is None:
+            assert not profile.finger_joints, name
+            continue
+        assert (gripper.action, gripper.grasp_action) == (spec.gripper.action, spec.gripper.grasp_action), name
+        separate = "" if spec.arm_state_gripper_joints else spec.gripper.joint_states_topic
+        assert gripper.joint_states_topic == separate, name
+        assert profile.interfaces.force_reflex is None  # no vendor offers a SetParameters force reflex
+
+
+# ---------------------------------------------------------------------------------------------- configure
+@pytest.mark.parametrize("profile", PROFILES)
+def test_configure_finds_every_interface_the_profile_names(operator, vendor, profile):
+    vendor(profile, **MAIN_GRAPHS[profile])
+    log = operator.bring_up(profile)
+    assert not [line for line in log.splitlines() if any(words in line for words in NOT_READY)], log
+    assert f"robot profile '{profile}': URDF from /robot_description" in log
+    state = operator.call("get_robot_state")  # needs fresh joint states and usable force data
+    assert state.success, state.message
+    value = json.loads(state.value_json)
+    assert len(value["q_rad"]) == len(VENDORS[profile].arm_joints)
+    assert all(np.isfinite(value["wrist_force_n"]))
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_configure_without_one_interface_names_exactly_that_one(operator, vendor, profile):
+    spec, node = VENDORS[profile], operator.node
+    for key, name in spec.interfaces().items():
+        graph = vendor(profile, omit=frozenset({key}), **MAIN_GRAPHS[profile])
+        others = [k for k in spec.interfaces() if k != key]
+        # the test's own view of the graph as a barrier: the previous graph's endpoints gone, this one's there
+        wait_for(lambda key=key: not served(node, spec, key), DEADLINE_S, f"{name} to be gone")
+        wait_for(lambda others=others: all(served(node, spec, k) for k in others), DEADLINE_S, "the other interfaces")
+        deadline = time.monotonic() + DEADLINE_S
+        while True:  # the motion node learns of vanished endpoints a moment after this process may
+            ok, failure = operator.configure(profile, MISSING_TIMEOUT_S)
+            if ok:
+                operator.unconfigure()
+            if (not ok and missing_names(failure)) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert not ok, f"configure succeeded without {name}"
+        assert missing_names(failure) == [name], failure
+        assert operator.state() == "unconfigured"
+        graph.stop()  # before the next graph: one bring-up at a time
+
+
+# ---------------------------------------------------------------------------------------------- motion
+@pytest.mark.parametrize("profile", PROFILES)
+def test_move_to_runs_through_the_vendor_trajectory_controller(operator, vendor, profile):
+    graph = vendor(profile, **MAIN_GRAPHS[profile])
+    operator.bring_up(profile)
+    check_move(operator, graph, f"{profile}-small-move")
+
+
+@pytest.mark.parametrize("profile", ["franka_fr3", "ur5e"])
+def test_gripper_runs_through_the_vendor_action_and_reports_the_measured_opening(operator, vendor, profile):
+    """Open, then close on a 30 mm object: the goals carry the vendor's units and the profile's grasp force, and
+    the receipt reports where the fingers stopped (30 mm), not the command (0 mm)."""
+    graph = vendor(profile, gripper_overrides={"object_m": 0.03, "opening_m": 0.04}, **MAIN_GRAPHS[profile])
+    operator.bring_up(profile)
+    effort = robot.load_profile(profile).interfaces.gripper.max_effort_n
+    full = {"franka_fr3": 0.08, "ur5e": 0.05}[profile]  # Franka Hand 2 x 0.04 m, Hand-E 0.05 m stroke
+
+    status, opened = operator.run(jaw_goal(MoveTo.Goal.JAW_OPEN, f"{profile}-open"))
+    assert status == GoalStatus.STATUS_SUCCEEDED and opened.success, opened.message
+    assert json.loads(opened.value_json)["jaw_after_m"] == pytest.approx(full, abs=0.001)
+    goal = graph.gripper.goals[-1]
+    if profile == "franka_fr3":
+        assert isinstance(goal, Move.Goal) and goal.width == pytest.approx(full)
+    else:
+        assert isinstance(goal, ParallelGripperCommand.Goal)
+        assert list(goal.command.position) == pytest.approx([0.0])  # hande_finger_distance: 0 = open
+        assert list(goal.command.effort) == pytest.approx([effort])
+
+    status, closed = operator.run(jaw_goal(MoveTo.Goal.JAW_CLOSE, f"{profile}-close"))
+    assert status == GoalStatus.STATUS_SUCCEEDED and closed.success, closed.message
+    value = json.loads(closed.value_json)
+    assert graph.gripper.opening_m == pytest.approx(0.03)  # the fake's fingers stopped on the object
+    assert value["jaw_command_m"] == 0.0 and value["jaw_after_m"] == pytest.approx(0.03, abs=0.001)
+    assert value["holding_object"] and "(command 0 mm), holding an object 30 mm wide" in closed.receipt
+    goal = graph.gripper.goals[-1]
+    if profile == "franka_fr3":
+        assert isinstance(goal, Grasp.Goal) and goal.width == 0.0 and goal.force == pytest.approx(effort)
+    else:
+        assert list(goal.command.position) == pytest.approx([0.05])  # hande_finger_distance: 0.05 m = shut
+        assert list(goal.command.effort) == pytest.approx([effort])
+
+
+def test_ur_motion_at_half_speed_scaling(operator, vendor):
+    """UR's scaled controller at 50 % (published as 50.0: percent) takes twice as long: the motion still completes,
+    as the backend follows the scaling instead of declaring the slowed arm stalled."""
+    graph = vendor("ur5e", speed_scaling_percent=50.0, **MAIN_GRAPHS["ur5e"])
+    operator.bring_up("ur5e")
+    check_move(operator, graph, "ur-half-speed", delta=np.array([0.0, 0.1, 0.0]), speed_mps=0.05)
