@@ -9,7 +9,7 @@ contact_stop_error_mm_p95      top-down guarded descents onto the table at 50 fr
 sweep_deviation_mm_max         20 cm straight sweeps in 12 directions: largest distance of the twin's TCP (not
                                the planner's kinematics) from the straight line (target < 5 mm)
 cancel_to_hold_ms_p50          in-process, paced at real time: another thread cancels at a random moment of a
-                               motion; time until the harness commands the hold (zero commanded velocity)
+                               motion; time until the harness commands the hold (the stop ramp begins the next period)
 cancel_stop_distance_mm_p95    over DDS: MoveTo goals to motion_node canceled by the client at random moments;
                                TCP travel from the cancel request until the arm is at rest, with the measured TCP
                                speed at the request (cancel_speed_mps_*) and the times to the CANCELED result and

@@ -44,14 +44,14 @@ MOTION = (
         "< 5 mm",
     ),
     (
-        "`cancel_to_hold_ms_p50`: {cancels} cancels from another thread, real-time twin: request to zero commanded "
-        "velocity",
+        "`cancel_to_hold_ms_p50`: {cancels} cancels from another thread, real-time twin: request to the hold "
+        "(the stop ramp starts the next period)",
         "{cancel_to_hold_ms_p50:.1f} ms (p95 {cancel_to_hold_ms_p95:.1f}; control period {control_period_ms:.0f} ms)",
         "",
     ),
     (
         "`cancel_stop_distance_mm_p95`: {cancels} `MoveTo` cancels over DDS at random moments: TCP travel from the "
-        "request to rest",
+        "request to rest (a ramp within `stop_decel_radps2`)",
         "{cancel_stop_distance_mm_p95:.1f} mm (p50 {cancel_stop_distance_mm_p50:.1f}) at "
         "{ros_cancel_speed_mps_p50:.3f} m/s",
         "",

@@ -55,6 +55,7 @@ def nodes() -> dict[str, NodeProcess]:
         # a loaded 2-core CI machine can stall a process longer than the production 0.5 s link limit
         "motion": start_node(BIN / "motion_node", ("watchdog", False), ("state_timeout_s", 5.0)),
         "perception": start_node(BIN / "perception_node"),
+        "operator": start_node(BIN / "operator_view"),
     }
     yield started
     for node in started.values():
@@ -81,7 +82,7 @@ def harness_call(client, service: str, node: NodeProcess, capability: str, **kwa
 
 
 def test_the_nodes_are_this_environments(nodes):
-    for name in ("twin_node", "motion_node", "perception_node", "agent_node"):
+    for name in ("twin_node", "motion_node", "perception_node", "agent_node", "operator_view"):
         shebang = (BIN / name).read_text().splitlines()[0]
         assert shebang == f"#!{sys.executable}", f"{name} runs {shebang}, not this {distro()} interpreter"
     assert distro() in DISTROS.values(), f"unknown ROS 2 distro: {distro()}"
@@ -179,7 +180,12 @@ def test_agent_node_runs_an_episode_on_this_distro(nodes, tmp_path):
 
 
 def test_nodes_exit_cleanly_on_ctrl_c_and_sigterm(nodes):
-    for name, sig in (("motion", signal.SIGINT), ("perception", signal.SIGTERM), ("twin", signal.SIGINT)):
+    for name, sig in (
+        ("motion", signal.SIGINT),
+        ("perception", signal.SIGTERM),
+        ("operator", signal.SIGTERM),
+        ("twin", signal.SIGINT),
+    ):
         node = nodes[name]
         assert node.proc.poll() is None, f"{name} died before the signal:\n{node.output()}"
         code = node.interrupt(sig)
