@@ -214,7 +214,13 @@ def test_topic_holds_sent_before_a_reset_or_after_a_reflex_trip_are_not_followed
         assert arm.active_token() is None  # dropped: the new episode's arm holds where the reset put it
         node._on_topic("arm", hold, {"source_timestamp": time.time_ns(), "received_timestamp": time.time_ns()})
         assert arm.active_token() is not None  # one sent after the reset is followed
-        # after a force reflex trip the arm holds where it stopped until the next trajectory goal
+        # after a force reflex trip the arm holds where it stopped until the next trajectory goal. The physics
+        # thread arms the reflex (clearing any trip) once it has measured the rest load after the reset: inject
+        # the trip only after that, however slowly the loaded machine runs that thread
+        deadline = time.monotonic() + 60.0
+        while not node.controllers.reflex.armed:
+            assert time.monotonic() < deadline, "the reflex never measured its rest load after the reset"
+            time.sleep(0.01)
         arm.hold(PANDA.home_q)
         node.controllers.reflex.tripped = ReflexTrip(node.twin.time_s, 40.0, 15.0)
         node._on_topic("arm", hold, {"source_timestamp": time.time_ns(), "received_timestamp": time.time_ns()})

@@ -55,6 +55,11 @@ class ForceReflex:
         self.external_force_n = 0.0
         self.peak_force_n = 0.0  # largest external force since the reflex was last armed
 
+    @property
+    def armed(self) -> bool:
+        """Whether the reflex has its rest load (the first steps after start-up or a reset measure it)."""
+        return self._baseline is not None
+
     def arm(self) -> None:
         """A motion begins: the load is the mean wrist force of the last steps (the arm was at rest)."""
         if self._recent:
