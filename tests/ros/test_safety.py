@@ -49,7 +49,7 @@ TASK = "put_red_cube_in_bowl"
 ARM = [f"panda_joint{i}" for i in range(1, 8)]
 LATCHED = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
 RELIABLE = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
-LONG_S = 300.0  # an approval timeout no loaded machine reaches: the tests that answer never race it
+LONG_S = 100.0  # an approval timeout no loaded machine reaches (below the agent's 120 s cell limit, as it must be)
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,7 @@ class Operator:
         request = Approve.Request(request_id=request_id, approve=approve, note=note)
         return result_of(self.clients["approve"].call_async(request), 30)
 
-    def parameters(self, **values: bool | float) -> None:
+    def parameters(self, accepted: bool = True, **values: bool | float) -> list:
         def value(v: bool | float) -> ParameterValue:
             if isinstance(v, bool):
                 return ParameterValue(type=ParameterType.PARAMETER_BOOL, bool_value=v)
@@ -100,7 +100,9 @@ class Operator:
 
         request = SetParameters.Request(parameters=[Parameter(name=n, value=value(v)) for n, v in values.items()])
         results = result_of(self.clients["set_parameters"].call_async(request), 30).results
-        assert all(r.successful for r in results), [r.reason for r in results]
+        if accepted:
+            assert all(r.successful for r in results), [r.reason for r in results]
+        return results
 
     def state(self, predicate, what: str) -> SafetyState:
         """Wait for a supervisor state that satisfies `predicate` (the latest one is judged)."""
@@ -292,6 +294,16 @@ def test_an_unanswered_request_times_out_into_a_hold(op):
     np.testing.assert_allclose(op.arm_q(), q0, atol=2e-3)
     op.parameters(approval_mode=False)
     np.testing.assert_allclose(op.tcp(), tcp0, atol=0.002)
+
+
+def test_an_approval_timeout_at_or_above_the_agents_cell_limit_is_refused(op):
+    """An approval wait must end before the agent's cell time limit (harness.yaml agent.cell_timeout_s), or an
+    action could be approved after the agent killed the cell that asked for it."""
+    limit = load_config().agent.cell_timeout_s
+    (result,) = op.parameters(accepted=False, approval_timeout_s=limit)
+    assert not result.successful and "shorter than the agent's cell time limit" in result.reason
+    op.parameters(approval_timeout_s=limit / 2)  # below it: accepted
+    op.parameters(approval_timeout_s=0.0)  # back to safety.yaml's
 
 
 def test_the_terminal_prompt_shows_requests_and_answers_them(op):

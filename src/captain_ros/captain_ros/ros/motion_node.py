@@ -313,6 +313,7 @@ class MotionNode(LifecycleNode):
             self.profile.base_frame,
             approval_mode=bool(param("approval_mode").value),
             approval_timeout_s=float(param("approval_timeout_s").value),
+            cell_timeout_s=self.config.agent.cell_timeout_s,
         )
 
     def required_interfaces(self) -> list[tuple[str, object]]:

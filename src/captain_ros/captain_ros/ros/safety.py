@@ -163,6 +163,7 @@ class SafetySupervisor:
         self.estop = EStop()
         self.approver = OperatorApprover(on_request=self._publish_request, on_change=lambda _: self.publish())
         self.config = SupervisorConfig()
+        self.cell_timeout_s = math.inf  # the agent's per-cell wall time (harness.yaml), once configured
         self.frame_id = ""  # the base frame, once configured (the workspace box is drawn from then on)
         self.safety = SafetyConfig()
         self._last_decision = ""
@@ -191,16 +192,33 @@ class SafetySupervisor:
         config: SupervisorConfig,
         safety: SafetyConfig,
         frame_id: str,
+        *,
         approval_mode: bool,
         approval_timeout_s: float,
+        cell_timeout_s: float = math.inf,
     ) -> None:
-        """At the node's configure: the file's settings, the parameters and the workspace box to draw."""
+        """At the node's configure: the file's settings, the parameters and the workspace box to draw.
+        `cell_timeout_s` is the agent's wall-time limit per cell (harness.yaml): an approval wait must end before
+        it, or an action could be approved after the agent killed the cell that asked for it."""
         if approval_timeout_s < 0:
             raise ValueError(f"approval_timeout_s must be >= 0 (0 = safety.yaml's), got {approval_timeout_s}")
+        self.cell_timeout_s = cell_timeout_s
+        problem = self._timeout_problem(approval_timeout_s or config.approval_timeout_s)
+        if problem:
+            raise ValueError(problem)
         self.config, self.safety, self.frame_id = config, safety, frame_id
         self.approver.timeout_s = approval_timeout_s or config.approval_timeout_s
         self.approver.enabled = approval_mode
         self.publish()
+
+    def _timeout_problem(self, timeout_s: float) -> str:
+        if timeout_s >= self.cell_timeout_s:
+            return (
+                f"approval timeout {timeout_s:g} s must be shorter than the agent's cell time limit "
+                f"{self.cell_timeout_s:g} s "
+                "(harness.yaml agent.cell_timeout_s): an action could be approved after its cell was killed"
+            )
+        return ""
 
     def _on_parameters(self, parameters) -> SetParametersResult:
         """approval_mode and approval_timeout_s take effect at once (a request already pending keeps its own
@@ -208,6 +226,10 @@ class SafetySupervisor:
         for p in parameters:
             if p.name == "approval_timeout_s" and not (isinstance(p.value, float) and p.value >= 0):
                 return SetParametersResult(successful=False, reason="approval_timeout_s must be a float >= 0")
+            if p.name == "approval_timeout_s":
+                problem = self._timeout_problem(p.value or self.config.approval_timeout_s)
+                if problem:
+                    return SetParametersResult(successful=False, reason=problem)
             if p.name == "approval_mode" and not isinstance(p.value, bool):
                 return SetParametersResult(successful=False, reason="approval_mode must be true or false")
         for p in parameters:
