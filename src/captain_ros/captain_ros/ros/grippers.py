@@ -60,7 +60,6 @@ from dataclasses import dataclass
 import numpy as np
 from action_msgs.msg import GoalStatus
 from builtin_interfaces.msg import Duration
-from rclpy.action import ActionClient
 from rclpy.node import Node
 from sensor_msgs.msg import JointState
 from trajectory_msgs.msg import JointTrajectory as JointTrajectoryMsg
@@ -68,6 +67,7 @@ from trajectory_msgs.msg import JointTrajectoryPoint
 
 from captain_ros.core.robot import ProfileError, RobotProfile
 from captain_ros.harness.backend import BackendError
+from captain_ros.ros.spin import SpunActionClient
 
 GOAL_TOLERANCE_M = 0.002  # the jaw reached its target within this; above it on closing = stopped on an object
 FRANKA_DEFAULT_SPEED_MPS = 0.1  # franka_gripper's default_speed (config/franka_gripper_node.yaml)
@@ -298,7 +298,7 @@ class ActionGripper(Gripper):
         if not self.interface.action:
             raise BackendError(f"robot profile '{profile.name}': gripper.action is empty")
         self.action_name = self._resolve(self.interface.action)
-        self._client = ActionClient(node, self.action_type, self.action_name, callback_group=self._group)
+        self._client = SpunActionClient(node, self.action_type, self.action_name, callback_group=self._group)
         self._lock = threading.Lock()
         self._goal: _Goal | None = None
 
@@ -308,7 +308,9 @@ class ActionGripper(Gripper):
             raise BackendError(f"gripper max effort must be a positive number of newtons, got {effort!r}")
         return float(effort)
 
-    def _send(self, client: ActionClient, name: str, goal, *, command_m: float, duration_s: float, what: str) -> None:
+    def _send(
+        self, client: SpunActionClient, name: str, goal, *, command_m: float, duration_s: float, what: str
+    ) -> None:
         if not client.wait_for_server(timeout_sec=self._server_timeout):
             raise BackendError(
                 f"the gripper's action server {name} is not available (is the gripper controller running?)"
@@ -479,7 +481,7 @@ class FrankaGripper(ActionGripper):
         if not self.interface.grasp_action:
             raise BackendError(f"robot profile '{profile.name}': a franka gripper needs gripper.grasp_action")
         self.grasp_name = self._resolve(self.interface.grasp_action)
-        self._grasp_client = ActionClient(node, Grasp, self.grasp_name, callback_group=self._group)
+        self._grasp_client = SpunActionClient(node, Grasp, self.grasp_name, callback_group=self._group)
 
     def move(self, opening_m: float, duration_s: float, max_effort_n: float | None = None) -> float:
         from franka_msgs.msg import GraspEpsilon

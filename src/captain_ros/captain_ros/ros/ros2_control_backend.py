@@ -45,7 +45,6 @@ from control_msgs.action import FollowJointTrajectory
 from geometry_msgs.msg import WrenchStamped
 from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
 from rcl_interfaces.srv import SetParameters
-from rclpy.action import ActionClient
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
@@ -64,7 +63,7 @@ from captain_ros.harness.backend import ArmBackend, ArmReflexStop, ArmState, Bac
 from captain_ros.ros.convert import stamp_msg
 from captain_ros.ros.frames import FrameBuffer, FrameError, Transform, stamp_ns
 from captain_ros.ros.grippers import FingerStates, make_gripper
-from captain_ros.ros.spin import spin_until_shutdown
+from captain_ros.ros.spin import SpunActionClient, spin_until_shutdown
 
 REFLEX_FORCE = re.compile(r"external force ([0-9.]+) N")
 _LINKS = itertools.count()  # numbers each backend's own node
@@ -170,7 +169,7 @@ class Ros2ControlBackend(ArmBackend):
         )
         self._reflex_n: float | None = None  # the threshold the arm last accepted
         self._action_name = topic(interfaces.trajectory_action)
-        self._arm_action = ActionClient(link, FollowJointTrajectory, self._action_name, callback_group=group)
+        self._arm_action = SpunActionClient(link, FollowJointTrajectory, self._action_name, callback_group=group)
         self._arm_topic = link.create_publisher(JointTrajectoryMsg, topic(interfaces.trajectory_topic), 10)
         # the arm controller's speed scaling (UR): full speed until the topic says otherwise
         self._scaling, self._scaling_topic, self._scaling_seen = 1.0, "", False

@@ -55,7 +55,8 @@ class SpunActionClient(ActionClient):
 
     rclpy's ActionClient adds itself to its node before it creates its lock, so that executor can meet it
     without one (AttributeError '_lock', which ends the executor's thread and leaves every later future
-    pending: seen on a loaded CI machine). The lock exists before the client is registered here."""
+    pending: seen on a loaded CI machine). The lock exists before the client is registered here. Every action
+    client in the product (grippers, the ros2_control backend) and in the DDS tests is one of these."""
 
     def __init__(self, *args, **kwargs) -> None:
         self._lock = threading.Lock()
