@@ -39,4 +39,4 @@ lock:
 	@$(PYTHON) tools/lock_requirements.py $(LOCK)
 
 clean:
-	rm -rf $(VENV) .venv-jazzy .venv-vllm .cache .setup-logs build install log
+	rm -rf $(VENV) .venv-jazzy .venv-vllm .venv-libero .cache .setup-logs build install log

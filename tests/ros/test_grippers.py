@@ -477,6 +477,11 @@ VENDOR_GRAPHS = {
         joints=("gripper_finger_joint", "gripper_right_finger_joint"),
     ),
     "ros2_control_demo": FakeGripper("none", joints=()),  # the r6bot has no gripper
+    "libero_panda": FakeGripper(  # LIBERO's Panda under a ROS wrapper would be driven as the twin is
+        "joint_trajectory",
+        joint_trajectory_topic="/gripper_controller/joint_trajectory",
+        joints=("gripper0_finger_joint1", "gripper0_finger_joint2"),
+    ),
 }
 
 

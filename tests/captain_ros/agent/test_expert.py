@@ -103,6 +103,24 @@ def test_every_task_instruction_parses_into_goals():
     assert parse_instruction("juggle three oranges") == []
 
 
+def test_libero_phrasings_name_the_look_alike_by_what_it_is_next_to_or_on():
+    def first(where):
+        g = parse_instruction(f"pick up the black bowl {where} and place it on the plate")[0]
+        return g.target, g.dest, g.relation, g.refs
+
+    assert first("next to the ramekin") == ("black bowl", "plate", "nearest", ("ramekin",))
+    assert first("on the cookie box") == ("black bowl", "plate", "nearest", ("cookie box",))
+    assert first("in the top drawer of the wooden cabinet") == ("black bowl", "plate", "nearest", ("wooden cabinet",))
+    assert first("from table center") == ("black bowl", "plate", "", ())
+    assert parse_instruction("pick up the alphabet soup and place it in the basket") == [
+        expert.Goal("place", "alphabet soup", "basket", "in")
+    ]
+    for unscripted in ("turn on the stove", "push the plate to the front of the stove"):
+        assert parse_instruction(unscripted) == [], unscripted  # no pick and place: the expert does not pretend
+    for cell in every_cell("pick up the black bowl next to the ramekin and place it on the plate"):
+        compile(cell, "<cell>", "exec")
+
+
 # ------------------------------------------------------------------------------------------------ the cells
 
 

@@ -74,7 +74,14 @@ _RELATIONS = (
     (r"^(?P<o>.+?) (?:to|on) the right(?: side)? of (?P<a>.+)$", "right_of"),
     (r"^(?P<o>.+?) (?:closest|nearest) to (?P<a>.+)$", "nearest"),
     (r"^(?P<o>.+?) (?:farthest|furthest) from (?P<a>.+)$", "farthest"),
+    (r"^(?P<o>.+?) (?:next to|beside|near) (?P<a>.+)$", "nearest"),
+    # "the bowl on the cookie box", "... in the top drawer of the cabinet": the look-alike resting on or in it is the
+    # one nearest it
+    (r"^(?P<o>.+?) (?:on top of|on|in|inside) (?:the )?(?:(?:top|middle|bottom) drawer of )?(?P<a>.+)$", "nearest"),
+    (r"^(?P<o>.+?) (?:from|at|in) (?:the )?(?:centre|center) of the table$", ""),  # no relation the API can test
+    (r"^(?P<o>.+?) (?:from|at|in) (?:the )?table (?:centre|center)$", ""),
 )
+_UNSCRIPTED_VERBS = r"^(?:turn|switch|push|pull|slide|rotate|press|flip|wipe|pour)\b"  # nothing to pick and place
 
 
 def _noun(text: str) -> str:
@@ -103,6 +110,8 @@ def parse_instruction(text: str) -> list[Goal]:
     picked: str | None = None  # "pick up the X ..." waits for its "... and place it on the Y"
     for raw in clauses:
         clause = raw.strip(" ,")
+        if re.match(_UNSCRIPTED_VERBS, clause):
+            return []
         if m := re.match(rf"^(?:please )?(?P<verb>open|close|shut) {_ARTICLE}(?:top )?drawer\b", clause):
             goals.append(Goal("open" if m.group("verb") == "open" else "close", dest="drawer"))
         elif m := re.match(rf"^(?:pick up|pick|grab|take|lift) {_ARTICLE}(?P<obj>.+)$", clause):
@@ -239,6 +248,7 @@ import numpy as np
 PARK = [0.31, 0.0, 0.45]  # above the robot base: the arm out of the head camera's view of the table
 VIEW = [0.40, 0.0, 0.60]  # above the table: the wrist camera sees all of it from here
 WALL = 0.008  # wall thickness of bowls, cups, boxes and the drawer
+JAW_MAX = float(robot.robot_geometry()["value"]["max_jaw_opening_m"])  # the jaw's full opening (80 mm on a Panda)
 if "placed_at" not in dir():  # what earlier cells recorded survives a second definition of this library
     placed_at = {}  # goal -> the destination's geometry, measured before the object was put on or in it
     sizes = {}  # goal -> the extents of the object it moves, measured before it was picked up
@@ -471,7 +481,7 @@ def find_target(text, near=None, within=0.12, camera="head"):
 
 def grasp_options(g):
     """Top-down grasps of a measured object, best first: across two faces of a box-like object that fits the jaw
-    (80 mm), or on the rim of an open round vessel (one pad inside, one outside its wall, the jaw half open)."""
+    (JAW_MAX), or on the rim of an open round vessel (one pad inside, one outside its wall, the jaw half open)."""
     c, (long, short) = np.array(g["center_m"]), g["extents_m"][:2]
     opts = []
     round_ = g["fitted_shape"] == "cylinder" or long - short < 0.1 * long
@@ -503,7 +513,7 @@ def grasp_options(g):
                     "xy": c[:2],
                     "z": max(g["top_z_m"] - 0.022, g["bottom_z_m"] + 0.018),
                     "yaw": (g["yaw_deg"] + extra + 90) % 180 - 90,
-                    "open": 0.08,
+                    "open": JAW_MAX,
                     "width": short if extra == 0 else long,
                     "to_center": np.zeros(2),
                     "radial": None,
@@ -511,7 +521,7 @@ def grasp_options(g):
                     "across": extra != 0,
                 }
             )
-        opts = [o for o in opts if o["width"] <= 0.07]  # 1 cm of play, at least, on each side of the jaw
+        opts = [o for o in opts if o["width"] <= JAW_MAX - 0.01]  # 5 mm of play, at least, on each side of the jaw
         opts.sort(key=lambda o: abs(o["yaw"]))
     return opts
 
@@ -1016,7 +1026,7 @@ elif not down["success"] and (down["failure_category"] not in ("contact_stop", "
 else:
     print(f"lowered to {fmt(end)} ({down['value']['stop_reason']}, {high * 100:+.1f} cm from the release height)")
     # open 1.5 cm, no more (a wide jaw presses on a container's walls), then straight up in manipulation mode
-    robot.release(opening_m=min(robot.gripper_state()["value"]["opening_m"] + 0.015, 0.08))
+    robot.release(opening_m=min(robot.gripper_state()["value"]["opening_m"] + 0.015, JAW_MAX))
     placed_at[$k], sizes[$k] = plan["dest"], plan["size"]
     up = go([*end[:2], plan["carry_z"]], plan["yaw"], mode="manipulation", force=20.0)
     parked = up["success"] and park()

@@ -77,7 +77,7 @@ class HarnessLink(ABC):
         pass
 
 
-class _MotionTimer:
+class MotionTimer:
     """Times the arm's own motion in-process: a motion's control loop (the executor, and the jaw's settle
     loop) is paced by the arm on real hardware and lasts the motion's duration there; here the twin runs it
     as fast as it can. Planning before it (IK, checks) stays outside: that is the harness's overhead."""
@@ -99,10 +99,10 @@ class _MotionTimer:
         return wrapper
 
 
-class _TimedBackend:
+class TimedBackend:
     """The backend with its control-period wait timed (the jaw's settle loop waits on it)."""
 
-    def __init__(self, backend, timer: _MotionTimer):
+    def __init__(self, backend, timer: MotionTimer):
         self._backend = backend
         self.wait_period = timer.timed(backend.wait_period)
 
@@ -132,12 +132,12 @@ class InProcessLink(HarnessLink):
             if self.twin is None or self.twin.task.name != task:
                 self.close()
                 self.twin = Twin(task, suite=self.suite, profile=self.profile)
-                timer = _MotionTimer(self)
+                timer = MotionTimer(self)
                 safety = self.config.safety
                 twin_backend = TwinBackend(
                     self.twin, safety.control_period_s, stop_decel_radps2=safety.stop_decel_radps2
                 )
-                backend = _TimedBackend(twin_backend, timer)
+                backend = TimedBackend(twin_backend, timer)
                 self.harness = Harness(backend, self.config, self.kinematics)
                 self.harness.executor.execute = timer.timed(self.harness.executor.execute)
             start = self.twin.reset(start_id, split=split)
@@ -173,7 +173,11 @@ class InProcessLink(HarnessLink):
         self.twin = self.harness = None
 
     def settle(self, seconds: float) -> None:
-        backend = self.harness.backend
-        backend.hold()  # the jaw keeps its command: a held object stays held
-        for _ in range(max(1, round(seconds / backend.control_period_s))):
-            backend.wait_period()
+        settle_arm(self.harness.backend, seconds)
+
+
+def settle_arm(backend, seconds: float) -> None:
+    """Hold the arm for `seconds` of the backend's time; the jaw keeps its command (a held object stays held)."""
+    backend.hold()
+    for _ in range(max(1, round(seconds / backend.control_period_s))):
+        backend.wait_period()

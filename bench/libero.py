@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""LIBERO through the harness: the scripted expert per suite, and what the harness's drive costs against LIBERO's own.
+
+libero_<suite>_strict   strict success (finish() accepted on a scene LIBERO's goal predicate passes) of the scripted
+                        expert, one episode per task of the suite on the held-out official initial state 11 (the
+                        first of CaPtain's evaluation states 11-16); host success is reported beside it. The expert
+                        acts on perception only (the harness's built-in colour/shape segmenter on LIBERO's images);
+                        LIBERO's predicate only scores.
+..._oracle_segmentation the same episodes with ORACLE segmentation (libero/oracle.py: masks from the simulator's
+                        object ids in place of a segmentation model; depth, geometry, planning and motion unchanged):
+                        what the rest of the harness achieves on LIBERO when naming objects is solved
+observe_ms_p50_libero   the observe capability on a LIBERO scene (head + wrist RGB-D 512x512 rendered by LIBERO's
+                        own renderer, carried to the harness, point clouds built), p50
+control_ms_per_50ms     wall time of the harness's joint control for 50 ms of simulated time (25 control periods
+                        of 2 ms, each a round trip to the LIBERO server), against LIBERO's own env.step (OSC, the
+                        same 50 ms) in one run; and the native render of the same two cameras against our capture
+
+  python bench/libero.py                      # prints tables, writes bench/results/libero.json
+  python bench/libero.py --states 11,12       # more initial states per task
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from _common import print_table, write_results
+from tqdm import tqdm
+
+from captain_ros.agent.episode import EpisodeRunner
+from captain_ros.agent.expert_server import serve
+from captain_ros.agent.policy_client import PolicyClient, PolicyConfig
+from captain_ros.agent.sandbox import Sandbox, SandboxLimits
+from captain_ros.core.config import load_config
+from captain_ros.core.trajectory import JointTrajectory
+from captain_ros.libero.backend import libero_python
+from captain_ros.libero.link import LiberoLink
+
+SUITES = ("libero_spatial", "libero_object", "libero_goal")
+SIZE_PX = 512
+VARIANTS = (("builtin", False), ("oracle_segmentation", True))  # (label, oracle segmentation)
+NATIVE = Path(__file__).resolve().parent / "_libero_native.py"
+
+
+def costs(link: LiberoLink, samples: int) -> dict[str, float]:
+    link.reset("libero_spatial/0", "11", "eval", "bench-costs")
+    observe = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        result = link.call("observe", {})
+        observe.append(time.perf_counter() - t0)
+        assert result["success"], result["receipt"]
+    backend = link.backend
+    capture = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        backend.capture(("head", "wrist"))
+        capture.append(time.perf_counter() - t0)
+    q = backend.read_state().q_rad
+    target = q + np.array([0.3, -0.2, 0.2, 0.2, -0.2, 0.2, 0.3])
+    backend.follow(JointTrajectory(backend.profile.arm_joints, np.array([2.0]), target[None], np.zeros((1, 7))))
+    periods = round(0.05 / backend.control_period_s)
+    control = []
+    for _ in range(40):  # 2 s of motion, 50 ms at a time
+        t0 = time.perf_counter()
+        for _ in range(periods):
+            backend.wait_period()
+        control.append(time.perf_counter() - t0)
+    return {
+        "observe_ms_p50_libero": 1e3 * float(np.median(observe)),
+        "capture_ms_p50_libero": 1e3 * float(np.median(capture)),
+        "control_ms_per_50ms": 1e3 * float(np.median(control)),
+    }
+
+
+def native(samples: int) -> dict[str, float]:
+    proc = subprocess.run(
+        [str(libero_python()), "-P", str(NATIVE), str(SIZE_PX), str(samples)],  # -P: bench/libero.py is not `libero`
+        capture_output=True,
+        text=True,
+        env={"MUJOCO_GL": "egl", "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"the native LIBERO timing failed:\n{proc.stderr[-3000:]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {
+        "native_step_ms_per_50ms": 1e3 * out["step_s"],
+        "native_step_with_cameras_ms": 1e3 * out["step_render_s"],
+        "native_observe_ms": 1e3 * out["observe_s"],
+    }
+
+
+def episodes(link: LiberoLink, states: list[int], tasks: int, runs_dir: Path, variant: str) -> list[dict]:
+    server = serve(port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    config = load_config()
+
+    def sandbox(scratch, on_call, allowed):
+        box = Sandbox(scratch, on_call, allowed, SandboxLimits(cell_timeout_s=config.agent.cell_timeout_s))
+        box.start()
+        return box
+
+    policy = PolicyClient(PolicyConfig(base_url=f"http://127.0.0.1:{server.server_address[1]}/v1"))
+    runner = EpisodeRunner(link, policy, config, sandbox_factory=sandbox, runs_dir=runs_dir)
+    jobs = [(suite, task, state) for suite in SUITES for task in range(tasks) for state in states]
+    out = []
+    for suite, task, state in tqdm(jobs, desc=f"expert episodes ({variant} segmentation)", unit="ep"):
+        result = runner.run(f"{suite}/{task}", str(state), "any")
+        out.append({"suite": suite, **result.summary()})
+    server.shutdown()
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--states", default="11", help="official initial states per task (comma-separated)")
+    parser.add_argument("--samples", type=int, default=10, help="timing samples per measurement")
+    parser.add_argument("--tasks", type=int, default=10, help="tasks per suite (the first N; 10 = all)")
+    args = parser.parse_args()
+    states = [int(s) for s in args.states.split(",")]
+    runs_dir = Path(tempfile.mkdtemp(prefix="bench-libero-"))
+    results, ours, theirs = [], {}, {}
+    for variant, oracle in VARIANTS:
+        link = LiberoLink(
+            load_config(), image_size_px=SIZE_PX, log_dir=runs_dir / variant / "logs", oracle_segmentation=oracle
+        )
+        try:
+            if not oracle:
+                ours = costs(link, args.samples)
+                theirs = native(args.samples)
+            results += [
+                {**r, "variant": variant} for r in episodes(link, states, args.tasks, runs_dir / variant, variant)
+            ]
+        finally:
+            link.close()
+
+    rows, metrics = [], {}
+    for variant, _ in VARIANTS:
+        suffix = "" if variant == "builtin" else f"_{variant}"
+        for suite in SUITES:
+            mine = [r for r in results if r["suite"] == suite and r["variant"] == variant]
+            strict = float(np.mean([r["strict_success"] for r in mine]))
+            host = float(np.mean([bool(r["host_success"]) for r in mine]))
+            metrics[f"{suite}_strict{suffix}"] = strict
+            metrics[f"{suite}_host{suffix}"] = host
+            outcomes: dict[str, int] = {}
+            for r in mine:
+                outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
+            requests = float(np.mean([r["requests"] for r in mine]))
+            counts = ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items()))
+            rows.append([suite, variant, len(mine), host, strict, requests, counts])
+    print_table(
+        f"Scripted expert on LIBERO (initial states {args.states}, tasks 0-{args.tasks - 1} of each suite)",
+        ["suite", "segmentation", "episodes", "host", "strict", "requests", "outcomes"],
+        rows,
+    )
+    ratio_control = ours["control_ms_per_50ms"] / theirs["native_step_ms_per_50ms"]
+    ratio_observe = ours["capture_ms_p50_libero"] / theirs["native_observe_ms"]
+    print_table(
+        f"Cost per step and per observe against LIBERO's own environment ({SIZE_PX}x{SIZE_PX} head + wrist RGB-D)",
+        ["what", "harness ms", "native ms", "ratio"],
+        [
+            [
+                "50 ms of simulated arm control",
+                ours["control_ms_per_50ms"],
+                theirs["native_step_ms_per_50ms"],
+                ratio_control,
+            ],
+            ["render both cameras", ours["capture_ms_p50_libero"], theirs["native_observe_ms"], ratio_observe],
+            [
+                "observe capability (+ clouds)",
+                ours["observe_ms_p50_libero"],
+                theirs["native_observe_ms"],
+                ours["observe_ms_p50_libero"] / theirs["native_observe_ms"],
+            ],
+            ["native env.step with cameras", float("nan"), theirs["native_step_with_cameras_ms"], float("nan")],
+        ],
+    )
+    metrics["observe_ms_p50_libero"] = ours["observe_ms_p50_libero"]
+    write_results(
+        "libero",
+        metrics,
+        {
+            **ours,
+            **theirs,
+            "control_ratio_to_native": ratio_control,
+            "capture_ratio_to_native": ratio_observe,
+            "states": states,
+            "image_px": SIZE_PX,
+            "policy": "scripted expert (captain_ros.agent.expert), perception only",
+            "episodes": [
+                {
+                    k: r[k]
+                    for k in (
+                        "variant",
+                        "suite",
+                        "task",
+                        "start_id",
+                        "outcome",
+                        "host_success",
+                        "requests",
+                        "actions",
+                        "wall_time_s",
+                        "reason",
+                    )
+                }
+                for r in results
+            ],
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
