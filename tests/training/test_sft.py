@@ -171,8 +171,11 @@ def test_the_fast_path_trains_like_the_transformers_forward(examples):
     plain = sft.train_sft(tiny_model(), batches, SFTConfig(**base))
     fast = sft.train_sft(tiny_model(), batches, SFTConfig(fast=FastConfig(), **base))
     assert [m["loss"] for m in fast.metrics] == pytest.approx([m["loss"] for m in plain.metrics], rel=1e-4)
+    # Adam moves an element whose gradient is near its eps by anything in (-lr, lr): two fp32 paths whose losses agree
+    # to 1e-7 can move such an element by a few per cent of lr (1.4e-5 was seen after the first step); a wrong
+    # gradient moves elements by up to lr every step
     for (name, a), (_, b) in zip(plain.model.named_parameters(), fast.model.named_parameters(), strict=True):
-        assert torch.allclose(a, b, atol=1e-5), name
+        assert torch.allclose(a, b, atol=0.05 * base["learning_rate"]), name
     with pytest.raises(ValueError, match="cannot train LoRA adapters"):
         sft.train_sft(tiny_model(), batches, SFTConfig(fast=FastConfig(), lora_rank=4, **base))
 

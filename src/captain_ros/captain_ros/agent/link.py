@@ -77,7 +77,7 @@ class HarnessLink(ABC):
         pass
 
 
-class MotionTimer:
+class _MotionTimer:
     """Times the arm's own motion in-process: a motion's control loop (the executor, and the jaw's settle
     loop) is paced by the arm on real hardware and lasts the motion's duration there; here the twin runs it
     as fast as it can. Planning before it (IK, checks) stays outside: that is the harness's overhead."""
@@ -99,10 +99,10 @@ class MotionTimer:
         return wrapper
 
 
-class TimedBackend:
+class _TimedBackend:
     """The backend with its control-period wait timed (the jaw's settle loop waits on it)."""
 
-    def __init__(self, backend, timer: MotionTimer):
+    def __init__(self, backend, timer: _MotionTimer):
         self._backend = backend
         self.wait_period = timer.timed(backend.wait_period)
 
@@ -110,7 +110,40 @@ class TimedBackend:
         return getattr(self._backend, name)
 
 
-class InProcessLink(HarnessLink):
+class CoreLink(HarnessLink):
+    """A link to a harness core in this process (`self.harness`, made by the subclass at reset): the calls, images
+    and request counts go straight to it."""
+
+    harness = None
+
+    def _timed_harness(self, backend, kinematics):
+        """The harness core on `backend`, with the arm's own motion time counted in `physical_s`."""
+        from captain_ros.harness.harness import Harness
+
+        timer = _MotionTimer(self)
+        harness = Harness(_TimedBackend(backend, timer), self.config, kinematics)
+        harness.executor.execute = timer.timed(harness.executor.execute)
+        return harness
+
+    def call(self, capability: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return call_dict(self.harness.call(capability, **kwargs))
+
+    def images(self, handle: str) -> list[tuple[str, np.ndarray]]:
+        obs = self.harness.perception.store.get(handle, allow_stale=True)
+        return [(name, image.rgb) for name, image in obs.images.items()]
+
+    def note_request(self) -> None:
+        self.harness.note_request()
+
+    def settle(self, seconds: float) -> None:
+        """Hold the arm for `seconds` of the backend's time; the jaw keeps its command (a held object stays held)."""
+        backend = self.harness.backend
+        backend.hold()
+        for _ in range(max(1, round(seconds / backend.control_period_s))):
+            backend.wait_period()
+
+
+class InProcessLink(CoreLink):
     """The harness core on an in-process twin: one twin at a time, rebuilt when the task changes (a twin left
     open beside another was seen to render wrong observations)."""
 
@@ -123,7 +156,6 @@ class InProcessLink(HarnessLink):
         self.twin = self.harness = None
 
     def reset(self, task: str, start_id: str | None, split: str, episode_id: str) -> EpisodeStart:
-        from captain_ros.harness.harness import Harness
         from captain_ros.harness.twin_backend import TwinBackend
         from captain_ros.twin.sim import SimulationFault, Twin
         from captain_ros.twin.tasks import TaskError
@@ -132,14 +164,9 @@ class InProcessLink(HarnessLink):
             if self.twin is None or self.twin.task.name != task:
                 self.close()
                 self.twin = Twin(task, suite=self.suite, profile=self.profile)
-                timer = MotionTimer(self)
                 safety = self.config.safety
-                twin_backend = TwinBackend(
-                    self.twin, safety.control_period_s, stop_decel_radps2=safety.stop_decel_radps2
-                )
-                backend = TimedBackend(twin_backend, timer)
-                self.harness = Harness(backend, self.config, self.kinematics)
-                self.harness.executor.execute = timer.timed(self.harness.executor.execute)
+                backend = TwinBackend(self.twin, safety.control_period_s, stop_decel_radps2=safety.stop_decel_radps2)
+                self.harness = self._timed_harness(backend, self.kinematics)
             start = self.twin.reset(start_id, split=split)
             self.harness.new_episode(episode_id)
         except TaskError as exc:
@@ -148,16 +175,6 @@ class InProcessLink(HarnessLink):
             raise LinkError(f"simulator fault at reset: {exc}") from exc
         spec = self.twin.task
         return EpisodeStart(episode_id, spec.name, str(start), spec.instruction, spec.success_criteria())
-
-    def call(self, capability: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-        return call_dict(self.harness.call(capability, **kwargs))
-
-    def images(self, handle: str) -> list[tuple[str, np.ndarray]]:
-        obs = self.harness.perception.store.get(handle, allow_stale=True)
-        return [(name, image.rgb) for name, image in obs.images.items()]
-
-    def note_request(self) -> None:
-        self.harness.note_request()
 
     def score(self) -> Score:
         from captain_ros.twin.sim import SimulationFault
@@ -171,13 +188,3 @@ class InProcessLink(HarnessLink):
         if self.twin is not None:
             self.twin.close()
         self.twin = self.harness = None
-
-    def settle(self, seconds: float) -> None:
-        settle_arm(self.harness.backend, seconds)
-
-
-def settle_arm(backend, seconds: float) -> None:
-    """Hold the arm for `seconds` of the backend's time; the jaw keeps its command (a held object stays held)."""
-    backend.hold()
-    for _ in range(max(1, round(seconds / backend.control_period_s))):
-        backend.wait_period()

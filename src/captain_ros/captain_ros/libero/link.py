@@ -18,16 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from captain_ros.agent.link import (
-    EpisodeStart,
-    HarnessLink,
-    LinkError,
-    MotionTimer,
-    Score,
-    TimedBackend,
-    call_dict,
-    settle_arm,
-)
+from captain_ros.agent.link import CoreLink, EpisodeStart, LinkError, Score
 from captain_ros.core.config import HarnessConfig
 from captain_ros.harness.backend import BackendError
 
@@ -88,7 +79,7 @@ def criteria(goal: list[list[str]]) -> list[str]:
     return lines
 
 
-class LiberoLink(HarnessLink):
+class LiberoLink(CoreLink):
     """The harness core on LIBERO scenes, in this process; the simulator in the LIBERO server it starts."""
 
     def __init__(
@@ -112,7 +103,6 @@ class LiberoLink(HarnessLink):
     def _reset_scene(self, *scene) -> dict[str, Any]:
         """Start the LIBERO server and the harness on the first reset; load (suite, task, initial state)."""
         from captain_ros.core.kinematics import Kinematics
-        from captain_ros.harness.harness import Harness
         from captain_ros.libero.backend import LiberoBackend, LiberoProcess
 
         if self.backend is None:
@@ -126,10 +116,7 @@ class LiberoLink(HarnessLink):
             )
         self.backend.reset(*scene)
         if self.harness is None:  # the harness reads the arm's state when it is made: after the first reset
-            timer = MotionTimer(self)
-            backend = TimedBackend(self.backend, timer)
-            self.harness = Harness(backend, self.config, Kinematics(profile=self.backend.profile))
-            self.harness.executor.execute = timer.timed(self.harness.executor.execute)
+            self.harness = self._timed_harness(self.backend, Kinematics(profile=self.backend.profile))
             if self.oracle_segmentation:
                 from captain_ros.libero.oracle import OracleSegmenter
 
@@ -161,16 +148,6 @@ class LiberoLink(HarnessLink):
         self.task, self.goal = (suite, index), info["goal"]
         return EpisodeStart(episode_id, f"{suite}/{index}", str(state), info["instruction"], criteria(info["goal"]))
 
-    def call(self, capability: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-        return call_dict(self.harness.call(capability, **kwargs))
-
-    def images(self, handle: str) -> list[tuple[str, np.ndarray]]:
-        obs = self.harness.perception.store.get(handle, allow_stale=True)
-        return [(name, image.rgb) for name, image in obs.images.items()]
-
-    def note_request(self) -> None:
-        self.harness.note_request()
-
     def score(self) -> Score:
         try:
             verdict = self.backend.success()
@@ -178,9 +155,6 @@ class LiberoLink(HarnessLink):
             raise LinkError(f"LIBERO while scoring: {exc}") from exc
         held = [" ".join(g) for g, ok in zip(verdict["goals"], verdict["held"], strict=True) if ok]
         return Score(bool(verdict["success"]), held)
-
-    def settle(self, seconds: float) -> None:
-        settle_arm(self.harness.backend, seconds)
 
     def close(self) -> None:
         if self.backend is not None:
