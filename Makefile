@@ -31,7 +31,7 @@ lint: setup
 	@$(VENV)/bin/ruff format .
 
 bench: setup
-	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	@for b in bench/[!_]*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 # Re-resolve the requirement files in scratch venvs: lock.txt, jazzy-lock.txt, colcon.txt
 # (`make lock LOCK=jazzy` for one of main, jazzy, colcon).
