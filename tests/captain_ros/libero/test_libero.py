@@ -18,7 +18,8 @@ from captain_ros.harness.backend import BackendError
 from captain_ros.libero import protocol
 from captain_ros.libero.backend import LiberoArgumentError, LiberoBackend, LiberoProcess
 from captain_ros.libero.link import EVAL_STATES, LiberoLink, criteria, parse_task, split_states
-from captain_ros.libero.oracle import words
+from captain_ros.libero.oracle import OracleSegmenter, words
+from captain_ros.perception.observation import PerceptionError
 
 TASK = ("libero_spatial", 0, 11)  # "pick up the black bowl between the plate and the ramekin ...", a held-out state
 
@@ -46,6 +47,21 @@ def test_tasks_and_splits_keep_the_held_out_initial_states_out_of_training():
     assert len(split_states("any")) == 50
     with pytest.raises(ValueError, match="split must be one of"):
         split_states("test")
+    link = LiberoLink(load_config())  # refuses these before it starts a server
+    with pytest.raises(ValueError, match="official initial state index"):
+        link.reset("libero_spatial/0", "wide/3", "eval", "ep")
+    with pytest.raises(ValueError, match="<suite>/<index>"):
+        link.reset("put_red_cube_in_bowl", None, "eval", "ep")
+    assert link.backend is None
+
+
+def test_the_oracle_refuses_images_it_did_not_label_and_plain_backends():
+    plain = LiberoBackend(process=None)  # type: ignore[arg-type] - nothing here talks to a server
+    with pytest.raises(ValueError, match="oracle_segmentation=True"):
+        OracleSegmenter(plain)
+    oracle = OracleSegmenter(LiberoBackend(process=None, oracle_segmentation=True))  # type: ignore[arg-type]
+    with pytest.raises(PerceptionError, match="no labels for this image"):
+        oracle.masks(np.zeros((4, 4, 3), np.uint8), "black bowl")
 
 
 def test_goal_predicates_read_as_criteria_in_words():
@@ -180,6 +196,14 @@ def test_bad_requests_are_refused_with_the_reason_and_the_scene_goes_on(backend)
         )
     with pytest.raises(BackendError, match="unknown camera"):
         backend.capture(("ceiling",))
+    with pytest.raises(LiberoArgumentError, match="kind must be 'site' or 'body'"):
+        backend.process.call("pose", kind="geom", name="x")
+    with pytest.raises(LiberoArgumentError, match="no site named"):
+        backend.process.call("pose", kind="site", name="nowhere")
+    with pytest.raises(LiberoArgumentError, match="unknown operation"):
+        backend.process.call("teleport")
+    tasks = backend.process.call("tasks", suite="libero_goal")
+    assert len(tasks) == 10 and tasks[7]["instruction"] == "turn on the stove"
     q = backend.read_state().q_rad
     backend.wait_period()
     assert np.abs(backend.read_state().q_rad - q).max() < 1e-3  # still holding, still answering

@@ -17,7 +17,6 @@ import hashlib
 import os
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 from collections import OrderedDict
@@ -304,17 +303,3 @@ class LiberoBackend(ArmBackend):
 
     def close(self) -> None:
         self.process.close()
-
-
-def main(argv: list[str] | None = None) -> int:  # pragma: no cover - a manual check
-    """Print the server's versions and a suite's tasks: `python -m captain_ros.libero.backend [SUITE]`."""
-    suite = (argv if argv is not None else sys.argv[1:]) or ["libero_spatial"]
-    with LiberoProcess() as proc:
-        print(proc.versions)
-        for task in proc.call("tasks", suite=suite[0]):
-            print(f"{task['index']:3d}  {task['instruction']}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

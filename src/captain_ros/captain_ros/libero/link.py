@@ -22,7 +22,6 @@ from captain_ros.agent.link import CoreLink, EpisodeStart, LinkError, Score
 from captain_ros.core.config import HarnessConfig
 from captain_ros.harness.backend import BackendError
 
-SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10")
 EVAL_STATES = tuple(range(11, 17))  # CaPtain's held-out official initial states
 N_STATES = 50  # official initial states per task
 SPLITS = ("train", "eval", "any")
@@ -97,8 +96,6 @@ class LiberoLink(CoreLink):
         self.image_size_px, self.log_dir = image_size_px, log_dir
         self.rng = np.random.default_rng(seed)
         self.backend = self.harness = None
-        self.task: tuple[str, int] | None = None
-        self.goal: list[list[str]] = []
 
     def _reset_scene(self, *scene) -> dict[str, Any]:
         """Start the LIBERO server and the harness on the first reset; load (suite, task, initial state)."""
@@ -145,7 +142,6 @@ class LiberoLink(CoreLink):
             raise ValueError(str(exc)) from None
         except BackendError as exc:
             raise LinkError(f"LIBERO at reset: {exc}") from exc
-        self.task, self.goal = (suite, index), info["goal"]
         return EpisodeStart(episode_id, f"{suite}/{index}", str(state), info["instruction"], criteria(info["goal"]))
 
     def score(self) -> Score:

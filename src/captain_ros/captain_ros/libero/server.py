@@ -36,7 +36,6 @@ import numpy as np
 from captain_ros.core.trajectory import JointTrajectory, TrajectoryFollower
 from captain_ros.libero.protocol import PROTOCOL_VERSION, dumps, loads
 
-SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
 CAMERAS = {"head": "agentview", "wrist": "robot0_eye_in_hand"}  # harness name -> LIBERO camera
 OMEGA_RADPS = 40.0  # closed-loop bandwidth of the joint tracking law (Kp = w^2, Kd = 2 w: critically damped)
 OPTICAL_FROM_MUJOCO = np.diag([1.0, -1.0, -1.0])  # MuJoCo cameras look along -z with y up; REP 103: +z, y down
@@ -102,7 +101,6 @@ class LiberoScene:
         self.force_adr = self.m.sensor_adr[self.m.sensor("gripper0_force_ee").id]
         self.torque_adr = self.m.sensor_adr[self.m.sensor("gripper0_torque_ee").id]
         self.dt = float(self.m.opt.timestep)
-        self.start_index: int | None = None
         self._labels: tuple[np.ndarray, list[str]] | None = None
         self.arm: TrajectoryFollower | None = None
         self.gripper: TrajectoryFollower | None = None
@@ -117,7 +115,6 @@ class LiberoScene:
             )
         self.env.reset()
         self.env.set_init_state(self.init_states[init_state])
-        self.start_index = init_state
         self.d.time = 0.0
         q = self.d.qpos[self.qi].copy()
         self.arm = TrajectoryFollower(self.arm_joints, self.arm_lower, self.arm_upper, q)
