@@ -13,6 +13,8 @@ import pytest
 rclpy = pytest.importorskip("rclpy")
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 
+from captain_ros.ros.spin import shutdown_executor  # noqa: E402
+
 from .helpers import start_script, stop  # noqa: E402
 
 pytestmark = pytest.mark.ros
@@ -43,7 +45,7 @@ def client_node() -> Iterator:
     thread = threading.Thread(target=executor.spin, daemon=True)
     thread.start()
     yield node
-    executor.shutdown()
+    shutdown_executor(executor)
     thread.join(timeout=5)
     node.destroy_node()
     rclpy.shutdown(context=context)

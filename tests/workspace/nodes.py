@@ -75,6 +75,8 @@ def client_node(name: str) -> Iterator:
     import rclpy
     from rclpy.executors import MultiThreadedExecutor
 
+    from captain_ros.ros.spin import shutdown_executor
+
     context = rclpy.Context()
     rclpy.init(context=context)
     node = rclpy.create_node(f"{name}_{os.getpid()}", context=context)
@@ -85,7 +87,7 @@ def client_node(name: str) -> Iterator:
     try:
         yield node
     finally:
-        executor.shutdown()
+        shutdown_executor(executor)
         thread.join(timeout=10)
         node.destroy_node()
         rclpy.try_shutdown(context=context)

@@ -27,11 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import rclpy
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.duration import Duration
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import MultiThreadedExecutor
 from rclpy.node import Node
 from std_msgs.msg import Empty
 from std_srvs.srv import Trigger
@@ -44,8 +43,10 @@ from captain_ros.core.config import load_config
 from captain_ros.core.contract import CAPABILITY_BY_NAME, PHYSICAL_CAPABILITIES
 from captain_ros.paths import config_path
 from captain_ros.ros.convert import budget_to_msg, call_result_from_msg
+from captain_ros.ros.spin import close, init, request_stop, spin_until_stopped, stopping
 
 PERCEPTION_GROUPS = ("perception", "measurement")
+STOP_WAIT_S = 30.0  # how long Ctrl-C waits for the running episode to end and be written
 GATE_VERIFY_OBJECTION = "verify the scene"
 
 
@@ -79,6 +80,9 @@ class RosLink(HarnessLink):
         future.add_done_callback(lambda _f: done.set())
         deadline = time.monotonic() + limit
         while not done.wait(0.2):
+            if stopping():
+                client.remove_pending_request(future)
+                raise LinkError(f"the agent node is stopping (Ctrl-C or SIGTERM) during {what}")
             if not client.service_is_ready():
                 client.remove_pending_request(future)
                 raise LinkError(f"{client.srv_name} went away during {what} (its node stopped or restarted)")
@@ -228,6 +232,13 @@ class AgentNode(Node):
     def start(self) -> None:
         self._worker.start()
 
+    def stop_work(self) -> None:
+        """Ctrl-C or SIGTERM (captain_ros.ros.spin): the running episode ends at its next harness call (a link
+        error, recorded as such) and its transcript and the summary are written; waits STOP_WAIT_S at most (a
+        chat completion in flight is not interrupted)."""
+        if self._worker.is_alive() and not self.done.wait(STOP_WAIT_S):
+            self.get_logger().error(f"the episode did not end within {STOP_WAIT_S:.0f} s of the stop; leaving it")
+
     def _on_event(self, kind: str, data: dict) -> None:
         s = self.status
         s.header.stamp = self.get_clock().now().to_msg()
@@ -296,7 +307,7 @@ class AgentNode(Node):
             self._await_services(p["startup_timeout_s"])
             tasks = [t.strip() for t in p["task"].split(",") if t.strip()]
             for i in range(int(p["episodes"])):
-                if not rclpy.ok(context=self.context):
+                if stopping():
                     break
                 task = tasks[i % len(tasks)]
                 self.status.task = task
@@ -310,7 +321,7 @@ class AgentNode(Node):
             self.results.append(None)
         finally:
             self.done.set()
-            rclpy.try_shutdown(context=self.context)
+            request_stop()  # the episodes are over: the node exits
 
     def _await_services(self, timeout_s: float) -> None:
         link = self.link
@@ -324,22 +335,18 @@ class AgentNode(Node):
 
 
 def main(args: list[str] | None = None) -> None:
-    from captain_ros.ros.spin import spin_until_shutdown
-
-    rclpy.init(args=args)
+    init(args)
     node: AgentNode | None = None
-    ok = False
+    executor: MultiThreadedExecutor | None = None
     try:
         node = AgentNode()
         executor = MultiThreadedExecutor(num_threads=4)
         executor.add_node(node)
         node.start()
-        spin_until_shutdown(executor)
-        ok = node.done.is_set() and all(r is not None and r.valid for r in node.results)
-    except (KeyboardInterrupt, ExternalShutdownException):
+        spin_until_stopped(executor)
+    except KeyboardInterrupt:
         pass
     finally:
-        if node is not None:
-            node.destroy_node()
-        rclpy.try_shutdown()
+        close(executor, node)
+    ok = node is not None and node.done.is_set() and all(r is not None and r.valid for r in node.results)
     raise SystemExit(0 if ok else 1)

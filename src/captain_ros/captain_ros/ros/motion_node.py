@@ -54,12 +54,11 @@ import uuid
 from pathlib import Path
 
 import numpy as np
-import rclpy
 from geometry_msgs.msg import Point
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import MultiThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from std_msgs.msg import Empty
 from std_srvs.srv import Trigger
@@ -674,6 +673,12 @@ class MotionNode(LifecycleNode):
         if self.watchdog is not None:
             self.watchdog.feed()
 
+    def stop_work(self) -> None:
+        """Ctrl-C or SIGTERM (captain_ros.ros.spin): the running motion halts and the arm holds, while the context
+        still carries the stop to the arm."""
+        if self._active:
+            self._halt("the motion node is stopping (Ctrl-C or SIGTERM): the arm holds")
+
     def destroy_node(self) -> None:
         self._release()
         super().destroy_node()
@@ -681,17 +686,16 @@ class MotionNode(LifecycleNode):
 
 def main(args: list[str] | None = None) -> None:
     """Spin in this thread; with `autostart`, configure and activate from a helper thread (the transitions wait
-    for the arm while the executor serves the node).
+    for the arm while the executor serves the node). Ctrl-C and SIGTERM halt the arm before the node goes
+    (captain_ros.ros.spin: `stop_work`, then the executor, the node and the context, in that order).
 
     The thread that spun is the one that shuts down, so no thread still waits on the node while the
     executor and the node go away (a spinner thread of its own made Ctrl-C crash the process now and
-    then: SIGSEGV, or "terminate called without an active exception"). `rclpy.init()` plus
-    `rclpy.try_shutdown()` in `finally` rather than `with rclpy.init()`, which Jazzy does not have
-    (see captain_ros.ros.spin).
+    then: SIGSEGV, or "terminate called without an active exception").
     """
-    from captain_ros.ros.spin import spin_until_shutdown
+    from captain_ros.ros.spin import close, init, request_stop, spin_until_stopped
 
-    rclpy.init(args=args)
+    init(args)
     node: MotionNode | None = None
     executor: MultiThreadedExecutor | None = None
     failed: list[str] = []
@@ -706,7 +710,7 @@ def main(args: list[str] | None = None) -> None:
             if failure:
                 node.get_logger().fatal(failure)
                 failed.append(failure)
-                rclpy.try_shutdown()  # ends the spin below
+                request_stop()  # ends the spin below
 
         if node.autostart:
             threading.Thread(target=start_up, name="start_up", daemon=True).start()
@@ -714,17 +718,13 @@ def main(args: list[str] | None = None) -> None:
             node.get_logger().info(
                 f"unconfigured (autostart:=false): ros2 lifecycle set {node.get_fully_qualified_name()} configure"
             )
-        spin_until_shutdown(executor)
-        if failed:
-            raise SystemExit(1)
-    except (KeyboardInterrupt, ExternalShutdownException):
+        spin_until_stopped(executor)
+    except KeyboardInterrupt:
         pass
     finally:
-        if executor is not None:
-            executor.shutdown()
-        if node is not None:
-            node.destroy_node()
-        rclpy.try_shutdown()
+        close(executor, node)
+    if failed:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

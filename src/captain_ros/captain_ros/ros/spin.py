@@ -1,28 +1,78 @@
-"""The console-script entry of a node: init, spin on a multi-threaded executor, clean shutdown.
+"""The console-script entry of a node: init, spin on a multi-threaded executor, an orderly exit.
 
-Written the way ros2/examples are, so it runs on Jazzy as well as Kilted: `with rclpy.init()` exists
-only from Kilted on (Jazzy's `rclpy.init()` returns None), so the context is shut down in `finally`
-with `rclpy.try_shutdown()`, which is a no-op when Ctrl-C or SIGTERM already shut it down.
+Ctrl-C and SIGTERM are handled here, not by rclpy: rclpy's own handlers shut the context down at once, from
+their own thread, and every node, publisher and action client was then destroyed after its context. On Jazzy
+that crashed the motion node now and then (SIGSEGV in Publisher.destroy inside Fast DDS: 1 exit in ~30 on a
+loaded 2-core machine). Here a signal only asks the spin to end; then, in order: the node ends the work its
+callbacks are doing (`stop_work`: a motion halts, the twin's loops end), the executor's threads finish, the
+node is destroyed, and last the context shuts down. A second Ctrl-C interrupts a stop that hangs.
+
+Written the way ros2/examples are, so it runs on Jazzy as well as Kilted: `with rclpy.init()` exists only from
+Kilted on (Jazzy's `rclpy.init()` returns None), so the context is shut down at the end with
+`rclpy.try_shutdown()`.
 """
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import rclpy
 from rclpy._rclpy_pybind11 import RCLError
 from rclpy.action import ActionClient
 from rclpy.executors import Executor, ExternalShutdownException, MultiThreadedExecutor
 from rclpy.node import Node
+from rclpy.signals import SignalHandlerOptions
+
+POLL_S = 0.1  # how soon a spin sees a stop request (a Python signal handler runs between the executor's waits)
+_stop = threading.Event()
+
+
+def init(args: list[str] | None = None) -> None:
+    """rclpy.init() with this module's Ctrl-C and SIGTERM handling (see the module's docstring)."""
+    _stop.clear()
+    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _on_signal)
+
+
+def _on_signal(signum: int, _frame) -> None:
+    if _stop.is_set() and signum == signal.SIGINT:
+        raise KeyboardInterrupt  # a second Ctrl-C: the orderly exit hangs, leave now
+    _stop.set()
+
+
+def request_stop() -> None:
+    """End the spin as Ctrl-C would (a node that has finished its job, or failed to start)."""
+    _stop.set()
+
+
+def stopping() -> bool:
+    """Whether a stop was requested (Ctrl-C, SIGTERM, request_stop): work in the node's own threads ends."""
+    return _stop.is_set()
+
+
+def spin_until_stopped(executor: Executor) -> None:
+    """Spin until Ctrl-C, SIGTERM, request_stop() or a shutdown of the context."""
+    try:
+        while not _stop.is_set() and executor.context.ok():
+            executor.spin_once(timeout_sec=POLL_S)
+    except ExternalShutdownException:
+        pass
+    except RCLError:  # the wait set was made just as the context went away (ros2/rclpy#398)
+        if executor.context.ok():
+            raise
 
 
 def spin_until_shutdown(executor: Executor) -> None:
-    """`executor.spin()` that returns once the context is shut down (Ctrl-C, SIGTERM, rclpy.shutdown()).
+    """`executor.spin()` that returns once the executor or its context is shut down: for an executor spun in a
+    thread of its own (the ros2_control backend's), which its owner shuts down.
 
-    A shutdown from a signal races with the executor's wait: rclpy then raises ExternalShutdownException,
-    or RCLError 'the given context is not valid' when the wait set is made just after the context went
-    away (ros2/rclpy#398; still seen in 2026). Both mean "shut down"; any other RCLError is re-raised.
+    A shutdown of the context races with the executor's wait: rclpy then raises ExternalShutdownException, or
+    RCLError 'the given context is not valid' when the wait set is made just after the context went away
+    (ros2/rclpy#398; still seen in 2026). Both mean "shut down"; any other RCLError is re-raised.
     """
     try:
         executor.spin()
@@ -33,21 +83,46 @@ def spin_until_shutdown(executor: Executor) -> None:
             raise
 
 
+def shutdown_executor(executor: Executor) -> None:
+    """Shut `executor` down and wait until none of its threads still runs a callback, on Jazzy as on Kilted.
+
+    Only then may the caller destroy its nodes. Kilted's MultiThreadedExecutor.shutdown() joins its thread pool;
+    Jazzy's returns at once (its Executor.shutdown() never waits on outstanding work, and the pool is left
+    running), so a worker could still be using a node while it was destroyed. The pool is joined here on both.
+    """
+    executor.shutdown()
+    pool = getattr(executor, "_executor", None)  # MultiThreadedExecutor's workers (rclpy 7 and 9 alike)
+    if isinstance(pool, ThreadPoolExecutor):
+        pool.shutdown(wait=True)
+
+
+def close(executor: Executor | None, node: Node | None) -> None:
+    """The orderly exit: the node's `stop_work()` (where it has one), the executor's threads, the node, the
+    context. Callbacks that run long (a motion, a goal being followed) must end on `stop_work`, or the wait
+    for the executor's threads waits for them."""
+    if node is not None and hasattr(node, "stop_work"):
+        node.stop_work()
+    if executor is not None:
+        shutdown_executor(executor)
+    if node is not None:
+        node.destroy_node()
+    rclpy.try_shutdown()
+
+
 def spin(make_node: Callable[[], Node], args: list[str] | None = None, num_threads: int = 4) -> None:
-    """Run one node until Ctrl-C, SIGTERM or an external shutdown; always release the context."""
-    rclpy.init(args=args)
+    """Run one node until Ctrl-C, SIGTERM or request_stop(); always exit in order (`close`)."""
+    init(args)
     node: Node | None = None
+    executor: Executor | None = None
     try:
         node = make_node()
         executor = MultiThreadedExecutor(num_threads=num_threads)
         executor.add_node(node)
-        spin_until_shutdown(executor)
-    except (KeyboardInterrupt, ExternalShutdownException):
+        spin_until_stopped(executor)
+    except KeyboardInterrupt:
         pass
     finally:
-        if node is not None:
-            node.destroy_node()
-        rclpy.try_shutdown()
+        close(executor, node)
 
 
 class SpunActionClient(ActionClient):

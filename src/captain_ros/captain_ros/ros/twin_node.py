@@ -583,6 +583,10 @@ class TwinNode(Node):
             pubs["info"].publish(info)
             pubs["depth_info"].publish(info)
 
+    def stop_work(self) -> None:
+        """Ctrl-C or SIGTERM (captain_ros.ros.spin): the simulation loop and the goals being followed end."""
+        self._stop.set()
+
     def destroy_node(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
