@@ -187,3 +187,22 @@ def test_a_trajectory_stamped_in_the_past_begins_part_way_along():
     expected, _ = ramp.sample(0.004 + PERIOD, q0, qd0)
     np.testing.assert_allclose(late.update(10.004 + PERIOD), expected, atol=1e-5)
     np.testing.assert_allclose(late.update(11.0), ramp.positions[-1], atol=1e-12)
+
+
+def test_a_trajectory_stamped_in_the_future_starts_at_its_stamp():
+    """A goal stamped ahead of the clock (a client's lead over its transport delay) leaves the arm where it is
+    until the stamp, then runs as if received then; it goes from the state at receipt to the first point at the
+    stamp plus its time_from_start, as joint_trajectory_controller interpolates it."""
+    q0 = np.zeros(2)
+    early = TrajectoryFollower(JOINTS, LO, HI, q0)
+    on_time = TrajectoryFollower(JOINTS, LO, HI, q0)
+    sweep = build(times=(0.5, 1.0), positions=((0.25, -0.25), (0.5, -0.5)), velocities=((0.75, -0.75), (0, 0)))
+    token = early.start(sweep, now_s=10.0, start_time_s=10.2)
+    on_time.start(sweep, now_s=10.2)
+    assert early.elapsed_s(token) == pytest.approx(-0.2)
+    assert np.abs(early.update(10.05)).max() < 0.01  # barely moving before its stamp
+    for t in (10.5, 10.9, 11.1):  # on the way, after the stamp: as close as the receipt segment lets it be
+        np.testing.assert_allclose(early.update(t), on_time.update(t), atol=0.05)
+    assert not early.finished(token, 11.19)
+    np.testing.assert_allclose(early.update(11.2), (0.5, -0.5), atol=1e-12)  # and there when it was due
+    assert early.finished(token, 11.2)

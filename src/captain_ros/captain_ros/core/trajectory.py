@@ -102,8 +102,9 @@ class JointTrajectory:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Desired (position, velocity) at `t_s` of the trajectory's time, starting from `start_q` moving at
         `start_qd` (at rest when None), so streamed trajectories join without a velocity jump. The start state
-        sits at `start_at_s`: 0 for a trajectory begun on receipt, later for one stamped in the past, which
-        begins part-way along; points at or before it are passed (as joint_trajectory_controller does)."""
+        sits at `start_at_s`: 0 for a trajectory begun on receipt, earlier for one stamped in the future, later
+        for one stamped in the past, which begins part-way along; points at or before it are passed (as
+        joint_trajectory_controller does)."""
         before = self.times_s[0] > start_at_s
         times = np.concatenate([[start_at_s], self.times_s]) if before else self.times_s
         pos = np.vstack([start_q, self.positions]) if before else self.positions
@@ -130,7 +131,7 @@ class JointTrajectory:
 @dataclass
 class _Active:
     trajectory: JointTrajectory
-    start_at_s: float  # trajectory time at which the start state sits (> 0: stamped in the past)
+    start_at_s: float  # trajectory time at which the start state sits (> 0: stamped in the past, < 0: future)
     start_q: np.ndarray
     start_qd: np.ndarray
     token: int
@@ -156,13 +157,14 @@ class TrajectoryFollower:
     def start(self, trajectory: JointTrajectory, now_s: float, start_time_s: float | None = None) -> int:
         """Begin `trajectory` from the current desired position and velocity (as joint_trajectory_controller
         does); returns a token that identifies it. `start_time_s` is the clock time of the trajectory's time zero
-        (its header stamp; None or a future stamp: now): one stamped in the past begins part-way along (as far
-        as the current speed scaling would have taken it), so a stop computed at a state's stamp runs as computed
-        however late it arrives."""
+        (its header stamp; None: now). One stamped in the past begins part-way along (as far as the current speed
+        scaling would have taken it), so a stop computed at a state's stamp runs as computed however late it
+        arrives. One stamped in the future goes from the current desired state at receipt to its first point
+        at the stamp plus that point's time_from_start, as joint_trajectory_controller interpolates it."""
         with self._lock:
             token = self._next_token
             self._next_token += 1
-            offset = 0.0 if start_time_s is None else max(0.0, now_s - start_time_s) * self._scaling
+            offset = 0.0 if start_time_s is None else (now_s - start_time_s) * self._scaling
             self._active = _Active(
                 trajectory, offset, self.desired_q.copy(), self.desired_qd.copy(), token, offset, now_s
             )

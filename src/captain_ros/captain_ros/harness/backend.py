@@ -88,8 +88,9 @@ class ArmBackend(ABC):
 
     def trajectory_time_s(self) -> float | None:
         """How far along the trajectory it follows (the last follow() or stop) the controller is, in the
-        trajectory's own time, at the latest state's time; None when this backend cannot tell (the harness then
-        takes the time since follow() on the arm's clock).
+        trajectory's own time, at the latest state's time (negative before a goal stamped ahead of the clock
+        starts); None when this backend cannot tell (the harness then takes the time since follow() on the arm's
+        clock).
 
         Why the backend measures it: with speed scaling the controller advances the trajectory at the scaling
         times the clock, so the planned duration is only meaningful on that scaled time. The backend integrates the

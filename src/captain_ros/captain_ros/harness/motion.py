@@ -352,7 +352,7 @@ class _SweepClock:
 
     @property
     def progress(self) -> float:
-        return min(1.0, self.tau_s / self.plan.duration_s) if self.plan.duration_s > 0 else 1.0
+        return min(1.0, max(0.0, self.tau_s) / self.plan.duration_s) if self.plan.duration_s > 0 else 1.0
 
     def verdict(self, miss_m: float, tolerance_m: float) -> str | tuple[StopReason, str] | None:
         """_DONE (at the target after the sweep), a reason to stop with its message, or None (carry on)."""

@@ -68,6 +68,10 @@ from captain_ros.ros.spin import SpunActionClient, spin_until_shutdown
 REFLEX_FORCE = re.compile(r"external force ([0-9.]+) N")
 _LINKS = itertools.count()  # numbers each backend's own node
 WRENCH_HISTORY = 100  # wrenches kept for /tf to reach (0.2 s at UR's 500 Hz)
+GOAL_LEAD_FIRST_S = 0.2  # a goal's start stamp ahead of the arm's clock before any goal round trip was measured
+GOAL_LEAD_MAX_S = 1.0  # never further ahead: a goal that takes longer to arrive begins part-way along
+GOAL_LEAD_PER_LAG = 2.0  # the lead over the slowest recent round trip (which the joint states' own delay shortens)
+GOAL_LAGS_KEPT = 8  # the lead covers the slowest of the last goals' round trips
 
 
 def _duration(seconds: float) -> Duration:
@@ -107,11 +111,13 @@ class Ros2ControlBackend(ArmBackend):
         server_timeout_s: float = 5.0,
         wrench_max_lag_s: float = 0.25,
         stop_decel_radps2: float | None = None,
+        goal_lead_min_s: float = 0.05,
     ):
         """`node` is the host: its namespace and remappings name the arm's interfaces. The backend talks to the
         arm through a node of its own, spun by a thread of its own, so the arm's state keeps flowing however
         busy the host's executor is (every one of its threads waiting for the arm, say); close() stops it.
-        `stop_decel_radps2`: the stop ramps' deceleration limit (default: config/safety.yaml's)."""
+        `stop_decel_radps2`: the stop ramps' deceleration limit (default: config/safety.yaml's).
+        `goal_lead_min_s`: the least a goal is stamped ahead of the arm's clock (see `follow`)."""
         decel = load_config().safety.stop_decel_radps2 if stop_decel_radps2 is None else float(stop_decel_radps2)
         if not decel > 0:  # also refuses NaN
             raise ValueError(f"stop_decel_radps2 must be > 0 rad/s^2, got {stop_decel_radps2}")
@@ -131,6 +137,10 @@ class Ros2ControlBackend(ArmBackend):
         self._timeout = state_timeout_s
         self._server_timeout = server_timeout_s
         self._wrench_max_lag = wrench_max_lag_s
+        if not 0 <= goal_lead_min_s <= GOAL_LEAD_MAX_S:
+            raise ValueError(f"goal_lead_min_s must be in [0, {GOAL_LEAD_MAX_S}] s, got {goal_lead_min_s}")
+        self._goal_lead_min_s = goal_lead_min_s
+        self._goal_lags: deque[float] = deque(maxlen=GOAL_LAGS_KEPT)  # arm seconds from sending a goal to its accept
         self._cond = threading.Condition()
         self._joints: JointState | None = None
         self._joints_wall = 0.0
@@ -455,15 +465,25 @@ class Ros2ControlBackend(ArmBackend):
         self._link.destroy_node()
 
     # ------------------------------------------------------------------------------ commands
+    def goal_lead_s(self) -> float:
+        """How far ahead of the arm's clock the next goal is stamped: GOAL_LEAD_PER_LAG times the slowest of the
+        last goals' round trips (send to accept, on the arm's clock), within [goal_lead_min_s, GOAL_LEAD_MAX_S]."""
+        lead = GOAL_LEAD_PER_LAG * max(self._goal_lags) if self._goal_lags else GOAL_LEAD_FIRST_S
+        return min(GOAL_LEAD_MAX_S, max(self._goal_lead_min_s, lead))
+
     def follow(self, trajectory: JointTrajectory) -> None:
-        """Send `trajectory` as a goal, stamped with the latest joint state's time: the controller starts it at that
-        time on its own clock (header.stamp), and so does this backend's copy of it, so both are at the same point
-        of it at every stamp (a goal started "on receipt" would leave the copy a transport delay apart, and a stop
-        ramped from the copy's setpoint would then begin with a jump)."""
+        """Send `trajectory` as a goal stamped a little ahead of the latest joint state's time (`goal_lead_s`):
+        the controller starts it at that time on its own clock (header.stamp), and so does this backend's copy of
+        it, so both are at the same point of it at every stamp (a goal started "on receipt" would leave the copy a
+        transport delay apart, and a stop ramped from the copy's setpoint would then begin with a jump). The lead
+        covers the goal's way to the controller: one that arrived after its stamp would begin part-way along, a
+        step in the setpoint that the arm feels as a jolt (and its force sensing as a contact) the later it comes.
+        The lead follows the measured round trips, so a loaded host stamps further ahead by itself."""
         mirror = self._mirror_or_fail()
         if not self._arm_action.wait_for_server(timeout_sec=self._server_timeout):
             raise BackendError(f"the arm controller's action server {self._action_name} is not available")
-        start_s = self.read_state(require_force=False).time_s
+        sent_s = self.read_state(require_force=False).time_s
+        start_s = sent_s + self.goal_lead_s()
         msg = trajectory_msg(trajectory)
         msg.header.stamp = stamp_msg(start_s)
         accepted = threading.Event()
@@ -474,11 +494,18 @@ class Ros2ControlBackend(ArmBackend):
         handle = future.result()
         if handle is None or not handle.accepted:
             raise BackendError("the arm controller rejected the trajectory goal")
+        accepted_s = self.read_state(require_force=False).time_s
+        self._goal_lags.append(accepted_s - sent_s)
+        if accepted_s > start_s:
+            self._link.get_logger().warning(
+                f"the arm controller accepted the goal {accepted_s - start_s:.3f} s after its start stamp: it begins "
+                f"part-way along; the next goals are stamped {self.goal_lead_s():.3f} s ahead"
+            )
         with self._cond:
             self._goal, self._goal_failure, self._reflex_holds = handle, "", False
         handle.get_result_async().add_done_callback(lambda f, h=handle: self._on_result(h, f))
-        mirror.update(start_s)
-        mirror.start(trajectory, start_s, start_time_s=start_s)
+        mirror.update(sent_s)
+        mirror.start(trajectory, sent_s, start_time_s=start_s)
 
     def _on_result(self, handle, future) -> None:
         response = future.result()
