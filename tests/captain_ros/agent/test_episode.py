@@ -173,6 +173,15 @@ def test_the_wall_time_budget_follows_the_episode_clock(link, tmp_path):
 
 
 # ------------------------------------------------------------------------------------ bad replies
+def test_a_reply_with_no_tool_call_ends_the_episode(link, tmp_path):
+    """CaPtain's loop ends when a reply contains no tool call (normally right after finish()); an unsolved scene
+    is then a failure, not a spent budget, and nothing is asked again."""
+    policy = Scripted([cell("print(robot.get_robot_state()['success'])"), Reply("I cannot do this task.")])
+    result = run(link, policy, tmp_path, requests=10)
+    assert result.outcome is Outcome.FAILURE and result.valid and "no tool call" in result.reason
+    assert result.requests == 2 and len(policy.prompts) == 2 and not result.finished
+
+
 def test_malformed_replies_are_explained_and_the_episode_goes_on(link, tmp_path):
     bad_json = Reply("x", [{"id": "a", "type": "function", "function": {"name": "python", "arguments": "{code: 1"}}])
     wrong_tool = Reply("x", [{"id": "b", "type": "function", "function": {"name": "bash", "arguments": "{}"}}])
@@ -191,7 +200,9 @@ def test_malformed_replies_are_explained_and_the_episode_goes_on(link, tmp_path)
             cell("robot.move_to(pose={'position': [float('nan'), 0, 0.3], 'yaw_deg': 0})"),
         ]
     )
-    result = run(link, policy, tmp_path, requests=10)
+    config = load_config()
+    config = replace(config, agent=replace(config.agent, end_on_no_tool_call=False))  # asked again instead
+    result = run(link, policy, tmp_path, config=config, requests=10)
     texts = tool_texts(policy)
     assert "not valid JSON" in texts[0]
     assert "unknown tool 'bash'" in texts[1]

@@ -275,6 +275,8 @@ class _Episode:
                 return self._end(Outcome.INFRASTRUCTURE, self.infrastructure)
             if self.finished:
                 return self._end(None, "finish() accepted")
+            if not turn.assistant.get("tool_calls") and self.cfg.end_on_no_tool_call:
+                return self._end(None, "the reply had no tool call: the episode ends")
 
     def _spent(self) -> str | None:
         b = self.budgets
@@ -303,6 +305,8 @@ class _Episode:
         turn = Turn(self.requests, assistant)
         self.event("reply", request=self.requests, content=content, tool_calls=len(calls))
         if not calls:
+            if self.cfg.end_on_no_tool_call:
+                return turn  # the loop ends here
             turn.replies.append(
                 {
                     "role": "user",

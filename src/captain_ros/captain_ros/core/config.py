@@ -92,6 +92,7 @@ class AgentConfig:
     compaction_at_tokens: int = 60000  # compact older turns when the next prompt would exceed this
     keep_recent_turns: int = 4  # turns kept verbatim by compaction (besides the task context)
     missed_finish_requests: int = 15  # all goals held this many consecutive requests without finish: stop
+    end_on_no_tool_call: bool = True  # a reply with no tool call ends the episode (CaPtain §3); false: nudge
     cell_timeout_s: float = 120.0  # wall time of one cell, robot calls included
     settle_s: float = 1.0  # the scene settles this long (arm holding) before the host scores it
 
