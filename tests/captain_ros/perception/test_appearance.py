@@ -1,0 +1,116 @@
+"""The appearance library: models rendered alone from their MJCF files, queries that name them, regions picked by
+their look; and the harness's segment() using it on the twin (LIBERO's own objects: tests/captain_ros/libero)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from captain_ros.perception.appearance import (
+    HIST_BINS,
+    AppearanceLibrary,
+    build_library,
+    histogram,
+    renderable,
+    words,
+)
+
+RED_CAN = """<mujoco model="can">
+  <compiler texturedir="textures"/>
+  <asset>
+    <texture name="label" file="label.png" type="2d"/>
+    <texture name="label" file="label.png" type="2d"/>
+    <material name="label" texture="label"/>
+  </asset>
+  <worldbody>
+    <body name="object">
+      <joint name="lid" type="hinge"/>
+      <geom type="cylinder" size="0.03 0.05" material="label" group="1" contype="0" conaffinity="0"/>
+      <geom type="box" size="0.03 0.03 0.05" group="0" rgba="0.8 0.8 0.8 0.3"/>
+    </body>
+  </worldbody>
+</mujoco>"""
+BLUE_BLOCK = """<mujoco model="block">
+  <worldbody><body name="object"><freejoint/>
+    <geom type="box" size="0.03 0.03 0.03" rgba="0.1 0.25 0.9 1" group="1"/>
+  </body></worldbody>
+</mujoco>"""
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("models")
+    (root / "can" / "textures").mkdir(parents=True)
+    label = np.zeros((32, 32, 3), np.uint8)
+    label[:] = (30, 30, 210)  # BGR: red
+    cv2.imwrite(str(root / "can" / "textures" / "label.png"), label)
+    (root / "can" / "tomato_cans.xml").write_text(RED_CAN)
+    (root / "sky_block.xml").write_text(BLUE_BLOCK)
+    return {"tomato_cans": root / "can" / "tomato_cans.xml", "sky_block": root / "sky_block.xml"}
+
+
+@pytest.fixture(scope="module")
+def library(models) -> AppearanceLibrary:
+    return build_library(models, source="test models", progress=False)
+
+
+def test_an_asset_is_made_loadable_on_its_own(models):
+    text = renderable(models["tomato_cans"])
+    assert str(models["tomato_cans"].parent / "textures" / "label.png") in text  # absolute, from texturedir
+    assert "<joint" not in text and text.count('name="label"') == 2  # one texture and its material
+    assert "<freejoint" not in renderable(models["sky_block"])
+
+
+def test_the_library_renders_each_model_and_survives_a_round_trip(library, models, tmp_path):
+    assert library.names == ("sky_block", "tomato_cans")
+    assert library.histograms.shape == (2, int(np.prod(HIST_BINS)))
+    np.testing.assert_allclose(library.histograms.sum(axis=1), 1.0)
+    path = tmp_path / "lib.npz"
+    library.save(path)
+    again = AppearanceLibrary.load(path)
+    assert again.names == library.names and again.source == "test models"
+    np.testing.assert_array_equal(again.histograms, library.histograms)
+    broken = dict(models, missing=tmp_path / "nowhere.xml")
+    assert build_library(broken, source="test", progress=False).names == library.names  # left out, said
+
+
+def test_queries_name_models_by_their_words_without_other_colours():
+    names = ("akita_black_bowl", "red_akita_black_bowl", "cookies", "alphabet_soup", "red_alphabet_soup")
+    lib = AppearanceLibrary(names, np.full((5, int(np.prod(HIST_BINS))), 1.0 / np.prod(HIST_BINS)), "names only")
+    assert [lib.names[i] for i in lib.models_for("the black bowl")] == ["akita_black_bowl"]
+    assert [lib.names[i] for i in lib.models_for("a box of cookies")] == ["cookies"]  # half the words, plural folded
+    assert [lib.names[i] for i in lib.models_for("red alphabet soup")] == ["red_alphabet_soup"]
+    assert lib.models_for("purple elephant") == [] and lib.models_for("the") == []
+    assert words("Cookies, 2 of them!") == {"cookie", "them"}
+
+
+def test_a_query_picks_the_region_that_looks_like_its_model(library):
+    rgb = np.full((60, 90, 3), 200, np.uint8)
+    rgb[10:50, 5:40] = (190, 25, 25)  # a red thing
+    rgb[10:50, 50:85] = (25, 60, 200)  # a blue thing
+    red, blue = np.zeros((60, 90), bool), np.zeros((60, 90), bool)
+    red[10:50, 5:40], blue[10:50, 50:85] = True, True
+    (score, mask, name), *rest = library.find(rgb, [blue, red], "tomato can")
+    assert mask is red and name == "tomato cans" and 0 < score <= 1 and rest == []  # the blue one is too far
+    assert library.find(rgb, [blue, red], "sky block")[0][1] is blue
+    with pytest.raises(KeyError):
+        library.find(rgb, [blue, red], "toaster")
+    assert histogram(rgb, red).argmax() != histogram(rgb, blue).argmax()
+
+
+def test_segment_names_twin_objects_by_their_look_and_falls_back_for_other_names(harness, library):
+    """On the twin: the red cube looks like the red 'tomato cans' model, so segment('tomato cans') finds it, measured
+    from depth like any detection; a name the library does not know goes to the colour/shape segmenter."""
+    harness.perception.appearance = library
+    assert harness.call("observe").success
+    found = harness.call("segment", text="tomato cans")
+    assert found.success, found.message
+    best = found.value["detections"][0]
+    cube = harness.backend.twin.reader.position("red_cube")  # the test knows; the policy looked
+    assert np.linalg.norm(np.array(best["position_m"][:2]) - cube[:2]) < 0.03 and best["named"] == "tomato cans"
+    assert "tomato cans" in found.receipt
+    bowl = harness.call("segment", text="black bowl")  # not in the library: colour and shape
+    assert bowl.success and bowl.value["detections"][0]["named"] == "black bowl"
