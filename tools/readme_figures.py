@@ -299,7 +299,8 @@ LIBERO = (
     *(
         (
             f"`{suite}_strict` / host: the scripted expert, one episode per task of the suite on the official "
-            "initial states {states}; its perception the built-in colour/shape segmenter",
+            "initial states {states}; its perception the built-in depth regions named by the appearance library "
+            "rendered from LIBERO's asset models (no simulator state; run {variant_dates[appearance]})",
             f"{{{suite}_strict:.2f}} / {{{suite}_host:.2f}}",
             "",
         )
@@ -307,8 +308,18 @@ LIBERO = (
     ),
     *(
         (
+            f"`{suite}_strict_colour_shape` / host: the same episodes naming objects by colour and shape alone "
+            "(run {variant_dates[colour_shape]})",
+            f"{{{suite}_strict_colour_shape:.2f}} / {{{suite}_host_colour_shape:.2f}}",
+            "",
+        )
+        for suite in ("libero_spatial", "libero_object", "libero_goal")
+    ),
+    *(
+        (
             f"`{suite}_strict_oracle_segmentation` / host: the same episodes with ORACLE segmentation (masks from the "
-            "simulator's object ids; depth, geometry, planning and motion unchanged)",
+            "simulator's object ids; depth, geometry, planning and motion unchanged; run "
+            "{variant_dates[oracle_segmentation]})",
             f"{{{suite}_strict_oracle_segmentation:.2f}} / {{{suite}_host_oracle_segmentation:.2f}}",
             "",
         )

@@ -14,9 +14,11 @@ import importlib.metadata
 import json
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from .nodes import NodeProcess, client_node, result_of, start_node, wait_for_server
@@ -24,9 +26,12 @@ from .nodes import NodeProcess, client_node, result_of, start_node, wait_for_ser
 rclpy = pytest.importorskip("rclpy")
 from action_msgs.msg import GoalStatus  # noqa: E402
 from rclpy.action import ActionClient  # noqa: E402
+from sensor_msgs.msg import JointState  # noqa: E402
 
 from captain_interfaces.action import MoveTo  # noqa: E402
 from captain_interfaces.srv import HarnessCall, ResetEpisode  # noqa: E402
+from captain_ros.core import robot  # noqa: E402
+from captain_ros.core.kinematics import Kinematics  # noqa: E402
 from tests.scripted_policy import ScriptedPolicy  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
@@ -179,7 +184,56 @@ def test_agent_node_runs_an_episode_on_this_distro(nodes, tmp_path):
     assert summary[0]["outcome"] == "false_finish" and summary[0]["requests"] == 3, (summary, agent.output())
 
 
-def test_nodes_exit_cleanly_on_ctrl_c_and_sigterm(nodes):
+def _interrupted_sweep(client, motion: NodeProcess) -> tuple[float, list[MoveTo.Feedback]]:
+    """Start a 15 cm upward sweep on the motion node and return (its target height, its feedback) once it is a
+    fifth of the way."""
+    state = json.loads(harness_call(client, "/harness/call", motion, "get_robot_state").value_json)
+    position = state["tcp_pose"]["position"]
+    move = ActionClient(client, MoveTo, "/harness/move_to")
+    wait_for_server(move, motion)
+    goal = MoveTo.Goal(target_kind=MoveTo.Goal.TARGET_POSE, mode=MoveTo.Goal.MODE_MANIPULATION, speed_mps=0.05)
+    goal.pose.pose.position.x, goal.pose.pose.position.y = position[0], position[1]
+    goal.pose.pose.position.z = position[2] + 0.15
+    goal.pose.pose.orientation.x, goal.pose.pose.orientation.w = 1.0, 0.0  # fingers down
+    feedback: list[MoveTo.Feedback] = []
+    underway = threading.Event()
+
+    def on_feedback(msg) -> None:
+        feedback.append(msg.feedback)
+        if msg.feedback.progress >= 0.2:
+            underway.set()
+
+    handle = result_of(move.send_goal_async(goal, feedback_callback=on_feedback), 60)
+    assert handle.accepted
+    assert underway.wait(120), f"the sweep never got a fifth of the way:\n{motion.output()}"
+    return goal.pose.pose.position.z, feedback
+
+
+def _rest(client) -> np.ndarray:
+    """The twin's arm joints once two joint states in a row say it is still (waits on the messages)."""
+    still: list[np.ndarray] = []
+    done = threading.Event()
+
+    def on_state(msg: JointState) -> None:
+        if len(msg.velocity) and np.abs(msg.velocity).max() < 1e-3:
+            still.append(np.array(msg.position))
+            if len(still) >= 2:
+                done.set()
+        else:
+            still.clear()
+
+    sub = client.create_subscription(JointState, "/joint_states", on_state, 10)
+    try:
+        assert done.wait(120), "the arm never came to rest"
+    finally:
+        client.destroy_subscription(sub)
+    return still[-1]
+
+
+def test_nodes_exit_cleanly_on_ctrl_c_and_sigterm(nodes, client):
+    """The motion node gets its Ctrl-C in the middle of a sweep: it halts the arm before it goes (the stop goes out
+    while its context still carries it), so the arm rests short of the target, where the ramp ended."""
+    target_z, feedback = _interrupted_sweep(client, nodes["motion"])
     for name, sig in (
         ("motion", signal.SIGINT),
         ("perception", signal.SIGTERM),
@@ -191,3 +245,8 @@ def test_nodes_exit_cleanly_on_ctrl_c_and_sigterm(nodes):
         code = node.interrupt(sig)
         assert code == 0, f"{name} exited with {code} on {sig.name} ({distro()}):\n{node.output()}"
         assert "Traceback" not in node.output(), node.output()
+        if name == "motion":
+            assert "the motion node is stopping (Ctrl-C or SIGTERM)" in node.output(), node.output()
+            q = _rest(client)
+            tcp_z = Kinematics(profile=robot.load_profile("panda_twin")).forward(q[:7])[0][2]
+            assert tcp_z < target_z - 0.05, (tcp_z, target_z, feedback[-1])  # stopped, not carried on

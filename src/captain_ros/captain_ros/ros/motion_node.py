@@ -677,6 +677,7 @@ class MotionNode(LifecycleNode):
         """Ctrl-C or SIGTERM (captain_ros.ros.spin): the running motion halts and the arm holds, while the context
         still carries the stop to the arm."""
         if self._active:
+            self.get_logger().warning("the motion node is stopping (Ctrl-C or SIGTERM): halting the arm first")
             self._halt("the motion node is stopping (Ctrl-C or SIGTERM): the arm holds")
 
     def destroy_node(self) -> None:
