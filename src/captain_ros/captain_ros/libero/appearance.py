@@ -57,7 +57,7 @@ def library(path: Path = CACHE, force: bool = False, progress: bool = True) -> A
         except ValueError as exc:
             print(f"appearance: {exc}", flush=True)
     assets = assets_dir()
-    built = build_library(object_models(assets), source=f"LIBERO asset models in {assets}", progress=progress)
+    built = build_library(object_models(assets), source="LIBERO's asset models", progress=progress)
     built.save(path)
     return built
 
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--path", type=Path, default=CACHE, help=f"where the library is kept (default {CACHE})")
     args = parser.parse_args(argv)
     lib = library(args.path, force=args.force)
-    print(f"{len(lib.names)} models from {lib.source}, kept in {args.path}:")
+    print(f"{len(lib.names)} models ({lib.source}, {assets_dir()}), kept in {args.path}:")
     print(", ".join(n.replace("_", " ") for n in lib.names))
 
 

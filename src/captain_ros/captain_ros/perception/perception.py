@@ -207,7 +207,7 @@ class Perception:
         if named:
             areas = self._regions(obs, camera)
             found = self.appearance.find(obs.images[camera].rgb, areas, text)
-            seen = f"{len(areas)} region(s), none that looks like a {text!r} of {self.appearance.source}"
+            seen = f"{len(areas)} region(s), none that looks like a {text!r} in the library of {self.appearance.source}"
         elif self.remote_segmenter is None:
             found = [(score, seg.mask, seg.label) for score, seg in match(self._segments(obs, camera), text)]
             seen = ", ".join(sorted({s.label for s in self._segments(obs, camera)})) or "nothing"

@@ -465,6 +465,16 @@ class Ros2ControlBackend(ArmBackend):
         self._link.destroy_node()
 
     # ------------------------------------------------------------------------------ commands
+    def _arm_clock_s(self) -> float:
+        """The arm's clock now: the latest joint state's stamp plus the time since it came (a state read by a busy
+        host can be a while old; the arm's clock runs at real time, and a simulator slower than that only makes a
+        goal start a little later than it could)."""
+        with self._cond:
+            msg, wall = self._joints, self._joints_wall
+        if msg is None:
+            raise BackendError("no joint state received yet")
+        return _stamp_s(msg) + (time.monotonic() - wall)
+
     def goal_lead_s(self) -> float:
         """How far ahead of the arm's clock the next goal is stamped: GOAL_LEAD_PER_LAG times the slowest of the
         last goals' round trips (send to accept, on the arm's clock), within [goal_lead_min_s, GOAL_LEAD_MAX_S]."""
@@ -482,7 +492,8 @@ class Ros2ControlBackend(ArmBackend):
         mirror = self._mirror_or_fail()
         if not self._arm_action.wait_for_server(timeout_sec=self._server_timeout):
             raise BackendError(f"the arm controller's action server {self._action_name} is not available")
-        sent_s = self.read_state(require_force=False).time_s
+        state_s = self.read_state(require_force=False).time_s
+        sent_s = self._arm_clock_s()
         start_s = sent_s + self.goal_lead_s()
         msg = trajectory_msg(trajectory)
         msg.header.stamp = stamp_msg(start_s)
@@ -494,7 +505,7 @@ class Ros2ControlBackend(ArmBackend):
         handle = future.result()
         if handle is None or not handle.accepted:
             raise BackendError("the arm controller rejected the trajectory goal")
-        accepted_s = self.read_state(require_force=False).time_s
+        accepted_s = self._arm_clock_s()
         self._goal_lags.append(accepted_s - sent_s)
         if accepted_s > start_s:
             self._link.get_logger().warning(
@@ -504,8 +515,8 @@ class Ros2ControlBackend(ArmBackend):
         with self._cond:
             self._goal, self._goal_failure, self._reflex_holds = handle, "", False
         handle.get_result_async().add_done_callback(lambda f, h=handle: self._on_result(h, f))
-        mirror.update(sent_s)
-        mirror.start(trajectory, sent_s, start_time_s=start_s)
+        mirror.update(state_s)
+        mirror.start(trajectory, state_s, start_time_s=start_s)
 
     def _on_result(self, handle, future) -> None:
         response = future.result()
