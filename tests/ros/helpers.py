@@ -51,7 +51,7 @@ def start_script(script: Path, *args: str, ready_timeout_s: float = 60.0) -> sub
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env=dict(os.environ),
+        env=dict(os.environ, PYTHONFAULTHANDLER="1"),  # a crash prints where it happened
     )
     deadline = time.monotonic() + ready_timeout_s
     lines = []
@@ -64,8 +64,10 @@ def start_script(script: Path, *args: str, ready_timeout_s: float = 60.0) -> sub
             # keep draining output so the peer never blocks on a full pipe
             threading.Thread(target=proc.stdout.read, daemon=True).start()
             return proc
+    code = proc.poll()
     proc.kill()
-    raise RuntimeError(f"{script.name} did not become ready:\n{''.join(lines)}")
+    ended = "still running" if code is None else f"exited with {code}"
+    raise RuntimeError(f"{script.name} did not become ready ({ended}):\n{''.join(lines)}")
 
 
 def set_parameters(client, **values: float | str) -> None:

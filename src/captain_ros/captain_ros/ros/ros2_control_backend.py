@@ -482,7 +482,7 @@ class Ros2ControlBackend(ArmBackend):
         return min(GOAL_LEAD_MAX_S, max(self._goal_lead_min_s, lead))
 
     def follow(self, trajectory: JointTrajectory) -> None:
-        """Send `trajectory` as a goal stamped a little ahead of the latest joint state's time (`goal_lead_s`):
+        """Send `trajectory` as a goal stamped a little ahead of the arm's clock (`goal_lead_s`, `_arm_clock_s`):
         the controller starts it at that time on its own clock (header.stamp), and so does this backend's copy of
         it, so both are at the same point of it at every stamp (a goal started "on receipt" would leave the copy a
         transport delay apart, and a stop ramped from the copy's setpoint would then begin with a jump). The lead
