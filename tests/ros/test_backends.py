@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -215,7 +216,7 @@ def _settles(arm: Arm, within_s: float = 3.0) -> np.ndarray:
 def test_cancel_holds_the_arm_where_it_is(arm):
     _at_progress(arm.harness, 0.4, arm.harness.cancel)
     result = arm.harness.call("move_to", pose={"position": [0.45, 0.2, 0.25], "yaw_deg": 0})
-    assert result.failure_category is FailureCategory.CANCELED and result.executed
+    assert result.failure_category is FailureCategory.CANCELED and result.executed, result.message
     assert result.value["distance_to_target_m"] > 0.03
     held = _settles(arm)
     np.testing.assert_allclose(arm.harness.backend.commanded()[1], 0.0, atol=1e-9)
@@ -289,3 +290,38 @@ def test_lost_joint_states_stop_the_motion_and_cancel_the_goal(request, kinemati
     tcp = kinematics.forward(arm.q())[0]
     assert np.linalg.norm(tcp - np.array(target)) > 0.05
     arm.harness.backend.close()
+
+
+def test_the_twin_never_runs_past_the_time_its_commander_granted(request, kinematics):
+    """ros2_control only: the backend and twin_node run in lockstep (captain_ros.twin.lockstep). While a command is
+    out (its grants paused) the twin stops at the command's stamp however long the command takes to come, so
+    every goal and stop ramp starts at its stamp; once the command has gone, the twin goes on."""
+    arm = _ros2_control_arm(request, kinematics)
+    backend = arm.harness.backend
+    try:
+        stamp = backend._lockstep_begin()  # a command about to go out
+        assert stamp is not None, "the twin did not say it runs in lockstep"
+        stamp_s = stamp * 1e-9
+        wait_for(lambda: backend.read_state(require_force=False).time_s >= stamp_s - 0.0101, 30, "the twin to come")
+        threading.Event().wait(1.0)  # the command is slow to come: plenty of time for a free-running twin to pass
+        assert backend.read_state(require_force=False).time_s <= stamp_s + 1e-9
+        backend._lockstep_end(stamp, sent=False)  # it never went out: grants resume
+        wait_for(lambda: backend.read_state(require_force=False).time_s > stamp_s + 0.1, 30, "the twin to go on")
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "words"),
+    [
+        ("stop_decel_radps2", float("nan"), "stop_decel_radps2 must be > 0"),
+        ("stop_decel_radps2", -1.0, "stop_decel_radps2 must be > 0"),
+        ("goal_lead_min_s", 2.0, "goal_lead_min_s must be in"),
+        ("goal_lead_min_s", -0.1, "goal_lead_min_s must be in"),
+    ],
+)
+def test_the_ros2_control_backend_refuses_bad_limits(client_node, profile, option, value, words):
+    from captain_ros.ros.ros2_control_backend import Ros2ControlBackend
+
+    with pytest.raises(ValueError, match=words):
+        Ros2ControlBackend(client_node, profile, **{option: value})

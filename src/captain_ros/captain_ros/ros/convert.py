@@ -98,6 +98,11 @@ def stamp_msg(t_s: float) -> Time:
     return Time(sec=sec, nanosec=int((t_s - sec) * 1e9))
 
 
+def stamp_msg_ns(t_ns: int) -> Time:
+    """A stamp from integer nanoseconds, exactly (lockstep compares stamps for equality)."""
+    return Time(sec=t_ns // 1_000_000_000, nanosec=t_ns % 1_000_000_000)
+
+
 def pose_msg(position: np.ndarray, quaternion_wxyz: np.ndarray) -> Pose:
     p = Pose()
     p.position.x, p.position.y, p.position.z = map(float, position)

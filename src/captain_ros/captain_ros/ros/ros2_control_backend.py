@@ -25,6 +25,9 @@ Force sensing fails closed the same way: no wrench yet, a wrench older than `sta
 stamp is more than `wrench_max_lag_s` away from the joint states', or one in a frame that neither the
 description nor /tf relates to the hand is a BackendError, so a silent or misconfigured sensor refuses motion
 and stops a running one instead of reading as 0 N.
+Against the MuJoCo twin (a profile with a twin section) the backend runs in lockstep with it
+(captain_ros.twin.lockstep): it grants the twin sim time as joint states come, and stamps each goal and stop ramp at
+a time the twin has not reached yet, so they run exactly as computed however busy the host is.
 Every name (joints, frames, topics, actions) comes from the robot profile (captain_ros.core.robot).
 Where the profile names it (`force_reflex`), the arm's own force reflex is set before each motion through
 that node's parameter service; a goal the controller aborts because the reflex fired is an ArmReflexStop.
@@ -48,9 +51,9 @@ from rcl_interfaces.srv import SetParameters
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
-from rclpy.qos import QoSProfile, ReliabilityPolicy
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import JointState
-from std_msgs.msg import Float64
+from std_msgs.msg import Float64, Header
 from trajectory_msgs.msg import JointTrajectory as JointTrajectoryMsg
 from trajectory_msgs.msg import JointTrajectoryPoint
 
@@ -60,10 +63,11 @@ from captain_ros.core.kinematics import Kinematics
 from captain_ros.core.trajectory import REST_RADPS, JointTrajectory, TrajectoryError, TrajectoryFollower, stop_ramp
 from captain_ros.core.wrench import REFLEX_ABORT_PREFIX, change_frame
 from captain_ros.harness.backend import ArmBackend, ArmReflexStop, ArmState, BackendError
-from captain_ros.ros.convert import stamp_msg
+from captain_ros.ros.convert import stamp_msg, stamp_msg_ns
 from captain_ros.ros.frames import FrameBuffer, FrameError, Transform, stamp_ns
 from captain_ros.ros.grippers import FingerStates, make_gripper
 from captain_ros.ros.spin import SpunActionClient, spin_until_shutdown
+from captain_ros.twin import lockstep
 
 REFLEX_FORCE = re.compile(r"external force ([0-9.]+) N")
 _LINKS = itertools.count()  # numbers each backend's own node
@@ -122,6 +126,8 @@ class Ros2ControlBackend(ArmBackend):
         if not decel > 0:  # also refuses NaN
             raise ValueError(f"stop_decel_radps2 must be > 0 rad/s^2, got {stop_decel_radps2}")
         self.stop_decel_radps2 = decel
+        if not 0 <= goal_lead_min_s <= GOAL_LEAD_MAX_S:  # also refuses NaN
+            raise ValueError(f"goal_lead_min_s must be in [0, {GOAL_LEAD_MAX_S}] s, got {goal_lead_min_s}")
         self.node, self.profile = node, profile
         interfaces = profile.interfaces
         topic, service = node.resolve_topic_name, node.resolve_service_name
@@ -137,8 +143,6 @@ class Ros2ControlBackend(ArmBackend):
         self._timeout = state_timeout_s
         self._server_timeout = server_timeout_s
         self._wrench_max_lag = wrench_max_lag_s
-        if not 0 <= goal_lead_min_s <= GOAL_LEAD_MAX_S:
-            raise ValueError(f"goal_lead_min_s must be in [0, {GOAL_LEAD_MAX_S}] s, got {goal_lead_min_s}")
         self._goal_lead_min_s = goal_lead_min_s
         self._goal_lags: deque[float] = deque(maxlen=GOAL_LAGS_KEPT)  # arm seconds from sending a goal to its accept
         self._cond = threading.Condition()
@@ -201,6 +205,17 @@ class Ros2ControlBackend(ArmBackend):
             server_timeout_s=server_timeout_s,
             control_period_s=control_period_s,
         )
+        # lockstep with the twin: grants on each joint state; the twin's echo of the commands it took up, latched
+        self._lockstep: lockstep.Commander | None = None
+        if profile.twin is not None:
+            self._lockstep = lockstep.Commander()
+            self._grant_pub = link.create_publisher(Header, topic(lockstep.GRANT_TOPIC), 10)
+            echoes = QoSProfile(
+                depth=lockstep.TAKEN_DEPTH,
+                durability=DurabilityPolicy.TRANSIENT_LOCAL,
+                reliability=ReliabilityPolicy.RELIABLE,
+            )
+            link.create_subscription(Header, topic(lockstep.TAKEN_TOPIC), self._on_taken, echoes, callback_group=group)
         self._spinner = threading.Thread(target=spin_until_shutdown, args=(self._executor,), daemon=True)
         self._spinner.name = "arm-link"
         self._spinner.start()
@@ -213,6 +228,33 @@ class Ros2ControlBackend(ArmBackend):
             self._cond.notify_all()
         if self._arm_fingers is not None:
             self._arm_fingers.update(msg)
+        if self._lockstep is not None:
+            self._grant(self._lockstep.on_state(stamp_ns(msg.header.stamp)))
+
+    def _grant(self, until_ns: int | None) -> None:
+        if until_ns is not None:
+            self._grant_pub.publish(
+                Header(stamp=stamp_msg_ns(until_ns), frame_id=self._link.get_fully_qualified_name())
+            )
+
+    def _on_taken(self, msg: Header) -> None:
+        self._lockstep.on_taken(stamp_ns(msg.stamp))
+
+    def _lockstep_begin(self) -> int | None:
+        """Pause the twin's grants for a command; its stamp (ns), or None without lockstep."""
+        return None if self._lockstep is None else self._lockstep.begin()
+
+    def _lockstep_end(self, stamp: int | None, sent: bool) -> None:
+        """Resume the grants once the twin took the command stamped `stamp` up (`sent`: it went out)."""
+        if stamp is None:
+            return
+        taken, until_ns = self._lockstep.end(stamp, sent, self._timeout)  # longer: the link is lost anyway
+        self._grant(until_ns)
+        if sent and not taken:
+            self._link.get_logger().warning(
+                f"the twin did not echo the command stamped {stamp * 1e-9:.3f} s within {self._timeout} s: grants "
+                "resumed without it"
+            )
 
     def _on_speed_scaling(self, msg: Float64) -> None:
         """The controller's speed scaling, in the profile's unit; the mirror runs its trajectory at it from the
@@ -282,6 +324,11 @@ class Ros2ControlBackend(ArmBackend):
                     f"no speed scaling on {self._scaling_topic} yet: the arm is taken to run at full speed until it "
                     "comes (a slowed or paused arm then fails its motions as stalled)"
                 )
+        if self._lockstep is not None and not self._lockstep.wait_enabled(deadline - time.monotonic()):
+            self._link.get_logger().warning(
+                f"the twin has not said it runs in lockstep ({lockstep.TAKEN_TOPIC}): goals are stamped ahead of its "
+                "clock until it does (a busy host can then make them start part-way along)"
+            )
         state = self.read_state(require_force=False)
         mirror = TrajectoryFollower(self.profile.arm_joints, self.lower, self.upper, state.q_rad)
         with self._cond:
@@ -488,35 +535,50 @@ class Ros2ControlBackend(ArmBackend):
         transport delay apart, and a stop ramped from the copy's setpoint would then begin with a jump). The lead
         covers the goal's way to the controller: one that arrived after its stamp would begin part-way along, a
         step in the setpoint that the arm feels as a jolt (and its force sensing as a contact) the later it comes.
-        The lead follows the measured round trips, so a loaded host stamps further ahead by itself."""
+        The lead follows the measured round trips, so a loaded host stamps further ahead by itself. Against the twin
+        in lockstep the goal is stamped at the sim time granted already, which it cannot have passed (no lead)."""
         mirror = self._mirror_or_fail()
         if not self._arm_action.wait_for_server(timeout_sec=self._server_timeout):
             raise BackendError(f"the arm controller's action server {self._action_name} is not available")
         state_s = self.read_state(require_force=False).time_s
-        sent_s = self._arm_clock_s()
-        start_s = sent_s + self.goal_lead_s()
         msg = trajectory_msg(trajectory)
-        msg.header.stamp = stamp_msg(start_s)
-        accepted = threading.Event()
-        future = self._arm_action.send_goal_async(FollowJointTrajectory.Goal(trajectory=msg))
-        future.add_done_callback(lambda _f: accepted.set())
-        if not accepted.wait(self._server_timeout):
-            raise BackendError(f"the arm controller did not answer the goal within {self._server_timeout:.0f} s")
-        handle = future.result()
-        if handle is None or not handle.accepted:
-            raise BackendError("the arm controller rejected the trajectory goal")
-        accepted_s = self._arm_clock_s()
-        self._goal_lags.append(accepted_s - sent_s)
-        if accepted_s > start_s:
-            self._link.get_logger().warning(
-                f"the arm controller accepted the goal {accepted_s - start_s:.3f} s after its start stamp: it begins "
-                f"part-way along; the next goals are stamped {self.goal_lead_s():.3f} s ahead"
-            )
+        stamp, accepted = self._lockstep_begin(), False
+        try:
+            if stamp is None:
+                sent_s = self._arm_clock_s()
+                start_s = sent_s + self.goal_lead_s()
+                msg.header.stamp = stamp_msg(start_s)
+            else:
+                start_s, msg.header.stamp = stamp * 1e-9, stamp_msg_ns(stamp)
+            handle = self._send_goal(msg)
+            accepted = True
+        finally:
+            self._lockstep_end(stamp, accepted)
+        if stamp is None:
+            accepted_s = self._arm_clock_s()
+            self._goal_lags.append(accepted_s - sent_s)
+            if accepted_s > start_s:
+                self._link.get_logger().warning(
+                    f"the arm controller accepted the goal {accepted_s - start_s:.3f} s after its start stamp: it "
+                    f"begins part-way along; the next goals are stamped {self.goal_lead_s():.3f} s ahead"
+                )
         with self._cond:
             self._goal, self._goal_failure, self._reflex_holds = handle, "", False
         handle.get_result_async().add_done_callback(lambda f, h=handle: self._on_result(h, f))
         mirror.update(state_s)
         mirror.start(trajectory, state_s, start_time_s=start_s)
+
+    def _send_goal(self, msg: JointTrajectoryMsg):
+        """Send a trajectory goal and return its handle once accepted (BackendError when it is not)."""
+        answered = threading.Event()
+        future = self._arm_action.send_goal_async(FollowJointTrajectory.Goal(trajectory=msg))
+        future.add_done_callback(lambda _f: answered.set())
+        if not answered.wait(self._server_timeout):
+            raise BackendError(f"the arm controller did not answer the goal within {self._server_timeout:.0f} s")
+        handle = future.result()
+        if handle is None or not handle.accepted:
+            raise BackendError("the arm controller rejected the trajectory goal")
+        return handle
 
     def _on_result(self, handle, future) -> None:
         response = future.result()
@@ -553,22 +615,30 @@ class Ros2ControlBackend(ArmBackend):
             if reflex_holds:
                 mirror.hold(mirror.desired_q if state is None else state.q_rad)
                 return mirror.desired_q.copy()
-            q_rad = mirror.desired_q if state is None else mirror.update(state.time_s)
-            if state is not None and np.abs(mirror.desired_qd).max(initial=0.0) > REST_RADPS:
-                try:
-                    ramp = stop_ramp(
-                        self.profile.arm_joints,
-                        q_rad,
-                        mirror.desired_qd,
-                        decel_radps2=self.stop_decel_radps2,
-                        period_s=self._period,
-                        lower=self.lower,
-                        upper=self.upper,
-                    )
-                except TrajectoryError:  # a setpoint gone non-finite cannot be ramped: hold where the arm is
-                    q_rad = state.q_rad
-                else:
-                    return self._send_stop_ramp(mirror, ramp, state.time_s)
+            stamp, sent = (None if state is None else self._lockstep_begin()), False
+            try:
+                # the ramp starts at the state's stamp, or in lockstep at the granted time the twin has not passed
+                at_s = None if state is None else state.time_s if stamp is None else stamp * 1e-9
+                q_rad = mirror.desired_q if at_s is None else mirror.update(at_s)
+                if state is not None and np.abs(mirror.desired_qd).max(initial=0.0) > REST_RADPS:
+                    try:
+                        ramp = stop_ramp(
+                            self.profile.arm_joints,
+                            q_rad,
+                            mirror.desired_qd,
+                            decel_radps2=self.stop_decel_radps2,
+                            period_s=self._period,
+                            lower=self.lower,
+                            upper=self.upper,
+                        )
+                    except TrajectoryError:  # a setpoint gone non-finite cannot be ramped: hold where the arm is
+                        q_rad = state.q_rad
+                    else:
+                        end = self._send_stop_ramp(mirror, ramp, at_s, stamp)
+                        sent = True
+                        return end
+            finally:
+                self._lockstep_end(stamp, sent)
         q = np.clip(np.asarray(q_rad, dtype=float), self.lower, self.upper)
         with self._cond:
             # from here on the running goal's abort is ours, and an earlier goal's late failure is superseded
@@ -586,8 +656,11 @@ class Ros2ControlBackend(ArmBackend):
         mirror.hold(q)
         return q
 
-    def _send_stop_ramp(self, mirror: TrajectoryFollower, ramp: JointTrajectory, stamp_s: float) -> np.ndarray:
-        """Send a stop ramp on the controller's trajectory topic, stamped with the joint state it was computed at.
+    def _send_stop_ramp(
+        self, mirror: TrajectoryFollower, ramp: JointTrajectory, stamp_s: float, stamp_ns: int | None
+    ) -> np.ndarray:
+        """Send a stop ramp on the controller's trajectory topic, stamped with the time it was computed at (the
+        joint state's, or in lockstep `stamp_ns`, exactly).
 
         The stamp makes the controller run the ramp on its own clock from that state's time (header.stamp is the
         trajectory's start time for joint_trajectory_controller, and for twin_node): however late the message
@@ -608,7 +681,7 @@ class Ros2ControlBackend(ArmBackend):
             np.vstack([ramp.velocities, np.zeros_like(end)]),
         )
         msg = trajectory_msg(held)
-        msg.header.stamp = stamp_msg(stamp_s)
+        msg.header.stamp = stamp_msg(stamp_s) if stamp_ns is None else stamp_msg_ns(stamp_ns)
         with self._cond:
             # from here on the running goal's end is ours, and an earlier goal's late failure is superseded
             self._goal, self._goal_failure, self._reflex_stop = None, "", ""

@@ -402,6 +402,7 @@ class ApprovalPrompt:
         self._state: SafetyState | None = None
         self._changed = threading.Event()
         self._handled: set[str] = set()
+        self._stop = threading.Event()  # run()'s
         node.create_subscription(SafetyState, prefix + STATE, self._on_state, LATCHED)
         self.client = node.create_client(Approve, prefix + APPROVE)
 
@@ -443,7 +444,7 @@ class ApprovalPrompt:
         motion node did not take the answer). EOFError at the end of input."""
         self._handled.add(msg.request_id)
         self.write("\n" + describe_request(request_from_msg(msg)) + "\napprove? [y/n, then an optional note]: ")
-        while self.node.context.ok():
+        while self.node.context.ok() and not self._stop.is_set():
             if msg.request_id not in self.pending_ids():
                 self.write(f"\n[{msg.request_id}] is no longer pending (answered elsewhere, timed out or withdrawn)\n")
                 return None
@@ -472,16 +473,18 @@ class ApprovalPrompt:
         return None
 
     def run(self, stop: threading.Event | None = None) -> None:
-        """Answer requests until end of input, `stop` or the node's shutdown (Ctrl-C: rclpy's handler)."""
-        stop = stop or threading.Event()
+        """Answer requests until end of input, `stop` (also ends a question being asked) or the node's shutdown."""
+        stop = self._stop = stop or threading.Event()
         self.write(f"waiting for approval requests (answer with y or n; Ctrl-C to quit) on {self.client.srv_name}\n")
         while not stop.is_set() and self.node.context.ok():
             request = self.next_request(0.5)
-            if request is not None:
-                try:
+            try:
+                if request is not None:
                     self.handle(request)
-                except EOFError:
-                    return
+                elif (self.read_line(0.0) or "").strip():  # typed before any request: answers nothing shown
+                    self.write("no request is pending: nothing to answer\n")
+            except EOFError:  # end of input
+                return
 
 
 def _stdin_line(timeout_s: float) -> str | None:
@@ -497,22 +500,23 @@ def _stdin_line(timeout_s: float) -> str | None:
 
 
 def run_approve_prompt(namespace: str = "") -> int:
-    """`captain-ros approve`: the prompt on this terminal until Ctrl-C or end of input.
+    """`captain-ros approve`: the prompt on this terminal until Ctrl-C, SIGTERM or end of input.
 
-    The main thread spins and is the one that shuts down, the prompt runs in a helper thread (as motion_node's
-    main: a spinner thread of its own made the process abort at Ctrl-C, "terminate called without an active
-    exception"); end of input shuts the context down, which ends the spin."""
+    The main thread spins, the prompt runs in a helper thread (a spinner thread of its own made the process abort at
+    Ctrl-C, "terminate called without an active exception"). Either end stops the other, and the exit is the nodes'
+    (captain_ros.ros.spin): the prompt ends, then the executor, the node, and the context last."""
     import rclpy
-    from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+    from rclpy.executors import SingleThreadedExecutor
 
-    from captain_ros.ros.spin import spin_until_shutdown
+    from captain_ros.ros import spin
 
     def write(text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    rclpy.init()
+    spin.init()
     node = executor = worker = None
+    done = threading.Event()
     try:
         node = rclpy.create_node(f"approve_prompt_{os.getpid()}")
         prompt = ApprovalPrompt(node, _stdin_line, write, namespace)
@@ -521,22 +525,19 @@ def run_approve_prompt(namespace: str = "") -> int:
 
         def answer() -> None:
             try:
-                prompt.run()
+                prompt.run(done)
             finally:
-                rclpy.try_shutdown()
+                spin.request_stop()
 
         worker = threading.Thread(target=answer, name="prompt", daemon=True)
         worker.start()
-        spin_until_shutdown(executor)
-    except (KeyboardInterrupt, ExternalShutdownException):
+        spin.spin_until_stopped(executor)
+    except KeyboardInterrupt:
         pass
     finally:
-        rclpy.try_shutdown()
+        done.set()
         if worker is not None:
-            worker.join(timeout=5.0)  # it sees the shutdown within a second
-        if executor is not None:
-            executor.shutdown()
-        if node is not None:
-            node.destroy_node()
+            worker.join(timeout=5.0)  # it sees `done` within a second
+        spin.close(executor, node)
     write("\n")
     return 0

@@ -19,6 +19,10 @@ The arm has a force reflex in its physics loop, as a real arm has in its control
 `reflex_force_threshold_n`, default from config/safety.yaml; clients set it at run time through the
 standard parameter service, as they would set a vendor's collision thresholds): above it the arm stops
 where it is and the running trajectory goal is aborted with a "force reflex: ..." error string.
+The twin runs in lockstep with the backend that commands its arm (parameter `lockstep`, captain_ros.twin.lockstep):
+it steps only within the sim time that backend has granted (/twin/lockstep/grant), and echoes the stamp of each
+arm command it takes up (/twin/lockstep/taken), so commands start at their stamps however busy the host is;
+with no backend granting it runs freely.
 A stop or hold sent on a controller's topic before a reset is dropped, never applied to the new episode, and
 after a reflex trip the arm takes no topic command until the next trajectory goal. Trajectories honour their
 header.stamp as their start time (joint_trajectory_controller's rule; 0 = on receipt).
@@ -61,7 +65,9 @@ from captain_ros.core import robot
 from captain_ros.core.config import load_config
 from captain_ros.core.trajectory import JointTrajectory, TrajectoryError, duration_to_s
 from captain_ros.ros.convert import camera_info, image_msg, pose_msg, quat_wxyz, stamp_msg
+from captain_ros.ros.frames import stamp_ns
 from captain_ros.ros.spin import spin
+from captain_ros.twin import lockstep
 from captain_ros.twin.cameras import CameraFrame
 from captain_ros.twin.controller import ReflexTrip, TwinControllers
 from captain_ros.twin.privileged import FEATURE_NAMES
@@ -75,6 +81,7 @@ ACTION_MONITOR_RATE_HZ = 20.0  # goal checks and feedback, joint_trajectory_cont
 MAX_LAG_S = 0.1  # falling further behind real time than this drops the lag instead of fast-forwarding
 SWITCH_INTERVAL_S = 0.0005  # the interpreter lock changes hands this often (Python's default: 5 ms)
 YIELD_WHEN_BEHIND_S = 0.001  # behind real time, each physics step still leaves this long to the node's callbacks
+SLOW_GRANT_S = 1.0  # a wait this long (wall clock) for the commanding backend's grant is logged
 DIAGNOSTICS_PERIOD_S = 0.1  # wall clock; a reflex trip is published at once
 REFLEX_PARAMETER = "reflex_force_threshold_n"
 SPEED_SLIDER_PARAMETER = "speed_slider_fraction"
@@ -134,6 +141,17 @@ class TwinNode(Node):
             self._on_snapshot,
             callback_group=reentrant,
         )
+        self._grants: lockstep.Grants | None = None
+        if self.get_parameter("lockstep").value:
+            self._grants = lockstep.Grants()
+            self.create_subscription(Header, lockstep.GRANT_TOPIC, self._on_grant, 10, callback_group=reentrant)
+            echoes = QoSProfile(
+                depth=lockstep.TAKEN_DEPTH,
+                durability=DurabilityPolicy.TRANSIENT_LOCAL,
+                reliability=ReliabilityPolicy.RELIABLE,
+            )
+            self._taken_pub = self.create_publisher(Header, lockstep.TAKEN_TOPIC, echoes)
+            self._taken_pub.publish(Header(frame_id="arm"))  # latched: a commander learns the twin follows grants
         self.controllers: TwinControllers | None = None
         self._action_servers = []
         gripper_action = self.interfaces.gripper.action
@@ -186,6 +204,14 @@ class TwinNode(Node):
         )
         self.declare_parameter(
             "state_rate_hz", 100.0, desc("joint_states, wrench and clock rate (sim time)", 1.0, 500.0)
+        )
+        self.declare_parameter(
+            "lockstep",
+            True,
+            ParameterDescriptor(
+                description="step only within the sim time granted by the backend commanding the arm, so its commands "
+                "start at their stamps however busy the host is (captain_ros.twin.lockstep); false: run freely"
+            ),
         )
         self.declare_parameter("tf_rate_hz", 30.0, desc("/tf rate (sim time)", 1.0, 200.0))
         self.declare_parameter("camera_rate_hz", 10.0, desc("camera image rate (sim time); 0 = no images", 0.0, 60.0))
@@ -332,6 +358,7 @@ class TwinNode(Node):
         try:
             trajectory = self._trajectory_from_msg(name, msg)
         except TrajectoryError as exc:
+            self._taken(name, msg)
             self.get_logger().error(f"{name} trajectory rejected: {exc}")
             return
         sent_ns = int(info.get("source_timestamp", 0) or 0)  # 0: the middleware does not stamp at the writer
@@ -344,6 +371,7 @@ class TwinNode(Node):
             if not (stale or reflex_holds):
                 self.controllers[name].start(trajectory, self.twin.time_s, self._start_time_s(msg))
             now, reset_ns = self.twin.time_s, self._reset_at_ns
+        self._taken(name, msg)
         if stale:
             self.get_logger().warning(
                 f"{name}: dropped a topic trajectory sent {(reset_ns - sent_ns) / 1e9:.3f} s before the last reset"
@@ -352,6 +380,19 @@ class TwinNode(Node):
             self.get_logger().info(f"arm: topic trajectory at {now:.3f} s ignored: holding after a force reflex trip")
         else:
             self.get_logger().debug(f"{name}: {len(msg.points)}-point topic trajectory at {now:.3f} s")
+
+    def _on_grant(self, msg: Header) -> None:
+        self._grants.grant(msg.frame_id, stamp_ns(msg.stamp))
+
+    def _taken(self, name: str, msg: JointTrajectoryMsg) -> None:
+        """Echo an arm command's stamp once it is taken up (or refused): its commander's grants resume."""
+        if name == "arm" and self._grants is not None:
+            self._taken_pub.publish(Header(stamp=msg.header.stamp, frame_id=name))
+
+    def _commanders(self) -> set[str]:
+        """The nodes that publish grants now (fully qualified names, as they sign their grants)."""
+        infos = self.get_publishers_info_by_topic(lockstep.GRANT_TOPIC)
+        return {f"{i.node_namespace.rstrip('/')}/{i.node_name}" for i in infos}
 
     def _measured(self, name: str) -> np.ndarray:
         if name == "arm":
@@ -370,6 +411,7 @@ class TwinNode(Node):
                 else FollowJointTrajectory.Result.INVALID_GOAL
             )
             result.error_string = str(exc)
+            self._taken(name, goal.trajectory)
             goal_handle.abort()
             return result
         follower = self.controllers[name]
@@ -384,6 +426,7 @@ class TwinNode(Node):
             start = controllers.start_motion if name == "arm" else follower.start
             token = start(trajectory, self.twin.time_s, self._start_time_s(goal.trajectory))
             start_s = self.twin.time_s
+        self._taken(name, goal.trajectory)
         feedback = FollowJointTrajectory.Feedback(joint_names=list(follower.joint_names))
         while rclpy.ok() and not self._stop.is_set():
             with self._lock:
@@ -451,6 +494,18 @@ class TwinNode(Node):
     def _tick(self, pace: dict) -> None:
         rtf = float(self.get_parameter("real_time_factor").value)
         trip = None
+        if self._grants is not None and self.twin is not None:
+            next_ns = round((self.twin.time_s + self.twin.model.opt.timestep) * 1e9)
+            began = time.monotonic()
+            if self._grants.wait(next_ns, self._stop, self._commanders):
+                pace["sim0"] = None  # waited for its commander: real time is counted again from here
+                waited = time.monotonic() - began
+                if waited > SLOW_GRANT_S:
+                    self.get_logger().warning(
+                        f"waited {waited:.1f} s for the sim time granted by the backend commanding the arm "
+                        "(lockstep; a backend that was killed holds the twin until DDS notices it has gone)",
+                        throttle_duration_sec=5.0,
+                    )
         with self._lock:
             twin = self.twin
             if self.fault:  # nothing moves until a reset
@@ -591,9 +646,11 @@ class TwinNode(Node):
     def stop_work(self) -> None:
         """Ctrl-C or SIGTERM (captain_ros.ros.spin): the simulation loop and the goals being followed end."""
         self._stop.set()
+        if self._grants is not None:
+            self._grants.wake()
 
     def destroy_node(self) -> None:
-        self._stop.set()
+        self.stop_work()
         if self._thread.is_alive():
             self._thread.join(timeout=2.0)
         with self._lock:

@@ -1,0 +1,133 @@
+"""The lockstep bookkeeping of the twin and its commander (ROS-free); over DDS: tests/ros/test_execution.py."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from captain_ros.twin.lockstep import Commander, Grants
+
+MS = 1_000_000
+
+
+def _waiter(grants: Grants, next_ns: int, stop: threading.Event, alive=lambda: {"a"}):
+    out: dict = {}
+    thread = threading.Thread(target=lambda: out.update(waited=grants.wait(next_ns, stop, alive, recheck_s=0.01)))
+    thread.start()
+    return thread, out
+
+
+def test_a_twin_nobody_grants_runs_freely():
+    assert Grants().wait(10**12, threading.Event(), set) is False
+
+
+def test_the_twin_waits_for_the_smallest_grant_of_its_commanders():
+    grants, stop = Grants(), threading.Event()
+    grants.grant("a", 50 * MS)
+    grants.grant("b", 20 * MS)
+    assert grants.wait(20 * MS, stop, lambda: {"a", "b"}) is False
+    thread, out = _waiter(grants, 30 * MS, stop, alive=lambda: {"a", "b"})
+    grants.grant("b", 40 * MS)
+    thread.join()
+    assert out["waited"] is True
+
+
+def test_a_commander_that_has_gone_no_longer_holds_the_twin():
+    grants, stop = Grants(), threading.Event()
+    grants.grant("gone", 10 * MS)
+    grants.grant("here", 100 * MS)
+    thread, out = _waiter(grants, 50 * MS, stop, alive=lambda: {"here"})
+    thread.join()
+    assert out["waited"] is True  # it waited until it found "gone" gone
+
+
+def test_stop_ends_a_wait():
+    grants, stop = Grants(), threading.Event()
+    grants.grant("a", 0)
+    thread, _ = _waiter(grants, 10 * MS, stop)
+    stop.set()
+    grants.wake()
+    thread.join()
+
+
+def test_a_reset_clock_lowers_the_grant():
+    grants = Grants()
+    grants.grant("a", 5_000 * MS)
+    grants.grant("a", 20 * MS)  # the twin's clock started again at 0
+    thread, out = _waiter(grants, 30 * MS, threading.Event())
+    grants.grant("a", 40 * MS)
+    thread.join()
+    assert out["waited"] is True
+
+
+def test_a_commander_grants_a_horizon_past_each_state_once_the_twin_follows():
+    c = Commander(horizon_s=0.02)
+    assert c.on_state(0) is None  # the twin has not said it follows grants
+    assert c.begin() is None  # nor are commands stamped for it
+    c.on_taken(0)
+    assert c.on_state(10 * MS) == 30 * MS
+    assert c.on_state(20 * MS) == 40 * MS
+
+
+def test_the_horizon_covers_two_state_intervals():
+    c = Commander(horizon_s=0.02)
+    c.on_taken(0)
+    c.on_state(0)
+    assert c.on_state(100 * MS) == 300 * MS  # 10 Hz states: a 20 ms horizon would stall the twin
+
+
+def test_a_command_is_stamped_at_the_grant_and_pauses_grants_until_the_twin_takes_it():
+    c = Commander(horizon_s=0.02)
+    c.on_taken(0)
+    c.on_state(10 * MS)
+    stamp = c.begin()
+    assert stamp == 30 * MS  # the twin cannot have passed it
+    assert c.on_state(20 * MS) is None  # paused: the twin stays at or before the stamp
+    threading.Timer(0.01, c.on_taken, args=(stamp,)).start()
+    taken, grant = c.end(stamp, sent=True, timeout_s=30)
+    assert taken and grant == 40 * MS  # resumed from the newest state
+    assert c.on_state(30 * MS) == 50 * MS
+
+
+def test_commands_without_a_grant_between_get_distinct_stamps():
+    c = Commander(horizon_s=0.02)
+    c.on_taken(0)
+    c.on_state(10 * MS)
+    first = c.begin()
+    c.end(first, sent=False, timeout_s=0)
+    second = c.begin()
+    assert second == first + 1  # the echo of one is never taken for the other
+
+
+def test_a_command_that_never_left_does_not_wait_and_an_unanswered_one_resumes_anyway():
+    c = Commander(horizon_s=0.02)
+    c.on_taken(0)
+    c.on_state(10 * MS)
+    assert c.end(c.begin(), sent=False, timeout_s=30) == (False, 30 * MS)
+    taken, grant = c.end(c.begin(), sent=True, timeout_s=0.0)
+    assert not taken and grant is not None
+
+
+def test_a_reset_clock_restarts_command_stamps():
+    c = Commander(horizon_s=0.02)
+    c.on_taken(0)
+    c.on_state(5_000 * MS)
+    c.end(c.begin(), sent=False, timeout_s=0)
+    c.on_state(10 * MS)  # a new episode
+    assert c.begin() == 30 * MS
+
+
+def test_a_horizon_must_be_positive():
+    with pytest.raises(ValueError, match="horizon"):
+        Commander(horizon_s=0.0)
+
+
+def test_an_echo_of_another_command_coming_after_does_not_hide_the_awaited_one():
+    c = Commander(horizon_s=0.02)
+    c.on_taken(0)
+    c.on_state(10 * MS)
+    stamp = c.begin()
+    c.on_taken(stamp)
+    c.on_taken(0)  # an unstamped hold, taken up just after
+    assert c.end(stamp, sent=True, timeout_s=30)[0] is True
