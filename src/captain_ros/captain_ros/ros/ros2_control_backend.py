@@ -248,7 +248,8 @@ class Ros2ControlBackend(ArmBackend):
         """Resume the grants once the twin took the command stamped `stamp` up (`sent`: it went out)."""
         if stamp is None:
             return
-        taken, until_ns = self._lockstep.end(stamp, sent, self._timeout)  # longer: the link is lost anyway
+        # at most the link-loss limit: a twin that takes longer to answer is lost anyway
+        taken, until_ns = self._lockstep.end(stamp, sent, self._timeout)
         self._grant(until_ns)
         if sent and not taken:
             self._link.get_logger().warning(
