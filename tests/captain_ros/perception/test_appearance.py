@@ -75,7 +75,7 @@ def test_the_library_renders_each_model_and_survives_a_round_trip(library, model
     np.testing.assert_array_equal(again.histograms, library.histograms)
     stale = tmp_path / "stale.npz"  # made by code that compared other histograms
     np.savez_compressed(stale, names=np.array(library.names), histograms=library.histograms, source=np.array("x"))
-    with pytest.raises(ValueError, match="holds unknown histograms.*build it again"):
+    with pytest.raises(ValueError, match=r"holds unknown histograms.*build it again"):
         AppearanceLibrary.load(stale)
     with pytest.raises(ValueError, match="histograms of"):
         AppearanceLibrary(library.names, library.histograms[:1], "x")
