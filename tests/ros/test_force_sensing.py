@@ -204,7 +204,13 @@ def test_force_sensing_lost_mid_motion_stops_the_arm(rig):
     relay.mode = "pass"
     wait_for(lambda: fresh(harness.backend), 20, "the wrench again")
     assert np.linalg.norm(harness.call("get_robot_state").value["tcp_pose"]["position"] - target) > 0.05
-    np.testing.assert_allclose(harness.backend.commanded()[1], 0.0, atol=1e-12)  # held
+    # held: the stop ramp (it starts at the sim time already granted to the twin, the harness returned at once)
+    # brings the setpoint to rest within a second of the arm's time
+    backend = harness.backend
+    deadline = backend.read_state(require_force=False).time_s + 1.0
+    while np.abs(backend.commanded()[1]).max() > 1e-12:
+        assert backend.read_state(require_force=False).time_s < deadline, backend.commanded()[1]
+        backend.wait_period()
 
 
 @pytest.mark.parametrize(
