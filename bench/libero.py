@@ -44,14 +44,14 @@ from captain_ros.agent.sandbox import Sandbox, SandboxLimits
 from captain_ros.core.config import load_config
 from captain_ros.core.trajectory import JointTrajectory
 from captain_ros.libero.backend import libero_python
-from captain_ros.libero.link import LiberoLink
+from captain_ros.libero.link import SEGMENTATIONS, LiberoLink
 
 SUITES = ("libero_spatial", "libero_object", "libero_goal")
 SIZE_PX = 512
 VARIANTS = {  # label -> LiberoLink options; the first is the headline (its keys carry no suffix)
-    "appearance": {"appearance": True},
-    "colour_shape": {"appearance": False},
-    "oracle_segmentation": {"oracle_segmentation": True},
+    "appearance": SEGMENTATIONS["appearance"],
+    "colour_shape": SEGMENTATIONS["colour_shape"],
+    "oracle_segmentation": SEGMENTATIONS["oracle"],
 }
 RESULTS = Path(__file__).resolve().parent / "results" / "libero.json"
 NATIVE = Path(__file__).resolve().parent / "_libero_native.py"

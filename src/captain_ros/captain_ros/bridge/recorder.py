@@ -1,12 +1,13 @@
-"""The episode adapter on the twin: writes an episode's start, one `step` per request and its end into the
+"""The episode adapter on a simulator: writes an episode's start, one `step` per request and its end into the
 episode store, beside the `model_call` records the recording proxy writes for the same requests.
 
-Before every request it takes the twin's privileged snapshot (CaPtain App. A.2: the 36 critic features
-plus raw poses; TRAINING ONLY). The snapshot goes to the store and nowhere else: nothing of it reaches the
-messages, so the policy never sees it. After the request it stores that request's robot calls with their
-receipts, the images the policy was shown (content-addressed), its timing and its App. E costs. At the end
-it stores the adapter's values: outcome, reward R_i (Eq. 7), the staged sub-goal reward of hard tasks, the
-return G_i = R_i + sum c_t, and validity (infrastructure failures and incomplete records are invalid).
+Before every request it takes the simulator's privileged snapshot (on the twin, CaPtain App. A.2: the 36 critic
+features plus raw poses; on LIBERO, object poses, fixture joints and the goal predicates; TRAINING ONLY). The
+snapshot goes to the store and nowhere else: nothing of it reaches the messages, so the policy never sees it.
+After the request it stores that request's robot calls with their receipts, the images the policy was shown
+(content-addressed), its timing and its App. E costs. At the end it stores the adapter's values: outcome,
+reward R_i (Eq. 7), the staged sub-goal reward of hard tasks, the return G_i = R_i + sum c_t, and validity
+(infrastructure failures and incomplete records are invalid).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from __future__ import annotations
 import base64
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from captain_ros.bridge.rewards import CostTracker, RewardConfig, subgoal_reward, terminal_reward
 from captain_ros.bridge.schema import Record
@@ -34,25 +36,72 @@ class EpisodeMeta:
     worker: str = ""
     split: str = "any"
     host: str = field(default_factory=platform.node)
+    backend: str = "twin"  # the simulator the episode ran on (LIBERO: with its segmentation, e.g. "libero/appearance")
+
+
+class PrivilegedSource(Protocol):
+    """What the recorder reads of the simulator an episode runs on: TRAINING AND SCORING ONLY, never the policy's."""
+
+    def family(self, task: str) -> str:
+        """The task family evaluation groups by."""
+
+    def snapshot(self) -> dict[str, Any]:
+        """The hidden state now, JSON-able, with `success`: whether the scene is solved."""
+
+    def ladder(self) -> tuple[int, bool]:
+        """(sub-goals of the task, whether the task is hard), without reading the simulator; (0, False) without one."""
+
+    def reached(self) -> int:
+        """Sub-goals reached now (reads the simulator)."""
+
+
+def robot_payload(profile: Any, arm_q_rad: Any, jaw_opening_m: float) -> dict[str, Any]:
+    """The robot part of a stored snapshot: its profile, joint names and positions."""
+    return {
+        "profile": profile.name,
+        "arm_joint_names": list(profile.arm_joints),
+        "finger_joint_names": list(profile.finger_joints),
+        "arm_q_rad": [float(q) for q in arm_q_rad],
+        "jaw_opening_m": float(jaw_opening_m),
+    }
 
 
 def snapshot_payload(twin: Any) -> dict[str, Any]:
     """The twin's hidden state as stored (TRAINING ONLY): its PrivilegedState plus the robot's joints."""
     snap = twin.snapshot().as_dict()
-    profile = twin.profile
-    snap["robot"] = {
-        "profile": profile.name,
-        "arm_joint_names": list(profile.arm_joints),
-        "finger_joint_names": list(profile.finger_joints),
-        "arm_q_rad": [float(q) for q in twin.arm_q()],
-        "jaw_opening_m": float(twin.jaw_opening_m()),
-    }
+    snap["robot"] = robot_payload(twin.profile, twin.arm_q(), twin.jaw_opening_m())
     return snap
 
 
+def _shadow_of(call: dict[str, Any]) -> dict[str, Any]:
+    """A shadow-checked call's prediction beside its outcome (harness/shadow.py), when it has one."""
+    value = call.get("value")
+    return {"shadow": value["shadow"]} if isinstance(value, dict) and "shadow" in value else {}
+
+
+class TwinPrivileged:
+    """The twin's privileged state. `twin_of` returns the in-process twin the link drives (None before a reset)."""
+
+    def __init__(self, twin_of: Callable[[], Any]):
+        self.twin_of = twin_of
+
+    def family(self, task: str) -> str:
+        return self.twin_of().task.family
+
+    def snapshot(self) -> dict[str, Any]:
+        return snapshot_payload(self.twin_of())
+
+    def ladder(self) -> tuple[int, bool]:
+        twin = self.twin_of()
+        return (0, False) if twin is None else (len(twin.task.ladder()), bool(twin.task.hard))
+
+    def reached(self) -> int:
+        return len(self.twin_of().snapshot().subgoals_reached)
+
+
 class EpisodeRecorder:
-    """One episode's records (the agent's `Recorder` hooks). `twin` returns the in-process twin the link
-    drives (the recorder reads it directly; the link's policy-facing side never carries it).
+    """One episode's records (the agent's `Recorder` hooks). `source` reads the simulator the link drives
+    (directly: the link's policy-facing side never carries it).
     `expect_model_calls`: the policy's requests go through the recording proxy into the same store, so an
     episode missing any request's model_call is incomplete and invalid."""
 
@@ -60,13 +109,13 @@ class EpisodeRecorder:
         self,
         store: EpisodeStore,
         episode_id: str,
-        twin: Any,
+        source: PrivilegedSource,
         meta: EpisodeMeta,
         *,
         rewards: RewardConfig = RewardConfig(),
         expect_model_calls: bool = True,
     ):
-        self.store, self.episode_id, self.twin_of, self.meta = store, episode_id, twin, meta
+        self.store, self.episode_id, self.source, self.meta = store, episode_id, source, meta
         self.rewards, self.expect_model_calls = rewards, expect_model_calls
         self.costs: CostTracker | None = None
         self._snapshot: dict[str, Any] | None = None
@@ -81,14 +130,14 @@ class EpisodeRecorder:
 
     def started(self, start: Any) -> None:
         t0 = time.perf_counter()
-        twin = self.twin_of()
         self.costs = CostTracker(start.task, self.rewards)
         self._append(
             "episode_start",
             0,
             {
                 "task": start.task,
-                "family": twin.task.family,
+                "family": self.source.family(start.task),
+                "backend": self.meta.backend,
                 "start_id": start.start_id,
                 "split": self.meta.split,
                 "attempt": self.meta.attempt,
@@ -105,7 +154,7 @@ class EpisodeRecorder:
 
     def before_request(self, index: int) -> None:
         t0 = time.perf_counter()
-        self._snapshot = snapshot_payload(self.twin_of())
+        self._snapshot = self.source.snapshot()
         self._snapshot_s = time.perf_counter() - t0
         self._started_unix_s = time.time()
         if self._snapshot["success"] and self.first_solved is None:
@@ -139,6 +188,7 @@ class EpisodeRecorder:
                         "message": c.get("message", ""),
                         "receipt": c.get("receipt") or "",
                         "physical": c.get("capability") in PHYSICAL_CAPABILITIES,
+                        **_shadow_of(c),
                     }
                     for c in calls
                 ],
@@ -167,12 +217,9 @@ class EpisodeRecorder:
             missing = [t for t in range(1, result.requests + 1) if t not in calls]
             if missing:
                 valid, invalid_reason = False, f"incomplete record: no model_call for request(s) {missing[:5]}"
-        twin = self.twin_of()
-        rungs = len(twin.task.ladder()) if twin is not None else 0
-        reached = 0
-        if twin is not None and valid:
-            reached = len(twin.snapshot().subgoals_reached)
-        bonus = subgoal_reward(outcome, bool(twin and twin.task.hard), reached, rungs, self.rewards)
+        rungs, hard = self.source.ladder()
+        reached = self.source.reached() if valid and rungs else 0
+        bonus = subgoal_reward(outcome, hard, reached, rungs, self.rewards)
         reward = terminal_reward(outcome) + bonus
         self._append(
             "episode_end",

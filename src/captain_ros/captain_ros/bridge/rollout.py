@@ -1,4 +1,4 @@
-"""Rollouts: N parallel twin workers running groups of G attempts per start state, recorded into an episode
+"""Rollouts: N parallel twin (or LIBERO) workers running groups of G attempts per start state, recorded into an episode
 store (the rollout host's outbox) and tagged with the policy version.
 
 A worker is one process with its own twin, harness core and sandboxed sessions; the policy is reached
@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 POLL_S = 0.2  # how often the manager looks at its result queue and its workers' liveness
+BACKENDS = ("twin", "libero")
 
 
 @dataclass(frozen=True)
@@ -56,20 +57,43 @@ class RolloutConfig:
     runs_dir: Path | None = None  # transcripts per episode (None: none)
     request_timeout_s: float = 600.0
     harness_path: Path | None = None  # a harness.yaml for the workers (None: config/harness.yaml)
+    backend: str = "twin"  # twin | libero (the benchmark's scenes in a LIBERO server per worker)
+    segmentation: str = "appearance"  # LIBERO only: a key of libero.link.SEGMENTATIONS ("oracle" is labelled)
+    log_dir: Path | None = None  # the LIBERO servers' logs (None: a temporary folder each)
+
+    @property
+    def backend_label(self) -> str:
+        """The simulator as recorded with each episode: `twin`, `libero/appearance`, `libero/oracle` ..."""
+        return self.backend if self.backend == "twin" else f"{self.backend}/{self.segmentation}"
 
 
 def plan_groups(
-    tasks: Iterable[str], starts_per_task: int, group_size: int, split: str = "train", seed: int = 0
+    tasks: Iterable[str],
+    starts_per_task: int,
+    group_size: int,
+    split: str = "train",
+    seed: int = 0,
+    *,
+    backend: str = "twin",
 ) -> list[Job]:
-    """`starts_per_task` start states per task, each run `group_size` times (one group per start state)."""
+    """`starts_per_task` start states per task, each run `group_size` times (one group per start state). On the
+    twin start states are drawn from the split's generator; on LIBERO they are official initial states, each once
+    per task (libero.link.start_states)."""
+    from captain_ros.libero.link import start_states
     from captain_ros.twin.start_states import sample_start_id
 
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     rng = np.random.default_rng(seed)
     jobs = []
     for task in tasks:
-        for _ in range(starts_per_task):
-            start = str(sample_start_id(task, split, rng))
-            jobs += [Job(task, start, attempt, start, split) for attempt in range(group_size)]
+        if backend == "libero":
+            starts = start_states(split, starts_per_task, rng)
+        else:
+            starts = [str(sample_start_id(task, split, rng)) for _ in range(starts_per_task)]
+        for start in starts:
+            group = f"{task}/{start}" if backend == "libero" else start
+            jobs += [Job(task, start, attempt, group, split) for attempt in range(group_size)]
     return jobs
 
 
@@ -91,13 +115,29 @@ def proxy_version(policy_url: str, wait_s: float = 120.0) -> int:
             time.sleep(0.5)  # poll interval while it restarts
 
 
+def make_link(config: RolloutConfig, harness: Any, name: str) -> tuple[Any, Any]:
+    """The agent link of a worker on its backend, and the recorder's privileged source for it."""
+    if config.backend == "libero":
+        from captain_ros.libero.link import SEGMENTATIONS, LiberoLink, LiberoPrivileged
+
+        if config.segmentation not in SEGMENTATIONS:
+            raise ValueError(f"segmentation must be one of {', '.join(SEGMENTATIONS)}, got {config.segmentation!r}")
+        log_dir = config.log_dir / f"libero-{name}" if config.log_dir else None
+        link = LiberoLink(harness, log_dir=log_dir, **SEGMENTATIONS[config.segmentation])
+        return link, LiberoPrivileged(link)
+    from captain_ros.agent.link import InProcessLink
+    from captain_ros.bridge.recorder import TwinPrivileged
+
+    link = InProcessLink(harness)
+    return link, TwinPrivileged(lambda: link.twin)
+
+
 class RolloutWorker:
-    """Runs episodes one at a time: twin and harness in-process, the policy through the proxy, records
-    into the store. Used by worker processes and by Ray actors alike."""
+    """Runs episodes one at a time: the simulator (the twin, or a LIBERO server) and harness in-process, the policy
+    through the proxy, records into the store. Used by worker processes and by Ray actors alike."""
 
     def __init__(self, config: RolloutConfig, name: str):
         from captain_ros.agent.episode import EpisodeRunner
-        from captain_ros.agent.link import InProcessLink
         from captain_ros.agent.policy_client import PolicyClient, PolicyConfig
         from captain_ros.agent.sandbox import Sandbox, SandboxLimits
         from captain_ros.bridge.store import EpisodeStore
@@ -113,7 +153,7 @@ class RolloutWorker:
             return box
 
         self.store = EpisodeStore(config.store_path)
-        self.link = InProcessLink(harness)
+        self.link, self.source = make_link(config, harness, name)
         policy = PolicyClient(  # the harness's sampling settings, as the agent node uses them
             PolicyConfig(
                 base_url=config.policy_url,
@@ -128,8 +168,16 @@ class RolloutWorker:
         from captain_ros.bridge.recorder import EpisodeMeta, EpisodeRecorder
 
         version = proxy_version(self.config.policy_url)
-        meta = EpisodeMeta(job.attempt, job.group_id, version, self.config.policy, self.name, job.split)
-        recorder = EpisodeRecorder(self.store, job.episode_id, lambda: self.link.twin, meta)
+        meta = EpisodeMeta(
+            job.attempt,
+            job.group_id,
+            version,
+            self.config.policy,
+            self.name,
+            job.split,
+            backend=self.config.backend_label,
+        )
+        recorder = EpisodeRecorder(self.store, job.episode_id, self.source, meta)
         self.runner.recorder = recorder
         t0 = time.perf_counter()
         result = self.runner.run(job.task, job.start_id, job.split, job.episode_id)

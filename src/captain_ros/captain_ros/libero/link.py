@@ -25,6 +25,12 @@ from captain_ros.harness.backend import BackendError
 EVAL_STATES = tuple(range(11, 17))  # CaPtain's held-out official initial states
 N_STATES = 50  # official initial states per task
 SPLITS = ("train", "eval", "any")
+# how perception names LIBERO's objects -> LiberoLink options; the first is the default (no simulator state in it)
+SEGMENTATIONS = {
+    "appearance": {"appearance": True},
+    "colour_shape": {"appearance": False},
+    "oracle": {"oracle_segmentation": True},  # ORACLE: the simulator's object ids segment the images
+}
 
 
 def parse_task(task: str) -> tuple[str, int]:
@@ -44,6 +50,43 @@ def split_states(split: str) -> tuple[int, ...]:
     if split == "train":
         return tuple(i for i in range(N_STATES) if i not in EVAL_STATES)
     return tuple(range(N_STATES))
+
+
+def start_states(split: str, count: int, rng: np.random.Generator) -> list[str]:
+    """`count` official initial states of a split for one task, each at most once. The evaluation split gives its
+    first `count` in order (all six is CaPtain's protocol; fewer nest, so a short run is a prefix of a long one);
+    the others a seeded draw."""
+    states = split_states(split)
+    if not 1 <= count <= len(states):
+        raise ValueError(
+            f"a LIBERO task has {len(states)} official initial states in the {split} split, so 1..{len(states)} "
+            f"start states per task, got {count}"
+        )
+    chosen = states[:count] if split == "eval" else sorted(rng.choice(states, size=count, replace=False).tolist())
+    return [str(s) for s in chosen]
+
+
+def list_tasks(suites: list[str], selection: str = "all", log_dir: Path | None = None) -> list[str]:
+    """The tasks `<suite>/<index>` of LIBERO suites, as the benchmark lists them (asked of a LIBERO server).
+    `selection`: "all", or comma-separated task names (`libero_goal/3`) or indices taken in every suite (`0,4`).
+    ValueError naming the known suites or tasks for anything unknown."""
+    from captain_ros.libero.backend import LiberoArgumentError, LiberoProcess
+
+    with LiberoProcess(64, 64, log_dir=log_dir) as process:
+        try:
+            known = [f"{suite}/{t['index']}" for suite in suites for t in process.call("tasks", suite=suite)]
+        except LiberoArgumentError as exc:
+            raise ValueError(str(exc).removeprefix("ArgumentError: ")) from None
+    if selection.strip() == "all":
+        return known
+    wanted = [t.strip() for t in selection.split(",") if t.strip()]
+    chosen = [t for t in known if t in wanted or t.split("/")[1] in wanted]
+    unknown = [w for w in wanted if not any(w in (t, t.split("/")[1]) for t in known)]
+    if unknown or not chosen:
+        raise ValueError(
+            f"unknown LIBERO task(s) {', '.join(unknown) or selection!r}; the suites have {', '.join(known)}"
+        )
+    return chosen
 
 
 def spoken(name: str) -> str:
@@ -163,3 +206,36 @@ class LiberoLink(CoreLink):
         if self.backend is not None:
             self.backend.close()
         self.backend = self.harness = None
+
+
+class LiberoPrivileged:
+    """The episode recorder's view of LIBERO (TRAINING AND SCORING ONLY, never the policy's): object poses in the
+    robot's base frame, fixture joints, each goal predicate and the arm's joints, read from the LIBERO server."""
+
+    def __init__(self, link: LiberoLink):
+        self.link = link
+
+    def family(self, task: str) -> str:
+        return parse_task(task)[0]  # the suite: evaluation reports per suite
+
+    def snapshot(self) -> dict[str, Any]:
+        from captain_ros.bridge.recorder import robot_payload
+
+        backend = self.link.backend
+        hidden, verdict, arm = backend.privileged(), backend.success(), backend.read_state(require_force=False)
+        return {
+            "sim_time_s": hidden["time_s"],
+            "object_poses": hidden["objects"],
+            "fixture_joints": hidden["fixture_joints"],
+            "success": bool(verdict["success"]),
+            "goals": [
+                {"predicate": goal, "held": held} for goal, held in zip(verdict["goals"], verdict["held"], strict=True)
+            ],
+            "robot": robot_payload(backend.profile, arm.q_rad, arm.jaw_opening_m),
+        }
+
+    def ladder(self) -> tuple[int, bool]:
+        return 0, False  # LIBERO's tasks have no sub-goal ladder; their goal predicates are in each snapshot
+
+    def reached(self) -> int:
+        return 0

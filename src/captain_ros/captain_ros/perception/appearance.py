@@ -7,7 +7,10 @@ models' asset files, never from a scene: what a detector trained on renders of C
 about where anything is. At run time the regions are the built-in segmenter's depth regions (things standing
 on the table, split at depth edges, not by colour: a printed carton is many colours), and a query picks the
 regions that look most like the models it names (Bhattacharyya distance between histograms), relative to how
-much they look like any other model in the library. No simulator state is read.
+much they look like any other model in the library. When no whole region does, parts of regions are tried: a
+thing inside a container or resting on another is one region with it in depth, and its pixels are those whose
+colour the named model explains better than the model the whole region looks like (histogram back-projection).
+No simulator state is read.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ RENDER_PX = 160
 MIN_REGION_PX = 40
 MAX_DISTANCE = 1.5  # a region further than this from every model the query names is not it
 MAX_MARGIN = 0.05  # nor one that looks more than this much more like another model of the library
+PART_RATIO = 2.0  # a pixel of a part: its colour at least this much more likely under the named model
 STOP_WORDS = {"the", "a", "an", "of", "on", "in", "to", "and", "at", "from", "with"}
 COLOR_WORDS = set(COLOR_NAMES) | {"gray"}
 
@@ -120,15 +124,42 @@ class AppearanceLibrary:
         named = self.models_for(text)
         if not named:
             raise KeyError(text)
-        found = []
-        for mask in regions:
-            d = distances(self.histograms, histogram(rgb, mask))
-            best_named = min(named, key=lambda i: d[i])
-            margin = float(d[best_named] - d.min())
-            if d[best_named] <= MAX_DISTANCE and margin <= MAX_MARGIN:
-                found.append((margin, float(d[best_named]), mask, self.names[best_named]))
+        regions = list(regions)
+        found = [f for f in (self._judge(rgb, mask, named) for mask in regions) if f is not None]
+        if not found:
+            parts = [part for mask in regions for part in self._parts(rgb, mask, named)]
+            found = [f for f in (self._judge(rgb, part, named) for part in parts) if f is not None]
         found.sort(key=lambda f: (f[0], f[1]))
         return [(1.0 / (1.0 + margin + dist), mask, name.replace("_", " ")) for margin, dist, mask, name in found]
+
+    def _judge(self, rgb: np.ndarray, mask: np.ndarray, named: list[int]) -> tuple | None:
+        """(margin, distance, mask, model) when the masked pixels look like a named model, else None."""
+        d = distances(self.histograms, histogram(rgb, mask))
+        best_named = min(named, key=lambda i: d[i])
+        margin = float(d[best_named] - d.min())
+        if d[best_named] <= MAX_DISTANCE and margin <= MAX_MARGIN:
+            return margin, float(d[best_named]), mask, self.names[best_named]
+        return None
+
+    def _parts(self, rgb: np.ndarray, mask: np.ndarray, named: list[int]) -> list[np.ndarray]:
+        """Connected parts of a region (MIN_REGION_PX or more, opened) whose pixels' colours are PART_RATIO times more
+        likely under a named model than under the model the whole region looks like most: by hue, saturation and
+        value, or by hue and saturation alone (a scene lit brighter or darker than the renders)."""
+        d = distances(self.histograms, histogram(rgb, mask))
+        host = int(np.argmin(d))
+        if host in named:
+            return []
+        hsv = cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2HSV).astype(int)
+        nh, ns, nv = HIST_BINS
+        hs = (hsv[..., 0] * nh // 180) * ns + hsv[..., 1] * ns // 256
+        full = hs * nv + hsv[..., 2] * nv // 256
+        chroma = self.histograms.reshape(-1, *HIST_BINS).sum(axis=3).reshape(len(self.names), -1)
+        likely = np.zeros(mask.shape, bool)
+        for table, bins in ((self.histograms, full), (chroma, hs)):  # brightness told apart, or left to the light
+            likely |= table[named].max(axis=0)[bins] > PART_RATIO * table[host][bins]
+        part = cv2.morphologyEx((mask & likely).astype(np.uint8), cv2.MORPH_OPEN, np.ones((3, 3), np.uint8))
+        n, labels, stats, _ = cv2.connectedComponentsWithStats(part, connectivity=8)
+        return [labels == i for i in range(1, n) if stats[i, cv2.CC_STAT_AREA] >= MIN_REGION_PX]
 
 
 def regions(cloud: CameraCloud, min_pixels: int = MIN_REGION_PX) -> list[np.ndarray]:
