@@ -340,6 +340,33 @@ LIBERO = (
     ),
 )
 
+SHADOW = (
+    (
+        "`shadow_refusal_recall`: unsafe motions (by the real outcome: an arm link hit something, a force over the "
+        "limit, or an object pushed off the table) the shadow refused, over {scene_count} scenes with hidden mass and "
+        "friction differences",
+        "{shadow_refusal_recall:.2f} ({refused_unsafe} of {unsafe_motions})",
+        "",
+    ),
+    (
+        "`shadow_false_refusal_rate`: safe motions it refused",
+        "{shadow_false_refusal_rate:.2f} ({refused_safe} of {safe_motions})",
+        "",
+    ),
+    (
+        "`predicted_stop_reason_agreement`: the predicted outcome (stop reason, or holding for a jaw command) equals "
+        "the real one",
+        "{predicted_stop_reason_agreement:.2f}",
+        "",
+    ),
+    (
+        "`shadow_check_ms_p50`: one check (build the scene when measurements changed, place it, settle, play the "
+        "action); p90 {check_ms_p90:.0f} ms",
+        "{shadow_check_ms_p50:.0f} ms ({check_to_motion_time_ratio_p50:.2f}x the motion's own duration)",
+        "",
+    ),
+)
+
 BLOCKS = {
     "motion": Block("motion", rows=MOTION),
     "perception": Block("perception", rows=PERCEPTION),
@@ -353,6 +380,7 @@ BLOCKS = {
     "train_gpu": Block("train_gpu", rows=TRAIN_GPU),
     "sft_then_rl": Block("sft_then_rl", text=SFT_THEN_RL),
     "libero": Block("libero", rows=LIBERO),
+    "shadow": Block("shadow", rows=SHADOW),
 }
 
 

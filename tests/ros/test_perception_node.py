@@ -60,6 +60,7 @@ def nodes():
     motion, motion_lines = launch_node(
         "motion_node",
         ("watchdog", False),
+        ("shadow_check", True),
         ("state_timeout_s", LOADED_MACHINE_STATE_TIMEOUT_S),
         ("wrench_max_lag_s", LOADED_MACHINE_WRENCH_LAG_S),
     )
@@ -171,6 +172,32 @@ def test_completion_gate_counts_measurements_made_by_the_perception_node(nodes, 
     wait_for(lambda: result_of(gate.call_async(Trigger.Request()), 10).success, 20, "the gate to see the observe")
     finish = _call(harness, "finish", note="checked")
     assert finish.success and json.loads(finish.value_json)["accepted"], finish.message
+
+
+def test_the_motion_nodes_shadow_check_learns_the_perception_nodes_measurements(nodes, client_node):
+    """shadow_check:=true on the motion node (the ros2_control backend): a measurement made by the perception node
+    reaches its shadow twin through /harness/receipts, and the next motion is played there first, its prediction
+    carried in the result beside the outcome."""
+    node = client_node
+    harness = node.create_client(HarnessCall, "/harness/call")
+    perception = node.create_client(HarnessCall, "/perception/call")
+    assert harness.wait_for_service(timeout_sec=60) and perception.wait_for_service(timeout_sec=60)
+    assert result_of(node.create_client(Trigger, "/harness/new_episode").call_async(Trigger.Request()), 10).success
+    moved = _call(harness, "move_to", pose={"position": [0.4, 0.0, 0.4], "yaw_deg": 0})
+    assert moved.success, moved.message
+    wait_for(lambda: _call(perception, "observe").success, 60, "an observation after the move")
+    found = _call(perception, "segment", text="red cube")
+    assert found.success, found.message
+    detection = json.loads(found.value_json)["detections"][0]["detection_id"]
+    assert _call(perception, "measure_object_geometry", object=detection).success
+    line = f"shadow check: measured {detection} "
+    wait_for(lambda: any(line in x for x in nodes[2]), 30, "the motion node's shadow to learn the measurement")
+    up = _call(harness, "move_to", pose={"position": [0.4, 0.05, 0.4], "yaw_deg": 0})
+    assert up.success, up.message
+    shadow = json.loads(up.value_json)["shadow"]
+    assert shadow["predicted"]["objects"] == 1
+    assert shadow["predicted"]["outcome"] == shadow["actual"]["outcome"] == "target_reached"
+    assert "twin predicted target_reached" in up.receipt
 
 
 def test_a_hand_eye_calibration_on_tf_static_places_the_wrist_camera(nodes, client_node):

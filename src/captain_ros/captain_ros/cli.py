@@ -145,6 +145,13 @@ DELEGATED = {
     "eval": "evaluation: run episodes and report, or report/compare stores (eval --help)",
     "export": "export episodes to rosbag2 MCAP or Parquet (export --help)",
     "transport": "the trainer-side receiver and the shipper (transport --help)",
+    "gap": "the sim-to-real gap report of an episode: shadow predictions beside outcomes (gap --help)",
+}
+MODULES = {
+    "eval": "captain_ros.bridge.cli",
+    "export": "captain_ros.bridge.export",
+    "transport": "captain_ros.bridge.transport",
+    "gap": "captain_ros.harness.gap",
 }
 
 
@@ -153,8 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in DELEGATED:
         from importlib import import_module
 
-        module = {"eval": "cli", "export": "export", "transport": "transport"}[argv[0]]
-        return import_module(f"captain_ros.bridge.{module}").main(argv[1:])
+        return import_module(MODULES[argv[0]]).main(argv[1:])
     args = build_parser().parse_args(argv)
     return args.fn(args)
 

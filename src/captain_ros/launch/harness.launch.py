@@ -68,6 +68,13 @@ def generate_launch_description() -> LaunchDescription:
             "`captain-ros approve` in a terminal); no answer within safety.yaml's approval_timeout_s: the arm holds",
         ),
         DeclareLaunchArgument(
+            "shadow_check",
+            default_value="false",
+            choices=["true", "false"],
+            description="play every physical action first in a twin built from what the robot measured; refuse it "
+            "when the twin predicts a collision of the arm, a force over the limit or an object pushed off the table",
+        ),
+        DeclareLaunchArgument(
             "use_sim_time",
             default_value="false",
             choices=["true", "false"],
@@ -92,6 +99,7 @@ def generate_launch_description() -> LaunchDescription:
                 "watchdog": typed("watchdog", bool),
                 "autostart": typed("autostart", bool),
                 "approval_mode": typed("approval_mode", bool),
+                "shadow_check": typed("shadow_check", bool),
                 "control_period_s": typed("control_period_s", float),
                 "use_sim_time": typed("use_sim_time", bool),
             }

@@ -86,6 +86,14 @@ def generate_launch_description() -> LaunchDescription:
             description="every physical action waits for an operator's approval (/safety/approve, or "
             "`captain-ros approve` in a terminal); recommended for a first run on a physical arm",
         ),
+        DeclareLaunchArgument(
+            "shadow_check",
+            default_value="true",
+            choices=["true", "false"],
+            description="every physical action is first played in a twin of the arm (the profile's own, or its "
+            "shadow_twin) built from what the robot measured, and refused when the twin predicts a collision of the "
+            "arm, a force over the limit or an object pushed off the table",
+        ),
     ]
     description = ParameterValue(
         Command(["cat ", PathJoinSubstitution([FindPackageShare("captain_ros"), "urdf", "panda.urdf"])]),
@@ -105,7 +113,10 @@ def generate_launch_description() -> LaunchDescription:
         PythonLaunchDescriptionSource(
             PathJoinSubstitution([FindPackageShare("captain_ros"), "launch", "harness.launch.py"])
         ),
-        launch_arguments={"approval_mode": LaunchConfiguration("approval_mode")}.items(),
+        launch_arguments={
+            "approval_mode": LaunchConfiguration("approval_mode"),
+            "shadow_check": LaunchConfiguration("shadow_check"),
+        }.items(),
     )  # its arguments (robot_profile, safety_config, watchdog, ...) pass through: real_arm.launch.py watchdog:=true
     monitor = IncludeLaunchDescription(
         PythonLaunchDescriptionSource(

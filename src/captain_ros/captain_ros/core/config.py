@@ -98,6 +98,18 @@ class AgentConfig:
 
 
 @dataclass(frozen=True)
+class ShadowConfig:
+    """The shadow check (harness/shadow.py): each physical action is first played in a twin built from what the robot
+    measured, and refused when the twin predicts a collision of the arm, a contact force over the limit or an object
+    pushed off the table. The motion node's `shadow_check` parameter overrides `enabled`."""
+
+    enabled: bool = False
+    object_density_kgpm3: float = 400.0  # a measured object's assumed mass: its box's volume times this
+    max_objects: int = 24  # measured objects kept (the oldest is forgotten first)
+    same_object_m: float = 0.03  # a measurement centred this close to a kept one is the same object, measured again
+
+
+@dataclass(frozen=True)
 class HarnessConfig:
     safety: SafetyConfig = SafetyConfig()
     motion: MotionConfig = MotionConfig()
@@ -105,6 +117,7 @@ class HarnessConfig:
     gate: GateConfig = GateConfig()
     perception: PerceptionConfig = PerceptionConfig()
     agent: AgentConfig = AgentConfig()
+    shadow: ShadowConfig = ShadowConfig()
 
 
 def _section(cls: type, raw: Any, where: str) -> Any:  # noqa: PLR0912 - one check per value type
@@ -170,6 +183,7 @@ def load_config(safety_path: Path | None = None, harness_path: Path | None = Non
         gate=_section(GateConfig, h.get("gate"), f"{harness_path.name}: gate"),
         perception=_section(PerceptionConfig, h.get("perception"), f"{harness_path.name}: perception"),
         agent=_section(AgentConfig, h.get("agent"), f"{harness_path.name}: agent"),
+        shadow=_section(ShadowConfig, h.get("shadow"), f"{harness_path.name}: shadow"),
     )
     p = config.perception
     if p.segmenter not in ("builtin", "http") or (p.segmenter == "http" and not p.segment_url):
@@ -179,6 +193,11 @@ def load_config(safety_path: Path | None = None, harness_path: Path | None = Non
         raise ConfigError(
             f"{harness_path.name}: agent.compaction_at_tokens + max_new_tokens must fit context_limit_tokens, "
             "and keep_recent_turns must be at least 1"
+        )
+    w = config.shadow
+    if not (w.object_density_kgpm3 > 0 and w.max_objects >= 1 and w.same_object_m >= 0):
+        raise ConfigError(
+            f"{harness_path.name}: shadow needs object_density_kgpm3 > 0, max_objects >= 1 and same_object_m >= 0"
         )
     if b.rl_selectable_actions > b.physical_actions:
         raise ConfigError(f"{harness_path.name}: budgets.rl_selectable_actions exceeds physical_actions")

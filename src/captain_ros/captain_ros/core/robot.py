@@ -148,6 +148,7 @@ class RobotProfile:
     interfaces: Interfaces
     twin: TwinSpec | None = None
     urdf_text: str = ""  # the URDF itself (read from urdf_file, or given)
+    shadow_twin: str = ""  # a twin profile with this arm's kinematics, for the shadow check (harness/shadow.py)
 
     # ------------------------------------------------------------------ derived from the URDF
     @property
@@ -469,6 +470,7 @@ def _parse(doc: dict, source: str) -> RobotProfile:
     radii = _get(desc, "self_filter_chain_m", d, dict, {})
     return RobotProfile(
         name=_get(doc, "name", source),
+        shadow_twin=_get(doc, "shadow_twin", source, str, ""),
         source=source,
         urdf_file=urdf_file,
         base_frame=_get(desc, "base_frame", d),

@@ -18,7 +18,7 @@ import numpy as np
 from captain_ros.core import args as A  # noqa: N812 - A.number(...) reads as "argument"
 from captain_ros.core import robot
 from captain_ros.core.config import HarnessConfig
-from captain_ros.core.contract import CAPABILITY_BY_NAME, Budget, CallResult, FailureCategory
+from captain_ros.core.contract import CAPABILITY_BY_NAME, RECEIPT_MAX_CHARS, Budget, CallResult, FailureCategory
 from captain_ros.core.kinematics import Kinematics
 from captain_ros.harness.approval import Approver, Decision, EStop, PendingAction
 from captain_ros.harness.backend import ArmBackend
@@ -33,6 +33,7 @@ from captain_ros.harness.motion import (
     StopSignal,
     Watchdog,
 )
+from captain_ros.harness.shadow import Prediction, ShadowError, ShadowTwin, outcome_of
 from captain_ros.perception.perception import Perception
 
 
@@ -59,6 +60,11 @@ VERIFYING = {
     "inspect_release_geometry",
     "compare_object_observations",
 }  # scene measurements (perception): robot state alone does not show where the objects are
+
+
+def _with_tail(receipt: str, tail: str) -> str:
+    """A receipt with `tail` appended, its own text shortened so that both fit the receipt limit."""
+    return receipt[: max(0, RECEIPT_MAX_CHARS - len(tail))] + tail
 
 
 def _is_physical(capability: str) -> bool:
@@ -127,7 +133,17 @@ class Harness:
         self.on_progress: Callable[[MotionProgress], None] | None = None  # e.g. the MoveTo action's feedback
         self._clock = clock
         self.perception = Perception(self.kin, self._capture, config.perception)
+        self.shadow: ShadowTwin | None = None  # the shadow check (harness/shadow.py): enable_shadow()
+        self._prediction: Prediction | None = None  # the shadow's prediction for the running call
         self.new_episode()
+        if config.shadow.enabled:
+            self.enable_shadow()
+
+    def enable_shadow(self) -> None:
+        """Play every physical action first in a twin built from this episode's measurements; refuse what it
+        predicts harmful (harness/shadow.py). Raises ShadowError for a robot without a twin section."""
+        if self.shadow is None:
+            self.shadow = ShadowTwin(self)
 
     # ------------------------------------------------------------------------------ episode
     def new_episode(self, episode_id: str = "") -> None:
@@ -142,6 +158,8 @@ class Harness:
         self.backend.resync()
         self.perception.new_episode()
         self.jaw_command_m = self.backend.read_state(require_force=False).jaw_opening_m
+        if self.shadow is not None:
+            self.shadow.reset()
 
     def note_external_call(self, capability: str, success: bool) -> None:
         """A call served elsewhere (the perception node) that the completion gate should see."""
@@ -174,8 +192,10 @@ class Harness:
         """Run one capability by name. Never raises (`capability` is positional-only, so an argument of
         that name reaches the handler's validation instead of Python's call machinery)."""
         self.budget.wall_time_used_s = self._clock() - self._t0
-        self._call_args = kwargs
+        self._call_args, self._prediction = kwargs, None
         result = dispatch(capability, kwargs, self._handler(capability), self.capabilities())
+        if self.shadow is not None:
+            self._shadow_after(result)
         self.budget.wall_time_used_s = self._clock() - self._t0
         result.budget = Budget(**vars(self.budget))
         result.episode_id = self.episode_id
@@ -229,6 +249,34 @@ class Harness:
                 "the arm is stopped (stop service); nothing moves until an operator resumes",
             )
 
+    def _shadow_check(self, capability: str) -> None:
+        """The shadow check, right before the arm is commanded: refused (SAFETY_STOP, nothing moves) when the shadow
+        twin predicts harm."""
+        if self.shadow is None:
+            return
+        state = self.backend.read_state(require_force=False)
+        self._prediction = self.shadow.predict(capability, self._call_args, state)
+        if self._prediction.refusal:
+            raise PlanError(
+                FailureCategory.SAFETY_STOP, f"shadow check: {self._prediction.refusal}; refused, nothing moved"
+            )
+
+    def _shadow_after(self, result: CallResult) -> None:
+        """The shadow learns from the result (measurements, grasps); a checked action's result carries the
+        prediction beside the outcome, in its value and receipt."""
+        try:
+            self.shadow.note(result.capability, result.value)
+        except ShadowError as exc:  # a measurement it cannot use is left out, said in the receipt
+            result.receipt = _with_tail(result.receipt, f"; shadow ignored it: {exc}")
+        p = self._prediction
+        if p is None:
+            return
+        value = result.value if isinstance(result.value, dict) else {}
+        value["shadow"] = {"predicted": p.as_value(), "actual": outcome_of(result)}
+        result.value = value
+        if not p.refusal:
+            result.receipt = _with_tail(result.receipt, f"; twin predicted {p.summary()}")
+
     def _approve(self, action: PendingAction) -> bool:
         """The gate's last step, right before the arm is commanded: the approver's answer (approval mode),
         then the e-stop and stop latches again, which may have been engaged while the operator was asked or
@@ -236,6 +284,7 @@ class Harness:
         Returns whether an operator was asked (the arm may have been moved meanwhile: plan again). The
         watchdog is not fed here: an agent that went silent during the wait stops the motion at once."""
         self._check_latches()  # also before asking: no operator is asked to approve what is refused anyway
+        self._shadow_check(action.capability)
         if self.approver is None:
             return False
         action = PendingAction(**{**vars(action), "args": self._call_args, "episode_id": self.episode_id})

@@ -76,6 +76,7 @@ from captain_ros.harness.approval import load_supervisor_config
 from captain_ros.harness.backend import BackendError
 from captain_ros.harness.harness import Harness
 from captain_ros.harness.motion import MotionProgress, StopReason, SweepPlan, Watchdog
+from captain_ros.harness.shadow import ShadowError
 from captain_ros.paths import config_path
 from captain_ros.ros.convert import call_result_to_msg
 from captain_ros.ros.description import resolve_profile
@@ -165,6 +166,16 @@ class MotionNode(LifecycleNode):
             ),
         )
         self.declare_parameter(
+            "shadow_check",
+            False,
+            describe(
+                description="play every physical action first in a twin built from what the robot measured, and "
+                "refuse it when the twin predicts a collision of the arm, a force over the limit or an object pushed "
+                "off the table (harness/shadow.py); real_arm.launch.py turns it on; harness.yaml's shadow.enabled "
+                "turns it on too"
+            ),
+        )
+        self.declare_parameter(
             "approval_timeout_s",
             0.0,
             describe(
@@ -232,11 +243,19 @@ class MotionNode(LifecycleNode):
                     approver=self.safety.approver,
                     estop=self.safety.estop,
                 )
+                if self.get_parameter("shadow_check").value:
+                    self.harness.enable_shadow()
+                    twin = self.harness.shadow.profile.name
+                    self.get_logger().info(
+                        f"shadow check on: every physical action is first played in the {twin} twin, built from "
+                        "this episode's measurements"
+                    )
                 self.harness.on_progress = self._feedback
                 self.harness.executor.on_plan = lambda plan, harness=self.harness: self._show_plan(harness, plan)
                 self.harness.new_episode(uuid.uuid4().hex)
             tcp = self.harness.kin.forward(self.backend.read_state(require_force=False).q_rad)[0]
-        except BackendError as exc:
+        except (BackendError, ShadowError) as exc:
+            self.harness = None
             self.failure = f"activate failed: {exc}"
             self.get_logger().error(f"{self.failure}; the node stays inactive")
             self._state = "inactive"
@@ -668,6 +687,19 @@ class MotionNode(LifecycleNode):
         harness = self.harness
         if harness is not None and hasattr(harness.perception, f"_{msg.capability}"):  # never our own results
             harness.note_external_call(msg.capability, msg.success)
+            if harness.shadow is not None and msg.success:  # the perception node's measurements shape the shadow
+                known = set(harness.shadow.measured)
+                try:
+                    harness.shadow.note(msg.capability, json.loads(msg.value_json or "null"))
+                except (ShadowError, json.JSONDecodeError) as exc:
+                    self.get_logger().warning(f"shadow check: {msg.capability} result left out: {exc}")
+                for name in set(harness.shadow.measured) - known:
+                    m = harness.shadow.measured[name]
+                    size = "x".join(f"{s * 100:.1f}" for s in m.size_m)
+                    self.get_logger().info(
+                        f"shadow check: measured {name} ({m.kind} {size} cm at ({m.pose[0]:.3f}, {m.pose[1]:.3f}) m); "
+                        f"{len(harness.shadow.measured)} object(s) in the shadow twin"
+                    )
 
     def _on_heartbeat(self, _msg: Empty) -> None:
         if self.watchdog is not None:

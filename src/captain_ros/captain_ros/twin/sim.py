@@ -148,22 +148,12 @@ class Twin:
         m.light_diffuse[self._fill_light] = layout.fill_light_diffuse
         m.geom_rgba[self._table_geom, :3] = layout.table_rgb
         mujoco.mj_resetData(m, d)
-        d.qpos[self._arm_qpos] = self.profile.home_q
-        d.ctrl[self._arm_act] = self.profile.home_q
-        open_m = self.profile.finger_joint_position(self.profile.max_jaw_opening_m())  # each gripper joint's
-        d.qpos[self._finger_qpos] = open_m
-        d.ctrl[self._grip_act] = open_m
+        poses = {}
         for obj in self.task.objects:
             x, y, yaw = layout.poses[obj.name]
-            if obj.movable:
-                adr = m.joint(f"{obj.name}_free").qposadr[0]
-                d.qpos[adr : adr + 3] = (x, y, 0.0005)
-                d.qpos[adr + 3 : adr + 7] = _yaw_quat(yaw)
-            else:
-                mocap = m.body_mocapid[m.body(obj.name).id]
-                d.mocap_pos[mocap] = (x, y, 0.0)
-                d.mocap_quat[mocap] = _yaw_quat(yaw)
-                d.qpos[m.joint(f"{obj.name}_drawer").qposadr[0]] = layout.drawer_m
+            poses[obj.name] = (x, y, 0.0005 if obj.movable else 0.0, yaw)
+        self._set_bodies(self.profile.home_q, self.profile.max_jaw_opening_m(), poses, layout.drawer_m)
+        for obj in self.task.objects:
             m.geom_rgba[self._object_geoms[obj.name], :3] = layout.object_rgb[obj.name]
         mujoco.mj_forward(m, d)
         self._warnings = 0
@@ -174,6 +164,45 @@ class Twin:
             layout.drawer_m if self.task.cabinet else 0.0,
         )
         self.ladder = LadderTracker(self.task)
+
+    def _set_bodies(
+        self, arm_q_rad: np.ndarray, jaw_opening_m: float, poses: dict[str, tuple[float, ...]], drawer_m: float
+    ) -> None:
+        """Arm joints (and their servo targets), jaw, each object at (x, y, z, yaw) and the drawer; no forward pass."""
+        m, d = self.model, self.data
+        d.qpos[self._arm_qpos] = arm_q_rad
+        d.ctrl[self._arm_act] = arm_q_rad
+        finger = self.profile.finger_joint_position(float(jaw_opening_m))  # each gripper joint's
+        d.qpos[self._finger_qpos] = finger
+        d.ctrl[self._grip_act] = finger
+        for obj in self.task.objects:
+            x, y, z, yaw = poses[obj.name]
+            if obj.movable:
+                adr = m.joint(f"{obj.name}_free").qposadr[0]
+                d.qpos[adr : adr + 3] = (x, y, z)
+                d.qpos[adr + 3 : adr + 7] = _yaw_quat(yaw)
+            else:
+                mocap = m.body_mocapid[m.body(obj.name).id]
+                d.mocap_pos[mocap] = (x, y, z)
+                d.mocap_quat[mocap] = _yaw_quat(yaw)
+                d.qpos[m.joint(f"{obj.name}_drawer").qposadr[0]] = drawer_m
+
+    def place(
+        self, arm_q_rad: np.ndarray, jaw_opening_m: float, poses: dict[str, tuple[float, float, float, float]]
+    ) -> None:
+        """The scene as something else measured it (the shadow twin, harness/shadow.py): the arm at `arm_q_rad` and
+        held there, the jaw at `jaw_opening_m`, each object at (x, y, z of its bottom, yaw), time 0. The start state's
+        lights, cameras and colours stay as they are."""
+        q = np.asarray(arm_q_rad, dtype=float)
+        if q.shape != (self.profile.dof,) or not np.all(np.isfinite(q)) or not math.isfinite(jaw_opening_m):
+            raise ValueError(f"place needs {self.profile.dof} finite joint positions and a finite jaw opening")
+        missing = {o.name for o in self.task.objects} - set(poses)
+        if missing:
+            raise ValueError(f"place needs a pose for every object; missing {sorted(missing)}")
+        mujoco.mj_resetData(self.model, self.data)
+        self._set_bodies(q, jaw_opening_m, poses, 0.0)
+        mujoco.mj_forward(self.model, self.data)
+        self._warnings = 0
 
     def _place_cameras(self, layout: Layout) -> None:
         """Calibrated pose = the URDF's optical frame moved by the layout's placement (head only); the
