@@ -91,6 +91,13 @@ def measure_scene(harness: Harness, twin: Twin) -> list[str]:
     return found
 
 
+def sweep(family: str, x: float, y: float, z: float) -> tuple:
+    """A 50 cm sweep along y at (x, z), centred on y, reached from 18 cm above its start."""
+    start = (x, y - 0.25)
+    setup = [("move_to", {"pose": down((*start, z + 0.18))}), ("move_to", {"pose": down((*start, z))})]
+    return family, setup, "move_to", {"pose": down((x, y + 0.25, z))}
+
+
 def motions(twin: Twin, post_xy) -> list[tuple[str, list[tuple[str, dict]], str, dict]]:
     """(family, set-up calls, capability, arguments) of the scripted motions. Positions come from the task's layout
     (the script is the experimenter; the shadow only sees measurements)."""
@@ -115,30 +122,9 @@ def motions(twin: Twin, post_xy) -> list[tuple[str, list[tuple[str, dict]], str,
             {"pose": down((ax, ay, top - 0.03)), "speed_mps": 0.02},
         ),
         ("jaw_close", [("move_to", {"pose": down((bx, by, 0.3))})], "move_to", {"gripper": "close"}),
-        (
-            "sweep_past_post",
-            [
-                ("move_to", {"pose": down((px + 0.1, py - 0.25, 0.3))}),
-                ("move_to", {"pose": down((px + 0.1, py - 0.25, 0.12))}),
-            ],
-            "move_to",
-            {"pose": down((px + 0.1, py + 0.25, 0.12))},
-        ),
-        (
-            "sweep_over_post",
-            [("move_to", {"pose": down((px + 0.1, py - 0.25, 0.45))})],
-            "move_to",
-            {"pose": down((px + 0.1, py + 0.25, 0.45))},
-        ),
-        (
-            "sweep_wide_of_post",
-            [
-                ("move_to", {"pose": down((px + 0.25, py - 0.25, 0.3))}),
-                ("move_to", {"pose": down((px + 0.25, py - 0.25, 0.12))}),
-            ],
-            "move_to",
-            {"pose": down((px + 0.25, py + 0.25, 0.12))},
-        ),
+        sweep("sweep_past_post", px + 0.1, py, 0.12),  # the hand clears the post, the forearm does not
+        sweep("sweep_over_post", px + 0.1, py, 0.45),
+        sweep("sweep_wide_of_post", px + 0.25, py, 0.12),
         (
             "touch_table_slowly",
             [("move_to", {"pose": down((*free, 0.1))})],

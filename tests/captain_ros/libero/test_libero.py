@@ -51,6 +51,7 @@ def test_the_protocol_carries_arrays_across_numpy_releases_as_raw_bytes():
 
 def test_tasks_and_splits_keep_the_held_out_initial_states_out_of_training():
     assert parse_task("libero_goal/7") == ("libero_goal", 7)
+    assert parse_task("libero_spatial_swap/2") == ("libero_spatial_swap", 2)  # LIBERO-PRO's perturbed suites
     for bad in ("libero_goal", "put_red_cube_in_bowl", "libero_goal/x"):
         with pytest.raises(ValueError, match="<suite>/<index>"):
             parse_task(bad)

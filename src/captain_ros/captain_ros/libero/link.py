@@ -35,7 +35,7 @@ SEGMENTATIONS = {
 
 def parse_task(task: str) -> tuple[str, int]:
     """`libero_spatial/3` -> ("libero_spatial", 3); ValueError naming the expected form otherwise."""
-    match = re.fullmatch(r"(libero_[a-z0-9]+)/(\d+)", task.strip())
+    match = re.fullmatch(r"(libero_[a-z0-9_]+)/(\d+)", task.strip())
     if match is None:
         raise ValueError(f"a LIBERO task is '<suite>/<index>' (e.g. libero_spatial/0), got {task!r}")
     return match.group(1), int(match.group(2))
