@@ -138,7 +138,7 @@ def test_every_perception_call_over_dds(nodes, client_node):
     perceive("observe")
     tracked = perceive("track_target", detection=cube["detection_id"])
     compared = perceive("compare_object_observations", before=cube["detection_id"], after=tracked["detection_id"])
-    assert not compared["moved"] and compared["distance_m"] < 0.005
+    assert not compared["moved"] and compared["distance_m"] < 0.005, compared
     wait_for(lambda: {r.capability for r in receipts} >= {"observe", "segment", "track_target"}, 10, "receipts")
     # rviz shows the detections as labelled boxes
     wait_for(
