@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from captain_ros.bridge import cli
-from captain_ros.bridge.rollout import plan_groups
+from captain_ros.bridge.rollout import RolloutConfig, make_link, plan_groups
 from captain_ros.bridge.store import EpisodeReader
 from captain_ros.core.config import load_config
 from captain_ros.core.kinematics import Kinematics
@@ -87,6 +88,9 @@ def test_evaluation_runs_every_held_out_state_once_and_training_never_draws_one(
     assert len(jobs) == 12 and {j.group_id for j in jobs[:2]} == {"libero_goal/3/11"}
     with pytest.raises(ValueError, match="backend must be one of"):
         plan_groups(["libero_goal/3"], 1, 1, "eval", backend="robosuite")
+    config = RolloutConfig(Path("unused.sqlite"), "http://127.0.0.1:1/v1", backend="libero", segmentation="sam")
+    with pytest.raises(ValueError, match="segmentation must be one of appearance, colour_shape, oracle"):
+        make_link(config, load_config(), "w1")
 
 
 def test_the_oracle_refuses_images_it_did_not_label_and_plain_backends():

@@ -62,3 +62,18 @@ def test_bad_gripper_command_is_refused(twin):
 def test_snapshot_before_reset_is_refused():
     with pytest.raises(RuntimeError, match="reset the twin"):
         Twin("open_drawer").snapshot()
+
+
+def test_place_puts_the_scene_where_it_was_measured_and_refuses_garbage(twin):
+    poses = {o.name: (0.3 + 0.1 * i, 0.2, 0.0, 0.3) for i, o in enumerate(twin.task.objects)}
+    q = twin.profile.home_q + 0.1
+    twin.place(q, 0.05, poses)
+    np.testing.assert_allclose(twin.arm_q(), q)
+    first = twin.task.objects[0].name
+    np.testing.assert_allclose(twin.reader.position(first)[:2], poses[first][:2], atol=1e-6)
+    assert twin.jaw_opening_m() == pytest.approx(0.05, abs=1e-3) and twin.time_s == 0.0
+    for bad_q, jaw in ((np.zeros(6), 0.05), (np.full(7, np.nan), 0.05), (q, float("inf"))):
+        with pytest.raises(ValueError, match="7 finite joint positions and a finite jaw opening"):
+            twin.place(bad_q, jaw, poses)
+    with pytest.raises(ValueError, match=rf"missing \['{first}'\]"):
+        twin.place(q, 0.05, {k: v for k, v in poses.items() if k != first})
