@@ -275,3 +275,15 @@ def test_gate_objections_say_what_happened(harness):
     assert harness.gate_objections()[0] == "the last physical action (hold) failed and nothing was re-checked since"
     assert harness.call("observe").success
     assert harness.gate_objections() == ["the last physical action (hold) failed"]
+
+
+def test_a_stop_ramp_comes_to_rest_and_a_non_finite_setpoint_has_none(harness):
+    """Every backend's stops go through ArmBackend._stop_ramp: a ramp to rest within the deceleration limit, or None
+    (the backend then holds where the arm is) for a setpoint that is no longer finite."""
+    backend = harness.backend
+    lower, upper = backend.profile.arm_limits_rad()
+    q, qd = backend.profile.home_q, np.full(backend.profile.dof, 0.3)
+    ramp = backend._stop_ramp(q, qd, lower, upper)
+    assert ramp is not None and not ramp.velocities[-1].any()
+    assert ramp.times_s[-1] >= 0.3 / backend.stop_decel_radps2 - 1e-9
+    assert backend._stop_ramp(np.full(backend.profile.dof, np.nan), qd, lower, upper) is None

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from captain_ros.core.robot import RobotProfile
-from captain_ros.core.trajectory import JointTrajectory
+from captain_ros.core.trajectory import JointTrajectory, TrajectoryError, stop_ramp
 from captain_ros.perception.observation import CameraImage
 
 
@@ -50,11 +50,29 @@ class ArmBackend(ABC):
 
     name: str = "backend"
     profile: RobotProfile  # the arm this backend drives (set by every backend)
+    stop_decel_radps2: float  # the stop ramps' deceleration limit (set by every backend that ramps its stops)
 
     @property
     @abstractmethod
     def control_period_s(self) -> float:
         """Period at which the state is read and the force is monitored."""
+
+    def _stop_ramp(self, q_rad, qd_radps, lower: np.ndarray, upper: np.ndarray) -> JointTrajectory | None:
+        """The stop of a setpoint at `q_rad` moving at `qd_radps` (core.trajectory.stop_ramp at this backend's
+        deceleration limit and control period); None for a setpoint gone non-finite, which cannot be ramped (the
+        caller holds where the arm is instead)."""
+        try:
+            return stop_ramp(
+                self.profile.arm_joints,
+                q_rad,
+                qd_radps,
+                decel_radps2=self.stop_decel_radps2,
+                period_s=self.control_period_s,
+                lower=lower,
+                upper=upper,
+            )
+        except TrajectoryError:
+            return None
 
     @abstractmethod
     def read_state(self, require_force: bool = True) -> ArmState:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from captain_ros.core.config import load_config
-from captain_ros.core.trajectory import JointTrajectory, TrajectoryError, stop_ramp
+from captain_ros.core.trajectory import JointTrajectory
 from captain_ros.harness.backend import ArmBackend, ArmReflexStop, ArmState, BackendError
 from captain_ros.perception.observation import CameraImage
 from captain_ros.twin.controller import TwinControllers
@@ -64,17 +64,8 @@ class TwinBackend(ArmBackend):
             return arm.desired_q.copy()  # the reflex stopped the arm and it holds there (see Ros2ControlBackend.hold)
         now = self.twin.time_s
         q = arm.update(now)  # the setpoint the controller is at now, and its velocity
-        try:
-            ramp = stop_ramp(
-                self.profile.arm_joints,
-                q,
-                arm.desired_qd,
-                decel_radps2=self.stop_decel_radps2,
-                period_s=self._period,
-                lower=arm.lower,
-                upper=arm.upper,
-            )
-        except TrajectoryError:  # a setpoint gone non-finite cannot be ramped: hold where the arm is
+        ramp = self._stop_ramp(q, arm.desired_qd, arm.lower, arm.upper)
+        if ramp is None:  # a setpoint gone non-finite cannot be ramped: hold where the arm is
             arm.hold(self.twin.arm_q())
             return arm.desired_q.copy()
         arm.start(ramp, now)

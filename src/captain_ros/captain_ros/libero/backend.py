@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from captain_ros.core.robot import RobotProfile, load_profile
-from captain_ros.core.trajectory import JointTrajectory, TrajectoryError, stop_ramp
+from captain_ros.core.trajectory import JointTrajectory
 from captain_ros.harness.backend import ArmBackend, ArmState, BackendError
 from captain_ros.libero.protocol import PROTOCOL_VERSION, dumps, loads
 from captain_ros.perception.observation import CameraImage
@@ -254,17 +254,8 @@ class LiberoBackend(ArmBackend):
             self._state = self.process.call("hold", q=np.clip(np.asarray(q_rad, dtype=float), self.lower, self.upper))
             return np.asarray(self._state["desired_q"], dtype=float)
         s = self._latest()
-        try:
-            ramp = stop_ramp(
-                self.profile.arm_joints,
-                s["desired_q"],
-                s["desired_qd"],
-                decel_radps2=self.stop_decel_radps2,
-                period_s=self._period,
-                lower=self.lower,
-                upper=self.upper,
-            )
-        except TrajectoryError:  # a setpoint gone non-finite cannot be ramped: hold where the arm is
+        ramp = self._stop_ramp(s["desired_q"], s["desired_qd"], self.lower, self.upper)
+        if ramp is None:  # a setpoint gone non-finite cannot be ramped: hold where the arm is
             return self.hold(np.asarray(s["q"], dtype=float))
         self.follow(ramp)
         return ramp.positions[-1].copy()

@@ -60,7 +60,7 @@ from trajectory_msgs.msg import JointTrajectoryPoint
 from captain_ros.core import robot
 from captain_ros.core.config import load_config
 from captain_ros.core.kinematics import Kinematics
-from captain_ros.core.trajectory import REST_RADPS, JointTrajectory, TrajectoryError, TrajectoryFollower, stop_ramp
+from captain_ros.core.trajectory import REST_RADPS, JointTrajectory, TrajectoryFollower
 from captain_ros.core.wrench import REFLEX_ABORT_PREFIX, change_frame
 from captain_ros.harness.backend import ArmBackend, ArmReflexStop, ArmState, BackendError
 from captain_ros.ros.convert import stamp_msg, stamp_msg_ns
@@ -622,17 +622,8 @@ class Ros2ControlBackend(ArmBackend):
                 at_s = None if state is None else state.time_s if stamp is None else stamp * 1e-9
                 q_rad = mirror.desired_q if at_s is None else mirror.update(at_s)
                 if state is not None and np.abs(mirror.desired_qd).max(initial=0.0) > REST_RADPS:
-                    try:
-                        ramp = stop_ramp(
-                            self.profile.arm_joints,
-                            q_rad,
-                            mirror.desired_qd,
-                            decel_radps2=self.stop_decel_radps2,
-                            period_s=self._period,
-                            lower=self.lower,
-                            upper=self.upper,
-                        )
-                    except TrajectoryError:  # a setpoint gone non-finite cannot be ramped: hold where the arm is
+                    ramp = self._stop_ramp(q_rad, mirror.desired_qd, self.lower, self.upper)
+                    if ramp is None:  # a setpoint gone non-finite cannot be ramped: hold where the arm is
                         q_rad = state.q_rad
                     else:
                         end = self._send_stop_ramp(mirror, ramp, at_s, stamp)
