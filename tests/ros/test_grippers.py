@@ -123,13 +123,13 @@ class FakeGripper:
             delta = max(-step, min(step, target - self.opening_m))
             self.opening_m += delta
             opening = self.opening_m
-        msg = JointState()
-        msg.header.stamp = self.node.get_clock().now().to_msg()
-        if self.distance_joint:
-            msg.name, msg.position = ["hande_finger_distance"], [HANDE_STROKE_M - opening]
-        else:
-            msg.name, msg.position = list(self.joints), [opening / 2] * len(self.joints)
-        self._publisher.publish(msg)
+            msg = JointState()  # published under the lock, as a controller's one update loop would: in order
+            msg.header.stamp = self.node.get_clock().now().to_msg()
+            if self.distance_joint:
+                msg.name, msg.position = ["hande_finger_distance"], [HANDE_STROKE_M - opening]
+            else:
+                msg.name, msg.position = list(self.joints), [opening / 2] * len(self.joints)
+            self._publisher.publish(msg)
 
     def _command(self, opening_m: float) -> None:
         with self._lock:
@@ -514,3 +514,51 @@ def test_shipped_profile_gripper_names_resolve_against_the_vendor_graph(client_n
 def test_gripper_outcomes_use_goal_status_constants():
     """The judge relies on action_msgs' status numbers (the same in Jazzy and Kilted)."""
     assert (GoalStatus.STATUS_SUCCEEDED, GoalStatus.STATUS_CANCELED, GoalStatus.STATUS_ABORTED) == (4, 5, 6)
+
+
+class SetClock:
+    """A clock the test sets (rclpy Clock's `now().nanoseconds`)."""
+
+    def __init__(self, offset_s: float = 0.0):
+        self.t_s, self.offset_s = 0.0, offset_s
+
+    def now(self):
+        return type("Time", (), {"nanoseconds": round((self.t_s + self.offset_s) * 1e9)})()
+
+
+def finger_message(stamp_s: float, opening_m: float) -> JointState:
+    msg = JointState(name=list(PANDA.finger_joints), position=[opening_m / 2] * len(PANDA.finger_joints))
+    msg.header.stamp.sec, msg.header.stamp.nanosec = int(stamp_s), round((stamp_s % 1) * 1e9)
+    return msg
+
+
+@pytest.mark.parametrize("offset_s", [0.0, 2.5, -1.25], ids=["same-clock", "robot-clock-behind", "robot-clock-ahead"])
+def test_the_opening_after_a_result_comes_from_a_message_published_after_it(offset_s):
+    """A joint state published before the result but received after it (two topics, no order between them) is
+    not the opening the gripper ended at; the one published after the result is, whatever constant offset the
+    robot's clock has from this one. Without a clock: the first message received after."""
+    clock = SetClock(offset_s)
+    fingers = FingerStates(PANDA, clock=clock)
+    for i in range(10):  # published at 50 Hz, received 1-3 ms later
+        clock.t_s = i * 0.02 + 0.001 + 0.002 * (i % 2)
+        fingers.update(finger_message(i * 0.02, 0.06))
+    # 0.068 m published at 0.20 s, 0.070 m at 0.22 s, then the result; the result is received first (0.225 s)
+    clock.t_s = 0.225
+    finished_s, finished_count = fingers.now_s(), fingers.count()
+    for stamp_s, opening_m in [(0.20, 0.068), (0.22, 0.070)]:  # the backlog, received after the result
+        fingers.update(finger_message(stamp_s, opening_m))
+        with pytest.raises(BackendError, match="cannot be measured"):  # published before it: not yet
+            fingers.measured_after(finished_s, finished_count, timeout_s=0.0)
+    clock.t_s = 0.241
+    fingers.update(finger_message(0.24, 0.070))  # published after the result
+    assert fingers.measured_after(finished_s, finished_count, timeout_s=0.0) == pytest.approx(0.070)
+
+    early = FingerStates(PANDA, clock=clock)
+    early.update(finger_message(0.10, 0.06))
+    with pytest.raises(BackendError, match="cannot be measured"):  # nothing published after 0.225 s yet
+        early.measured_after(clock.now().nanoseconds * 1e-9 + 0.1, early.count(), timeout_s=0.0)
+
+    unclocked = FingerStates(PANDA)
+    unclocked.update(finger_message(0.20, 0.068))
+    assert unclocked.now_s() is None
+    assert unclocked.measured_after(None, 0, timeout_s=0.0) == pytest.approx(0.068)

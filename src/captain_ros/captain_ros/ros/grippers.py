@@ -104,20 +104,29 @@ class FingerStates:
     its own subscription (a gripper that publishes its own joint states, franka_gripper) or messages passed in
     with `update` (the arm's joint_state_broadcaster also reports the fingers)."""
 
-    def __init__(self, profile: RobotProfile, node: Node | None = None, topic: str = "", callback_group=None):
+    def __init__(
+        self, profile: RobotProfile, node: Node | None = None, topic: str = "", callback_group=None, clock=None
+    ):
         self.profile, self.topic = profile, topic
+        self._clock = clock if clock is not None else (node.get_clock() if node is not None else None)
         self._cond = threading.Condition()
         self._opening: float | None = None
         self._count = 0  # messages that carried the fingers
         self._problem = ""  # why the last message gave no opening
         self._history: deque[tuple[float, float]] = deque(maxlen=256)  # (stamp s, opening m)
+        self._delays: deque[float] = deque(maxlen=64)  # receive time - stamp, s (the clock given), recent
         if node is not None and topic:
             node.create_subscription(JointState, topic, self.update, 10, callback_group=callback_group)
+
+    def now_s(self) -> float | None:
+        """The time on the clock messages are received by (None without one)."""
+        return None if self._clock is None else self._clock.now().nanoseconds * 1e-9
 
     def update(self, msg: JointState) -> None:
         positions = dict(zip(msg.name, msg.position, strict=False))
         opening = self.profile.jaw_opening_m(positions)
         stamp = msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9
+        received = self.now_s()
         with self._cond:
             if opening is None:
                 self._problem = (
@@ -128,6 +137,8 @@ class FingerStates:
             self._opening, self._problem = opening, ""
             self._count += 1
             self._history.append((stamp, opening))
+            if received is not None:
+                self._delays.append(received - stamp)
             self._cond.notify_all()
 
     def latest(self) -> float | None:
@@ -145,6 +156,22 @@ class FingerStates:
                 why = self._problem or f"no finger joint states{f' on {self.topic}' if self.topic else ''}"
                 raise BackendError(f"the gripper's opening cannot be measured: {why} within {timeout_s:.0f} s")
             return self._opening
+
+    def measured_after(self, time_s: float | None, count: int, timeout_s: float) -> float:
+        """The opening from a message the gripper published after `time_s` (this clock's time, from `now_s`).
+
+        Messages on two topics may be received out of order (a result before a joint state published ahead of
+        it), so a message received after an event is not enough: its stamp must be later than the event, less
+        the smallest receive delay seen (which takes in a constant offset between the robot's clock and this
+        one). Without a clock or a stamp to judge by: the first opening measured after the `count`-th message."""
+        with self._cond:
+            if time_s is None or not self._delays:
+                return self.wait_newer(count, timeout_s)
+            since = time_s - min(self._delays)
+            if not self._cond.wait_for(lambda: self._history and self._history[-1][0] >= since, timeout_s):
+                why = self._problem or f"no finger joint states{f' on {self.topic}' if self.topic else ''}"
+                raise BackendError(f"the gripper's opening cannot be measured: {why} within {timeout_s:.0f} s")
+            return self._history[-1][1]
 
     def still_for(self, span_s: float, tolerance_m: float) -> bool:
         """Whether the opening moved less than `tolerance_m` over the last `span_s` of message stamps."""
@@ -282,6 +309,8 @@ class _Goal:
     deadline: float  # monotonic: the server must have finished by then
     done: threading.Event
     ours_canceled: bool = False
+    finished_s: float | None = None  # when the result arrived (the finger states' clock)
+    finished_count: int = 0  # finger messages received by then
     detail: str = ""  # the judged outcome's words
     error: str = ""  # why it failed ('' = it did not)
     reported: bool = False
@@ -342,6 +371,7 @@ class ActionGripper(Gripper):
 
     def _on_result(self, record: _Goal, future) -> None:
         """Judge the result where it arrives (the executor's thread: nothing here blocks)."""
+        record.finished_s, record.finished_count = self.fingers.now_s(), self.fingers.count()
         response = future.result()
         status = GoalStatus.STATUS_UNKNOWN if response is None else response.status
         if not (record.ours_canceled and status in (GoalStatus.STATUS_CANCELED, GoalStatus.STATUS_ABORTED)):
@@ -384,7 +414,9 @@ class ActionGripper(Gripper):
         if record.error:
             raise BackendError(record.error)
         # a joint state published after the result: the opening the gripper ended at, not one from before
-        opening = self.fingers.wait_newer(self.fingers.count(), max(timeout_s, self._server_timeout))
+        opening = self.fingers.measured_after(
+            record.finished_s, record.finished_count, max(timeout_s, self._server_timeout)
+        )
         return self._outcome(opening, record.closing, record.detail, record.command_m)
 
     def failure(self) -> str:

@@ -194,7 +194,7 @@ class Ros2ControlBackend(ArmBackend):
         finger_topic = topic(interfaces.gripper.joint_states_topic) if interfaces.gripper.joint_states_topic else ""
         apart = bool(finger_topic) and finger_topic != topic(interfaces.joint_states_topic)
         self._finger_states = FingerStates(profile, link, finger_topic, group) if apart else None
-        fingers = self._finger_states or FingerStates(profile)
+        fingers = self._finger_states or FingerStates(profile, clock=link.get_clock())
         self._arm_fingers = None if apart else fingers  # fed from _on_joints
         self._gripper = make_gripper(
             link,
