@@ -359,7 +359,7 @@ class InProcessExpert:
         return SimpleNamespace(content=reasoning, tool_calls=calls, latency_s=0.0, usage={})
 
 
-def run_episode(start_id: str, tmp_path):
+def run_episode(start_id: str, tmp_path, policy=None):
     """A whole episode through the real loop: the bubblewrap sandbox, the harness on the in-process twin; ground
     truth only scores."""
     from captain_ros.agent.episode import EpisodeRunner
@@ -372,7 +372,7 @@ def run_episode(start_id: str, tmp_path):
         box.start()
         return box
 
-    config, policy = load_config(), InProcessExpert()
+    config, policy = load_config(), policy or InProcessExpert()
     link = InProcessLink(config)
     try:
         runner = EpisodeRunner(link, policy, config, sandbox_factory=sandbox, runs_dir=tmp_path)
@@ -399,6 +399,47 @@ def test_it_solves_a_task_of_every_family_and_finishes(start_id, tmp_path):
     result, policy = run_episode(start_id, tmp_path)
     assert result.strict_success and result.host_success, (result.reason, policy.replies[-4:])
     assert result.requests <= 12  # about 5-12 requests per episode
+
+
+class VerifyAtOnce(InProcessExpert):
+    """The expert's first cell (a look, the helpers), then at once its verification of goal 1, then the end."""
+
+    def __init__(self):
+        super().__init__()
+        self.messages = []
+
+    def complete(self, messages, tools, headers=None):
+        self.messages = messages
+        if len(self.replies) == 1:
+            goals = parse_instruction(expert.read_history(messages).instruction)
+            code = expert.HELPERS["placing"] + "\n\n\n" + expert._verify(goals, 1, 1)  # placing: not defined yet
+            self.replies.append("verify")
+            call = {
+                "id": "v",
+                "type": "function",
+                "function": {"name": "python", "arguments": json.dumps({"code": code})},
+            }
+            return SimpleNamespace(content="verify", tool_calls=[call], latency_s=0.0, usage={})
+        if len(self.replies) == 2:
+            self.replies.append("done")
+            return SimpleNamespace(content="done", tool_calls=[], latency_s=0.0, usage={})
+        return super().complete(messages, tools, headers)
+
+
+@pytest.mark.slow
+def test_verification_looks_into_the_destination_from_above_when_the_head_camera_sees_the_object_elsewhere(tmp_path):
+    """The cube still stands where it started (nothing was done): the head camera sees it, but not at the bowl, so
+    the verification looks straight down at the bowl with the wrist camera before judging, and parks again."""
+    policy = VerifyAtOnce()
+    result, _ = run_episode("put_red_cube_in_bowl/official/11", tmp_path, policy)
+    assert not result.host_success and not result.strict_success
+    said = [expert._text(m["content"]) for m in policy.messages if m["role"] == "tool"][-1]  # the verification's
+    assert "no red cube at the black bowl from the head camera; the wrist camera has" in said, said
+    assert "goal 1 (put the red cube in the black bowl): NOT met" in said, said
+    receipts = said.split("[receipts]", 1)[-1].split("[budget]", 1)[0].strip().splitlines()
+    looks = [line for line in receipts if line.startswith("observe: ")]
+    assert [line.split(", ")[1].split(" RGB-D")[0] for line in looks] == ["head+wrist", "wrist", "head+wrist"]
+    assert receipts[-2].startswith("move_to: target_reached") and receipts[-1] == looks[-1]  # parked, looked again
 
 
 # ------------------------------------------------------------------------------------------------ the server

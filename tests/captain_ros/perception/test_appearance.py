@@ -123,6 +123,32 @@ def test_a_thing_merged_with_its_container_in_depth_is_found_as_a_part_of_the_re
     assert library.find(rgb, [region], "sky block") == []
 
 
+def test_a_container_is_searched_for_the_thing_even_when_a_look_alike_stands_elsewhere():
+    """Something put in a basket is there even when a region elsewhere also looks like it: the parts of regions
+    that look like a container (CONTAINER_WORDS) follow the whole regions that match; a region that looks like
+    something else (not a container) is not searched once a whole region matches."""
+    rgb = np.full((60, 150, 3), 200, np.uint8)
+    patches = {"sky_block": (25, 60, 200), "red_basket": (190, 25, 25), "green_can": (30, 170, 40)}
+    names = tuple(patches)
+    hist = []
+    for colour in patches.values():
+        swatch = np.zeros((8, 8, 3), np.uint8)
+        swatch[:] = colour
+        hist.append(histogram(swatch, np.ones((8, 8), bool)))
+    lib = AppearanceLibrary(names, np.array(hist), "colour swatches")
+    look_alike, host = np.zeros((60, 150), bool), np.zeros((60, 150), bool)
+    look_alike[10:30, 5:25] = True
+    rgb[look_alike] = patches["sky_block"]
+    host[5:55, 40:100] = True
+    rgb[host] = patches["red_basket"]
+    rgb[20:40, 60:80] = patches["sky_block"]  # the block in the basket
+    (_, first, _), (_, second, name) = lib.find(rgb, [look_alike, host], "sky block")
+    assert first is look_alike and name == "sky block" and second.sum() == 400 and second[20:40, 60:80].all()
+    rgb[host] = patches["green_can"]  # the same, in something that is not a container
+    rgb[20:40, 60:80] = patches["sky_block"]
+    assert [m is look_alike for _, m, _ in lib.find(rgb, [look_alike, host], "sky block")] == [True]
+
+
 def test_segment_names_twin_objects_by_their_look_and_falls_back_for_other_names(harness, library):
     """On the twin: the red cube looks like the red 'tomato cans' model, so segment('tomato cans') finds it, measured
     from depth like any detection; a name the library does not know goes to the colour/shape segmenter."""

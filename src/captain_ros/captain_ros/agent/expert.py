@@ -1273,11 +1273,13 @@ if d is None:
     print("could not find the $dest_name")
 else:
     ts = find_target($target, d["center_m"])
-    if not ts:  # hidden from the head camera (a container's walls): look straight down with the wrist camera
-        go([*xy(d["center_m"]), 0.40], 0.0, mode="manipulation", force=25.0)
+    looked = not any(np.linalg.norm(xy(t["position_m"]) - xy(d["center_m"])) < 0.12 for t in ts)
+    if looked:  # none there from the head camera (a container's walls hide it, or it merges with it in depth)
+        go([*xy(d["center_m"]), 0.40], 0.0, mode="manipulation", force=25.0)  # look straight down with the wrist
         robot.observe(cameras=["wrist"])
-        ts = find_target($target, d["center_m"], camera="wrist")
-        print(f"$target_name not visible from the head camera; the wrist camera has {len(ts)} candidate(s)")
+        seen = find_target($target, d["center_m"], camera="wrist")
+        print(f"no $target_name at the $dest_name from the head camera; the wrist camera has {len(seen)} candidate(s)")
+        ts = seen or ts
     t = nearest(ts, d["center_m"])
     g = geom(t["detection_id"]) if t is not None else None
 $later
@@ -1286,7 +1288,7 @@ $later
         print(f"$target_name {t['detection_id']} at {fmt(g['center_m'])}, $dest_name at {fmt(d['center_m'])}: {why}")
     else:
         print("could not find the $target_name")
-    if t is not None and t["camera"] == "wrist":
+    if looked:
         park()
         robot.observe()  # back to the head camera's view for what follows
 print(f"goal $j ($what): {'ok' if ok else 'NOT met'}")

@@ -7,10 +7,12 @@ models' asset files, never from a scene: what a detector trained on renders of C
 about where anything is. At run time the regions are the built-in segmenter's depth regions (things standing
 on the table, split at depth edges, not by colour: a printed carton is many colours), and a query picks the
 regions that look most like the models it names (Bhattacharyya distance between histograms), relative to how
-much they look like any other model in the library. When no whole region does, parts of regions are tried: a
-thing inside a container or resting on another is one region with it in depth, and its pixels are those whose
-colour the named model explains better than the model the whole region looks like (histogram back-projection).
-No simulator state is read.
+much they look like any other model in the library. Parts of regions are tried too: a thing inside a container or
+resting on another is one region with it in depth, and its pixels are those whose colour the named model explains
+better than the model the whole region looks like (histogram back-projection). Parts of the regions that look like
+a container (CONTAINER_WORDS) are always tried, after the whole regions that match (something put in a basket is
+there even when a look-alike stands elsewhere); parts of any region when no whole region matches. No simulator
+state is read.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ MIN_REGION_PX = 40
 MAX_DISTANCE = 1.5  # a region further than this from every model the query names is not it
 MAX_MARGIN = 0.05  # nor one that looks more than this much more like another model of the library
 PART_RATIO = 2.0  # a pixel of a part: its colour at least this much more likely under the named model
+PART_MAX_MARGIN = 0.10  # a part is seen from one side (a bottle's cap from above): judged less strictly
+CONTAINER_WORDS = {"basket", "bowl", "plate", "tray", "caddy", "drainer", "box"}  # models things are put in or on
 STOP_WORDS = {"the", "a", "an", "of", "on", "in", "to", "and", "at", "from", "with"}
 COLOR_WORDS = set(COLOR_NAMES) | {"gray"}
 
@@ -126,18 +130,26 @@ class AppearanceLibrary:
             raise KeyError(text)
         regions = list(regions)
         found = [f for f in (self._judge(rgb, mask, named) for mask in regions) if f is not None]
-        if not found:
-            parts = [part for mask in regions for part in self._parts(rgb, mask, named)]
-            found = [f for f in (self._judge(rgb, part, named) for part in parts) if f is not None]
         found.sort(key=lambda f: (f[0], f[1]))
-        return [(1.0 / (1.0 + margin + dist), mask, name.replace("_", " ")) for margin, dist, mask, name in found]
+        searched = regions if not found else [m for m in regions if self._container(rgb, m)]
+        parts = [part for mask in searched for part in self._parts(rgb, mask, named)]
+        judged = (self._judge(rgb, part, named, PART_MAX_MARGIN) for part in parts)
+        in_parts = sorted((f for f in judged if f is not None), key=lambda f: (f[0], f[1]))
+        return [
+            (1.0 / (1.0 + margin + dist), mask, name.replace("_", " ")) for margin, dist, mask, name in found + in_parts
+        ]
 
-    def _judge(self, rgb: np.ndarray, mask: np.ndarray, named: list[int]) -> tuple | None:
+    def _container(self, rgb: np.ndarray, mask: np.ndarray) -> bool:
+        """Whether a region looks most like a model things are put in or on (CONTAINER_WORDS)."""
+        closest = self.names[int(np.argmin(distances(self.histograms, histogram(rgb, mask))))]
+        return bool(words(closest.replace("_", " ")) & CONTAINER_WORDS)
+
+    def _judge(self, rgb: np.ndarray, mask: np.ndarray, named: list[int], max_margin: float = MAX_MARGIN):
         """(margin, distance, mask, model) when the masked pixels look like a named model, else None."""
         d = distances(self.histograms, histogram(rgb, mask))
         best_named = min(named, key=lambda i: d[i])
         margin = float(d[best_named] - d.min())
-        if d[best_named] <= MAX_DISTANCE and margin <= MAX_MARGIN:
+        if d[best_named] <= MAX_DISTANCE and margin <= max_margin:
             return margin, float(d[best_named]), mask, self.names[best_named]
         return None
 
