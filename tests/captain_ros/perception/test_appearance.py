@@ -149,6 +149,28 @@ def test_a_container_is_searched_for_the_thing_even_when_a_look_alike_stands_els
     assert [m is look_alike for _, m, _ in lib.find(rgb, [look_alike, host], "sky block")] == [True]
 
 
+def test_the_pieces_of_a_print_in_a_container_are_joined_when_no_piece_alone_looks_like_the_thing():
+    """A two-colour carton in a basket, its halves split by a stripe of the basket's colour: neither half alone looks
+    like the carton (the blue half looks like the blue can, the yellow one like the sticker), the two joined do."""
+    colours = {"blue": (25, 60, 200), "yellow": (230, 200, 30), "red": (190, 25, 25)}
+
+    def hist(*names):
+        swatch = np.zeros((8, 8 * len(names), 3), np.uint8)
+        for i, name in enumerate(names):
+            swatch[:, 8 * i : 8 * (i + 1)] = colours[name]
+        return histogram(swatch, np.ones(swatch.shape[:2], bool))
+
+    names = ("juice_carton", "blue_can", "yellow_sticker", "red_basket")
+    lib = AppearanceLibrary(names, np.array([hist("blue", "yellow"), hist("blue"), hist("yellow"), hist("red")]), "x")
+    rgb = np.zeros((60, 90, 3), np.uint8)
+    host = np.zeros((60, 90), bool)
+    host[5:55, 5:85] = True
+    rgb[host] = colours["red"]
+    rgb[15:45, 25:40], rgb[15:45, 43:58] = colours["blue"], colours["yellow"]  # a 3 px stripe of red between
+    ((_, part, name),) = lib.find(rgb, [host], "juice carton")
+    assert name == "juice carton" and part[15:45, 25:58].all() and part.sum() == 30 * 33
+
+
 def test_segment_names_twin_objects_by_their_look_and_falls_back_for_other_names(harness, library):
     """On the twin: the red cube looks like the red 'tomato cans' model, so segment('tomato cans') finds it, measured
     from depth like any detection; a name the library does not know goes to the colour/shape segmenter."""

@@ -11,8 +11,9 @@ much they look like any other model in the library. Parts of regions are tried t
 resting on another is one region with it in depth, and its pixels are those whose colour the named model explains
 better than the model the whole region looks like (histogram back-projection). Parts of the regions that look like
 a container (CONTAINER_WORDS) are always tried, after the whole regions that match (something put in a basket is
-there even when a look-alike stands elsewhere), and judged less strictly (CONTAINED_MAX_MARGIN: seen from above,
-one side of it); parts of any region when no whole region matches. No simulator state is read.
+there even when a look-alike stands elsewhere), judged less strictly (CONTAINED_MAX_MARGIN: seen from above, one
+side of it), and when no part alone looks like the thing, with the pieces of its print joined (PART_JOIN_PX); parts
+of any region when no whole region matches. No simulator state is read.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ MIN_REGION_PX = 40
 MAX_DISTANCE = 1.5  # a region further than this from every model the query names is not it
 MAX_MARGIN = 0.05  # nor one that looks more than this much more like another model of the library
 PART_RATIO = 2.0  # a pixel of a part: its colour at least this much more likely under the named model
-PART_JOIN_PX = 7  # pieces of a part of a container this close are one part (seen from above, whole)
+PART_JOIN_PX = 7  # pieces of a part this close are one part (a container's, when no piece alone passes)
 CONTAINED_MAX_MARGIN = 0.10  # a part of a container is seen from one side (a bottle's cap from above): judged less
 # strictly than a whole region (0.05: a looser margin for parts of any region takes slivers of look-alikes)
 CONTAINER_WORDS = {"basket", "bowl", "plate", "tray", "caddy", "drainer", "box"}  # models things are put in or on
@@ -133,17 +134,21 @@ class AppearanceLibrary:
         regions = list(regions)
         found = [f for f in (self._judge(rgb, mask, named) for mask in regions) if f is not None]
         found.sort(key=lambda f: (f[0], f[1]))
-        containers = [self._container(rgb, mask) for mask in regions]
-        judged = (
-            self._judge(rgb, part, named, CONTAINED_MAX_MARGIN if container else MAX_MARGIN)
-            for mask, container in zip(regions, containers, strict=True)
-            if container or not found
-            for part in self._parts(rgb, mask, named, container)
-        )
-        in_parts = sorted((f for f in judged if f is not None), key=lambda f: (f[0], f[1]))
+        in_parts = []
+        for mask in regions:
+            if self._container(rgb, mask):  # pieces of a print are joined only when no piece alone looks like it
+                judged = self._judged_parts(rgb, mask, named, CONTAINED_MAX_MARGIN, join=False)
+                in_parts += judged or self._judged_parts(rgb, mask, named, CONTAINED_MAX_MARGIN, join=True)
+            elif not found:
+                in_parts += self._judged_parts(rgb, mask, named, MAX_MARGIN, join=False)
+        in_parts.sort(key=lambda f: (f[0], f[1]))
         return [
             (1.0 / (1.0 + margin + dist), mask, name.replace("_", " ")) for margin, dist, mask, name in found + in_parts
         ]
+
+    def _judged_parts(self, rgb: np.ndarray, mask: np.ndarray, named: list[int], max_margin: float, join: bool):
+        judged = (self._judge(rgb, part, named, max_margin) for part in self._parts(rgb, mask, named, join))
+        return [f for f in judged if f is not None]
 
     def _container(self, rgb: np.ndarray, mask: np.ndarray) -> bool:
         """Whether a region looks most like a model things are put in or on (CONTAINER_WORDS)."""
@@ -159,11 +164,11 @@ class AppearanceLibrary:
             return margin, float(d[best_named]), mask, self.names[best_named]
         return None
 
-    def _parts(self, rgb: np.ndarray, mask: np.ndarray, named: list[int], contained: bool = False) -> list[np.ndarray]:
-        """Connected parts of a region (MIN_REGION_PX or more, opened; in a container closed across PART_JOIN_PX)
-        whose pixels' colours are PART_RATIO times more likely under a named model than under the model the whole
-        region looks like most: by hue, saturation and value, or by hue and saturation alone (a scene lit brighter
-        or darker than the renders)."""
+    def _parts(self, rgb: np.ndarray, mask: np.ndarray, named: list[int], join: bool = False) -> list[np.ndarray]:
+        """Connected parts of a region (MIN_REGION_PX or more, opened; with `join` closed across PART_JOIN_PX) whose
+        pixels' colours are PART_RATIO times more likely under a named model than under the model the whole region
+        looks like most: by hue, saturation and value, or by hue and saturation alone (a scene lit brighter or darker
+        than the renders)."""
         d = distances(self.histograms, histogram(rgb, mask))
         host = int(np.argmin(d))
         if host in named:
@@ -177,7 +182,7 @@ class AppearanceLibrary:
         for table, bins in ((self.histograms, full), (chroma, hs)):  # brightness told apart, or left to the light
             likely |= table[named].max(axis=0)[bins] > PART_RATIO * table[host][bins]
         part = cv2.morphologyEx((mask & likely).astype(np.uint8), cv2.MORPH_OPEN, np.ones((3, 3), np.uint8))
-        if contained:  # one thing's print split by colours its model does not explain (a carton's stripe): joined
+        if join:  # one thing's print split by colours its model does not explain (a carton's stripe): joined
             part = cv2.morphologyEx(part, cv2.MORPH_CLOSE, np.ones((PART_JOIN_PX, PART_JOIN_PX), np.uint8)) & mask
         n, labels, stats, _ = cv2.connectedComponentsWithStats(part, connectivity=8)
         return [labels == i for i in range(1, n) if stats[i, cv2.CC_STAT_AREA] >= MIN_REGION_PX]
