@@ -42,6 +42,38 @@ def test_a_commander_that_has_gone_no_longer_holds_the_twin():
     assert out["waited"] is True  # it waited until it found "gone" gone
 
 
+def test_a_twin_that_must_wait_first_says_where_it_stopped_outside_the_lock():
+    grants, stop = Grants(), threading.Event()
+    grants.grant("a", 20 * MS)
+    held = []
+
+    def on_hold():  # the twin publishes its state here; the commander's answer may come at once
+        held.append(True)
+        grants.grant("a", 50 * MS)  # would deadlock if called under the lock
+
+    assert grants.wait(20 * MS, stop, lambda: {"a"}, on_hold=on_hold) is False  # granted: no state needed
+    assert held == []
+    assert grants.wait(30 * MS, stop, lambda: {"a"}, on_hold=on_hold) is True
+    assert held == [True]
+
+
+def test_a_twin_says_where_it_stopped_once_per_wait():
+    grants, stop, held = Grants(), threading.Event(), []
+    grants.grant("a", 20 * MS)
+    out: dict = {}
+    thread = threading.Thread(
+        target=lambda: out.update(
+            waited=grants.wait(30 * MS, stop, lambda: {"a"}, recheck_s=0.01, on_hold=lambda: held.append(True))
+        )
+    )
+    thread.start()
+    for until in (22, 24, 26):  # grants that do not reach the next step yet
+        grants.grant("a", until * MS)
+    grants.grant("a", 30 * MS)
+    thread.join()
+    assert out["waited"] is True and held == [True]
+
+
 def test_stop_ends_a_wait():
     grants, stop = Grants(), threading.Event()
     grants.grant("a", 0)
@@ -131,3 +163,26 @@ def test_an_echo_of_another_command_coming_after_does_not_hide_the_awaited_one()
     c.on_taken(stamp)
     c.on_taken(0)  # an unstamped hold, taken up just after
     assert c.end(stamp, sent=True, timeout_s=30)[0] is True
+
+
+def test_grants_are_published_in_the_order_they_are_computed():
+    """The joint-state thread and the commanding thread both grant: a grant computed from an older state and
+    published after a newer one would take the twin's grant back (it takes each commander's latest)."""
+    published: list[int] = []
+    racer: list[threading.Thread] = []
+
+    def publish(until_ns: int) -> None:
+        if not racer:  # the resumed grant: a newer state comes in on the other thread meanwhile
+            racer.append(threading.Thread(target=c.on_state, args=(20 * MS,)))
+            racer[0].start()
+            racer[0].join(0.05)  # it must not get its grant out before this one
+        published.append(until_ns)
+
+    c = Commander(horizon_s=0.02)
+    c.on_taken(0)
+    c.on_state(10 * MS)
+    stamp = c.begin()
+    c._publish = publish
+    c.end(stamp, sent=False, timeout_s=0)
+    racer[0].join()
+    assert published == [30 * MS, 40 * MS]

@@ -208,8 +208,8 @@ class Ros2ControlBackend(ArmBackend):
         # lockstep with the twin: grants on each joint state; the twin's echo of the commands it took up, latched
         self._lockstep: lockstep.Commander | None = None
         if profile.twin is not None:
-            self._lockstep = lockstep.Commander()
             self._grant_pub = link.create_publisher(Header, topic(lockstep.GRANT_TOPIC), 10)
+            self._lockstep = lockstep.Commander(publish=self._publish_grant)
             echoes = QoSProfile(
                 depth=lockstep.TAKEN_DEPTH,
                 durability=DurabilityPolicy.TRANSIENT_LOCAL,
@@ -229,13 +229,10 @@ class Ros2ControlBackend(ArmBackend):
         if self._arm_fingers is not None:
             self._arm_fingers.update(msg)
         if self._lockstep is not None:
-            self._grant(self._lockstep.on_state(stamp_ns(msg.header.stamp)))
+            self._lockstep.on_state(stamp_ns(msg.header.stamp))  # grants the twin a horizon past it
 
-    def _grant(self, until_ns: int | None) -> None:
-        if until_ns is not None:
-            self._grant_pub.publish(
-                Header(stamp=stamp_msg_ns(until_ns), frame_id=self._link.get_fully_qualified_name())
-            )
+    def _publish_grant(self, until_ns: int) -> None:
+        self._grant_pub.publish(Header(stamp=stamp_msg_ns(until_ns), frame_id=self._link.get_fully_qualified_name()))
 
     def _on_taken(self, msg: Header) -> None:
         self._lockstep.on_taken(stamp_ns(msg.stamp))
@@ -249,8 +246,7 @@ class Ros2ControlBackend(ArmBackend):
         if stamp is None:
             return
         # at most the link-loss limit: a twin that takes longer to answer is lost anyway
-        taken, until_ns = self._lockstep.end(stamp, sent, self._timeout)
-        self._grant(until_ns)
+        taken, _ = self._lockstep.end(stamp, sent, self._timeout)
         if sent and not taken:
             self._link.get_logger().warning(
                 f"the twin did not echo the command stamped {stamp * 1e-9:.3f} s within {self._timeout} s: grants "

@@ -35,6 +35,7 @@ The arm, its names and its topics come from the robot profile (parameter `robot_
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -277,6 +278,7 @@ class TwinNode(Node):
                 float(self.get_parameter(SPEED_SLIDER_PARAMETER).value),
             )
             self._next_state = self._next_tf = self._next_camera = 0.0
+            self._state_published_s = math.nan
             self.fault = ""
             self._reset_at_ns = time.time_ns()
             return start
@@ -497,7 +499,7 @@ class TwinNode(Node):
         if self._grants is not None and self.twin is not None:
             next_ns = round((self.twin.time_s + self.twin.model.opt.timestep) * 1e9)
             began = time.monotonic()
-            if self._grants.wait(next_ns, self._stop, self._commanders):
+            if self._grants.wait(next_ns, self._stop, self._commanders, on_hold=self._publish_held_state):
                 pace["sim0"] = None  # waited for its commander: real time is counted again from here
                 waited = time.monotonic() - began
                 if waited > SLOW_GRANT_S:
@@ -550,7 +552,6 @@ class TwinNode(Node):
             self._next_diagnostics = time.monotonic() + DIAGNOSTICS_PERIOD_S
             self._publish_diagnostics(now, trip)
         if now >= self._next_state:
-            self._next_state = now + 1.0 / self.get_parameter("state_rate_hz").value
             self._publish_state(twin)
         if now >= self._next_tf:
             self._next_tf = now + 1.0 / self.get_parameter("tf_rate_hz").value
@@ -561,7 +562,17 @@ class TwinNode(Node):
             return twin.observe()
         return None
 
+    def _publish_held_state(self) -> None:
+        """Lockstep: the twin stops to wait for a grant. Its commander grants past the states it receives, so
+        it must have the state the twin stopped at (the next scheduled one may lie past the grant)."""
+        with self._lock:
+            if self.twin is not None and self._state_published_s != self.twin.time_s:
+                self._publish_state(self.twin)
+
     def _publish_state(self, twin: Twin) -> None:
+        """Joint states, wrench, clock and speed scaling at the twin's time; the next are due a state period on."""
+        self._state_published_s = twin.time_s
+        self._next_state = twin.time_s + 1.0 / self.get_parameter("state_rate_hz").value
         stamp = stamp_msg(twin.time_s)
         self.clock_pub.publish(Clock(clock=stamp))
         d, m = twin.data, twin.model

@@ -15,6 +15,12 @@ time the twin cannot yet have passed, and never the previous command's stamp), a
 has echoed that stamp on TAKEN_TOPIC, which it does when it has taken the command up. Every goal and every stop
 ramp therefore starts at its stamp, exactly as computed, however late the host delivers it: on a busy host the
 twin runs slower than real time instead. A real arm has no lockstep.
+
+Liveness rests on two rules. The twin publishes its state whenever it stops to wait for a grant (the commander
+then has seen where it stopped, and grants past it; a twin waiting one step short of its next scheduled state
+would otherwise wait for a grant that only that state could bring). The commander publishes its grants in the
+order it computes them (a grant computed from an older state and published after a newer one would take the
+twin's grant back, the twin taking each commander's latest grant so that a reset can lower it).
 """
 
 from __future__ import annotations
@@ -48,9 +54,15 @@ class Grants:
             self._cond.notify_all()
 
     def wait(
-        self, next_ns: int, stop: threading.Event, alive: Callable[[], Collection[str]], recheck_s: float = RECHECK_S
+        self,
+        next_ns: int,
+        stop: threading.Event,
+        alive: Callable[[], Collection[str]],
+        recheck_s: float = RECHECK_S,
+        on_hold: Callable[[], None] | None = None,
     ) -> bool:
-        """Block until the twin may step to `next_ns` (granted, nobody grants, or `stop` is set). While it waits,
+        """Block until the twin may step to `next_ns` (granted, nobody grants, or `stop` is set). `on_hold` is
+        called once, outside the lock, before it first blocks (the twin publishes its state there). While it waits,
         every `recheck_s` the commanders no longer `alive` are forgotten. Returns whether it had to wait."""
         waited = False
         with self._cond:
@@ -58,6 +70,14 @@ class Grants:
                 limit = min(self._until_ns.values(), default=None)
                 if limit is None or limit >= next_ns:
                     return waited
+                if not waited and on_hold is not None:
+                    waited = True
+                    self._cond.release()
+                    try:
+                        on_hold()
+                    finally:
+                        self._cond.acquire()
+                    continue  # a grant may have come meanwhile
                 waited = True
                 if not self._cond.wait(recheck_s):
                     names = alive()
@@ -70,12 +90,16 @@ class Commander:
     """The commanding backend's side: the grants to publish, and the stamps of its commands.
 
     Lockstep is on once the twin has said it follows grants (its first echo on TAKEN_TOPIC, published latched at
-    its start); until then, and against a real arm, `begin` returns None and commands are stamped as usual."""
+    its start); until then, and against a real arm, `begin` returns None and commands are stamped as usual.
 
-    def __init__(self, horizon_s: float = HORIZON_S) -> None:
+    `publish` sends a grant to the twin; it is called under the commander's lock, so grants computed on the
+    joint-state thread and on the commanding thread go out in the order they were computed."""
+
+    def __init__(self, horizon_s: float = HORIZON_S, publish: Callable[[int], None] | None = None) -> None:
         if not horizon_s > 0:
             raise ValueError(f"the lockstep horizon must be > 0 s, got {horizon_s}")
         self._horizon_ns = round(horizon_s * 1e9)
+        self._publish = publish
         self._cond = threading.Condition()
         self.enabled = False
         self._paused = False
@@ -92,8 +116,15 @@ class Commander:
         the horizon would otherwise wait for a grant that only its next state can bring)."""
         return max(self._horizon_ns, 2 * self._interval_ns)
 
+    def _granting(self, until_ns: int) -> int:
+        """Grant up to `until_ns` (under the lock)."""
+        self._granted_ns = until_ns
+        if self._publish is not None:
+            self._publish(until_ns)
+        return until_ns
+
     def on_state(self, stamp_ns: int) -> int | None:
-        """A joint state came: the grant to publish now (None: lockstep is off or a command is in flight)."""
+        """A joint state came: the grant it brings, published (None: lockstep is off or a command is in flight)."""
         with self._cond:
             if self._state_ns is not None:
                 if stamp_ns < self._state_ns:  # the twin's clock started again (a reset): so do command stamps
@@ -103,8 +134,7 @@ class Commander:
             self._state_ns = stamp_ns
             if not self.enabled or self._paused:
                 return None
-            self._granted_ns = stamp_ns + self.horizon_ns
-            return self._granted_ns
+            return self._granting(stamp_ns + self.horizon_ns)
 
     def on_taken(self, stamp_ns: int) -> None:
         """The twin echoed the stamp of an arm command it took up (its first echo turns lockstep on). Echoes of
@@ -136,12 +166,11 @@ class Commander:
 
     def end(self, stamp_ns: int, sent: bool, timeout_s: float) -> tuple[bool, int | None]:
         """The command stamped `stamp_ns` is out (`sent`; False: it never left): wait until the twin has taken it
-        up (at most `timeout_s`), then resume the grants. Returns whether the twin took it up, and the grant to
-        publish now (the twin waits at the paused grant until one comes)."""
+        up (at most `timeout_s`), then resume the grants. Returns whether the twin took it up, and the grant
+        published now (the twin waits at the paused grant until one comes; None before any joint state)."""
         with self._cond:
             taken = sent and self._cond.wait_for(lambda: self._arrived, timeout_s)
             self._paused, self._awaited_ns = False, None
             if self._state_ns is None:
                 return taken, None
-            self._granted_ns = max(self._state_ns + self.horizon_ns, stamp_ns)
-            return taken, self._granted_ns
+            return taken, self._granting(max(self._state_ns + self.horizon_ns, stamp_ns))
