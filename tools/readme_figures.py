@@ -367,6 +367,21 @@ SHADOW = (
     ),
 )
 
+AGENT_MEMORY = (
+    (
+        "`agent_peak_rss_mb`: the agent process over one episode of {observe_calls} `observe` + `segment` calls "
+        "through the loop, sandbox and in-process twin",
+        "{agent_peak_rss_mb:.0f} MB (growth {rss_growth_mb_per_observe:.2f} MB per observe; "
+        "{max_observations_kept} observations kept)",
+        "≤ {target_peak_rss_mb:.0f} MB",
+    ),
+    (
+        "the same with the bounds lifted (every observation kept, as before issue 30): the anchor",
+        "{unbounded_peak_rss_mb:.0f} MB ({unbounded_rss_growth_mb_per_observe:.1f} MB per observe)",
+        "",
+    ),
+)
+
 BLOCKS = {
     "motion": Block("motion", rows=MOTION),
     "perception": Block("perception", rows=PERCEPTION),
@@ -375,6 +390,7 @@ BLOCKS = {
     "ros_rtt": Block("ros_rtt", rows=ROS_RTT),
     "stress_dds": Block("stress_dds", text=STRESS),
     "agent": Block("agent", rows=AGENT),
+    "agent_memory": Block("agent_memory", rows=AGENT_MEMORY),
     "bridge": Block("bridge", rows=BRIDGE),
     "advantages": Block("advantages", rows=TRAINING),
     "train_gpu": Block("train_gpu", rows=TRAIN_GPU),

@@ -247,3 +247,102 @@ def test_a_simulator_fault_is_an_infrastructure_failure(link, tmp_path):
     result = run(link, policy, tmp_path)
     assert result.outcome is Outcome.INFRASTRUCTURE and "backend" not in result.outcome.value
     assert result.host_success is None
+
+
+# ------------------------------------------------------------------------------------ a hostile cell, bounded
+def test_a_session_that_cannot_restart_ends_that_episode_only(link, tmp_path):
+    """Any failure to start a session is a SandboxError: this episode is an infrastructure failure; the next runs."""
+    from captain_ros.agent.sandbox import SandboxError
+
+    class Failing:
+        def __init__(self, box):
+            self.box = box
+
+        def run_cell(self, code):
+            raise SandboxError("the sandbox cannot start: bwrap is gone")
+
+        def close(self):
+            self.box.close()
+
+    failing = {"on": True}
+
+    def factory(scratch, on_call, allowed):
+        box = sandbox_factory(scratch, on_call, allowed)
+        return Failing(box) if failing["on"] else box
+
+    config = load_config()
+    runner = EpisodeRunner(link, Scripted([cell("1 + 1")]), config, sandbox_factory=factory, runs_dir=tmp_path)
+    first = runner.run(TASK, START)
+    assert first.outcome is Outcome.INFRASTRUCTURE and "bwrap is gone" in first.reason
+    failing["on"] = False
+    runner.policy = Scripted([cell("1 + 1"), Reply("done")])
+    second = runner.run(TASK, START)
+    assert second.valid and second.requests == 2
+
+
+def test_the_planted_scratch_link_escape_is_contained_through_the_episode_loop(link, tmp_path):
+    """Issue 30's escape through EpisodeRunner + InProcessLink, with the sandbox as the agent node builds it."""
+    policy = Scripted(
+        [
+            cell("import os; os.symlink('/', '/scratch/tmp'); os._exit(3)"),
+            cell("import os; print('host root seen:', os.path.exists('/tmp/etc/hostname') or os.listdir('/tmp'))"),
+            Reply("done"),
+        ]
+    )
+    result = run(link, policy, tmp_path)
+    texts = tool_texts(policy)
+    assert "session was restarted" in texts[0]
+    assert "host root seen: []" in texts[1]
+    assert result.valid
+
+
+def test_perception_calls_are_limited_per_request_and_observations_bounded(link, tmp_path):
+    config = load_config()
+    config = replace(config, budgets=replace(config.budgets, perception_calls_per_request=12))
+    many = "results = [robot.observe() for _ in range(14)]\nprint([r['success'] for r in results].count(True))"
+    policy = Scripted(
+        [
+            cell(many),
+            cell("print(robot.segment('red cube', observation_handle='obs-1')['message'])"),
+            Reply("done"),
+        ]
+    )
+    result = run(link, policy, tmp_path, config=config)
+    texts = tool_texts(policy)
+    assert texts[0].startswith("12\n") and "at most 12 perception and measurement calls per request" in texts[0]
+    assert "dropped obs-" in texts[0]  # the receipts say which observations went
+    assert "obs-1 was dropped" in texts[2]  # the next request: a dropped handle is refused with why
+    store = link.harness.perception.store
+    assert len(store.all()) == config.perception.max_observations_kept
+    assert result.valid
+
+
+def test_a_call_with_arguments_too_deep_to_record_is_refused_and_the_transcript_stays_whole(link, tmp_path):
+    policy = Scripted(
+        [
+            cell("d = x = {}\nfor _ in range(900):\n    x['a'] = {}\n    x = x['a']\nrobot.move_to(pose=d)"),
+            cell("robot.get_robot_state()['success']"),
+            Reply("done"),
+        ]
+    )
+    result = run(link, policy, tmp_path)
+    assert "nested more than" in tool_texts(policy)[0]
+    records = transcript(result)
+    assert [r["capability"] for r in records if r["type"] == "call"] == ["get_robot_state"]
+    assert records[-1]["type"] == "end"
+
+
+def test_the_transcript_writes_a_record_whatever_its_arguments(tmp_path):
+    from captain_ros.agent.transcript import Transcript
+
+    deep = x = {}
+    for _ in range(5000):
+        x["a"] = {}
+        x = x["a"]
+    t = Transcript(tmp_path)
+    t.call(1, "move_to", {"pose": deep}, {"success": False, "message": "refused"})
+    t.call(2, "hold", {}, {"success": True})
+    records = [json.loads(line) for line in (tmp_path / "transcript.jsonl").read_text().splitlines()]
+    assert [r["request"] for r in records] == [1, 2]
+    assert "RecursionError" in records[0]["kwargs"]["unrecordable"]
+    assert records[0]["result"] == {"success": False, "message": "refused"}

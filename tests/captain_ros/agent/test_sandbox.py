@@ -430,7 +430,7 @@ def test_writes_outside_scratch_fail_and_the_host_is_unchanged(shared, tmp_path)
                         f.write("sandbox")
                 except OSError:
                     failed.append(path)
-            with open("/tmp/{name}", "w") as f:  # the sandbox's own /tmp: the scratch folder's tmp/
+            with open("/tmp/{name}", "w") as f:  # the sandbox's own /tmp: a tmpfs no host path backs
                 f.write("sandbox")
             with open("/scratch/note.txt", "w") as f:
                 f.write("mine")
@@ -441,7 +441,8 @@ def test_writes_outside_scratch_fail_and_the_host_is_unchanged(shared, tmp_path)
         assert result.output == f"{len(targets)}\n"
         assert host_tmp_file.read_text() == "host"
         assert not repo_target.exists() and not Path(sys.prefix, name).exists()
-        assert (sandbox.scratch_dir / "tmp" / name).read_text() == "sandbox"
+        assert run(sandbox, f"open('/tmp/{name}').read()").output == "'sandbox'\n"
+        assert not list(sandbox.scratch_dir.rglob(name))
         assert (sandbox.scratch_dir / "note.txt").read_text() == "mine"
     finally:
         host_tmp_file.unlink()
@@ -599,7 +600,6 @@ def test_closing_stdio_or_the_channel_never_confuses_the_agent(make):
         "import sys; sys.modules.clear()",
         "import json; json.dumps = json.loads = None",
         "import os; os.write = os.read = None",
-        "import builtins; del builtins.print",
         "import os, sys; sys.stdout = sys.stderr = open(os.devnull, 'w')",
         "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN)",
     ],
@@ -765,3 +765,404 @@ def test_the_seccomp_program_is_well_formed():
     with pytest.raises(SandboxError):
         build_seccomp_filter("riscv64")
     assert json.dumps(SandboxLimits().__dict__)  # the limits can be saved next to a run's outputs
+
+
+# --- links a cell plants in scratch, through restarts; what the host does with scratch ------------------------------
+
+ESCAPE_CELLS = [  # the escape of issue 30: a link at scratch/tmp to the host's /, then a restart
+    "import os; os.symlink('/', '/scratch/tmp'); os._exit(3)",
+    "import os; print(sorted(os.listdir('/tmp'))); print(os.path.exists('/tmp/etc/passwd'))",
+]
+
+
+@pytest.fixture
+def host_canary(tmp_path):
+    """A host folder outside scratch with a file in it, and a check that both are untouched."""
+    folder = tmp_path / "host-secret"
+    folder.mkdir(mode=0o750)
+    (folder / "secret.txt").write_text("host only")
+    os.chmod(folder / "secret.txt", 0o640)
+
+    def untouched() -> None:
+        assert sorted(p.name for p in folder.iterdir()) == ["secret.txt"]
+        assert (folder / "secret.txt").read_text() == "host only"
+        assert oct(folder.stat().st_mode & 0o777) == oct(0o750)
+        assert oct((folder / "secret.txt").stat().st_mode & 0o777) == oct(0o640)
+
+    return folder, untouched
+
+
+def test_a_link_planted_at_scratch_tmp_reaches_nothing_after_a_crash_restart(make):
+    sandbox = make()
+    crashed = run(sandbox, ESCAPE_CELLS[0])
+    assert crashed.status == "crashed" and crashed.restarted
+    after = run(sandbox, ESCAPE_CELLS[1])
+    assert after.status == "ok", after.error
+    assert after.output == "[]\nFalse\n"  # a fresh /tmp of the session's own; the host's / is nowhere
+    result = run(sandbox, "open('/tmp/etc/shadow', 'rb').read()")
+    assert result.status == "error" and "FileNotFoundError" in result.error
+
+
+def test_a_link_planted_then_a_timeout_restart_reaches_nothing(make, host_canary):
+    folder, untouched = host_canary
+    sandbox = make(cell_timeout_s=3)
+    planted = run(
+        sandbox,
+        f"""
+        import os, time
+        os.symlink({str(folder)!r}, '/scratch/tmp')
+        os.symlink('/', '/scratch/root-link')
+        time.sleep(60)
+        """,
+    )
+    assert planted.status == "timeout" and planted.restarted
+    after = run(
+        sandbox,
+        f"""
+        import os
+        for path in ['/tmp/secret.txt', '/scratch/tmp/secret.txt', '/scratch/root-link{folder}/secret.txt']:
+            try:
+                open(path, 'r+').write('x')
+                print('wrote', path)
+            except OSError as exc:
+                print(type(exc).__name__)
+        print(os.listdir('/tmp'))
+        """,
+    )
+    assert after.output == "FileNotFoundError\nFileNotFoundError\nFileNotFoundError\n[]\n", after.error
+    untouched()
+
+
+def test_a_dangling_link_where_tmp_was_does_not_stop_the_next_session(make):
+    sandbox = make()
+    crashed = run(sandbox, "import os; os.symlink('/nowhere/at/all', '/scratch/tmp'); os._exit(3)")
+    assert crashed.status == "crashed"
+    again = run(sandbox, "import os; os.symlink('/nowhere', '/scratch/scratch'); os._exit(4)")
+    assert again.status == "crashed" and again.restarted
+    assert run(sandbox, "'alive'").output == "'alive'\n"
+
+
+def test_a_scratch_folder_that_is_a_link_is_refused_and_its_target_untouched(tmp_path, host_canary):
+    folder, untouched = host_canary
+    for target in (folder, tmp_path / "nowhere"):
+        link = tmp_path / f"scratch-link-{target.name}"
+        link.symlink_to(target)
+        with pytest.raises(SandboxError, match="symbolic link"):
+            Sandbox(link, Recorder(), ALLOWED).start()
+    untouched()
+
+
+def test_a_scratch_folder_others_can_write_is_refused(tmp_path):
+    scratch = tmp_path / "shared"
+    scratch.mkdir()
+    os.chmod(scratch, 0o777)
+    with pytest.raises(SandboxError, match="writable by every user"):
+        Sandbox(scratch, Recorder(), ALLOWED).start()
+
+
+@pytest.mark.parametrize("where", ["tmp", "a", "a/b", "a/b/c/d"])
+def test_links_planted_at_each_level_of_scratch_stay_inside_through_sessions_and_removal(tmp_path, host_canary, where):
+    """Every host-side operation on scratch (bind at start, bind at restart, removal) with links at one level: to a
+    host folder, to a host file, to / and dangling, planted by a cell and planted on the host beforehand."""
+    from captain_ros.agent.sandbox import remove_scratch
+
+    folder, untouched = host_canary
+    scratch = tmp_path / "scratch"
+    level = scratch / where
+    level.mkdir(parents=True)
+    for name, target in [("dir", folder), ("file", folder / "secret.txt"), ("root", Path("/")), ("none", "/none")]:
+        (level / f"host-{name}").symlink_to(target)
+    sandbox = Sandbox(scratch, Recorder(), ALLOWED)
+    try:
+        inside = f"/scratch/{where}"
+        cell = f"""
+            import os
+            for name, target in [('dir', {str(folder)!r}), ('file', {str(folder / "secret.txt")!r}), ('root', '/')]:
+                os.symlink(target, '{inside}/cell-' + name)
+            seen = []
+            for name in sorted(os.listdir('{inside}')):
+                suffix = '/secret.txt' if 'dir' in name else '{folder}/secret.txt' if 'root' in name else ''
+                path = '{inside}/' + name + suffix
+                try:
+                    open(path, 'r+').write('x')
+                    seen.append(name)
+                except OSError:
+                    pass
+            print(seen)
+            os._exit(5)
+            """
+        first = run(sandbox, cell)
+        assert first.status == "crashed" and first.output.startswith("[]\n"), first.output
+        second = run(sandbox, "import os; print(sorted(os.listdir('/tmp')), os.path.exists('/tmp/etc'))")
+        assert second.output == "[] False\n", second.error
+    finally:
+        sandbox.close()
+    untouched()
+    remove_scratch(scratch)
+    assert not scratch.exists() and not scratch.is_symlink()
+    untouched()
+
+
+def test_removing_scratch_opens_up_locked_folders_and_any_depth_but_never_a_link(tmp_path, host_canary):
+    from captain_ros.agent.sandbox import remove_scratch
+
+    folder, untouched = host_canary
+    scratch = tmp_path / "scratch"
+    with Sandbox(scratch, Recorder(), ALLOWED) as sandbox:
+        result = run(
+            sandbox,
+            f"""
+            import os
+            deep = '/scratch/deep'
+            for i in range(80):
+                deep += '/d'
+            os.makedirs(deep)
+            os.symlink({str(folder)!r}, deep + '/host')
+            os.makedirs('/scratch/locked/inner')
+            open('/scratch/locked/inner/f', 'w').write('x')
+            os.symlink({str(folder)!r}, '/scratch/locked/inner/host')
+            os.chmod('/scratch/locked/inner', 0)
+            os.chmod('/scratch/locked', 0)
+            print('ok')
+            """,
+        )
+        assert result.output == "ok\n", result.error
+    remove_scratch(scratch)
+    assert not scratch.exists()
+    untouched()
+    link = tmp_path / "scratch-link"
+    link.symlink_to(folder)
+    with pytest.raises(OSError, match="cannot be removed"):
+        remove_scratch(link)
+    untouched()
+    remove_scratch(tmp_path / "never-made")  # nothing there: nothing to do
+
+
+def test_the_episode_scratch_is_removed_when_the_episode_ends(tmp_path, host_canary):
+    """The episode loop's scratch goes through remove_scratch: links a cell left there do not lead the removal out."""
+    from captain_ros.agent.episode import _Episode
+
+    folder, untouched = host_canary
+
+    class Runner:
+        config = type("C", (), {"agent": None, "budgets": None})()
+        link = None
+        clock = staticmethod(time.monotonic)
+
+        @staticmethod
+        def sandbox_factory(scratch, on_call, allowed):
+            box = Sandbox(scratch, on_call, allowed)
+            box.start()
+            return box
+
+    episode = _Episode(Runner(), "scratch-test")
+    episode._open_sandbox()
+    scratch = episode._scratch
+    assert run(episode.sandbox, f"import os; os.symlink({str(folder)!r}, '/scratch/tmp'); 'ok'").status == "ok"
+    episode.close()
+    assert not scratch.exists()
+    untouched()
+
+
+# --- a session that breaks itself, and what it sends -------------------------------------------------------------
+
+
+def test_a_session_whose_builtins_a_cell_broke_is_restarted_with_a_notice(make):
+    sandbox = make()
+    assert run(sandbox, "kept = 1").status == "ok"
+    broken = run(sandbox, "import builtins; builtins.print = None")
+    assert broken.restarted and "print" in broken.error and "restarted" in broken.error
+    after = run(sandbox, "print('works'); 'kept' in globals()")
+    assert (after.status, after.output, after.restarted) == ("ok", "works\nFalse\n", False)
+    deleted = run(sandbox, "import builtins; del builtins.len")
+    assert deleted.restarted and "len" in deleted.error
+    assert run(sandbox, "len([1, 2])").output == "2\n"
+
+
+def test_arguments_nested_too_deep_are_refused_and_the_session_goes_on(make):
+    sandbox = make()
+    result = run(
+        sandbox,
+        """
+        deep = x = {}
+        for _ in range(900):
+            x['a'] = {}
+            x = x['a']
+        robot.observe(cameras=deep)
+        """,
+    )
+    assert result.status == "error" and "nested more than" in result.error
+    assert sandbox.on_call.calls == []
+    assert run(sandbox, "robot.observe(cameras=[['head']])").status == "ok"
+    assert len(sandbox.on_call.calls) == 1
+
+
+def test_the_agent_refuses_deep_arguments_whatever_the_session_checks(make):
+    """The child's check is a courtesy: a cell that writes to the channel itself meets the agent's own check."""
+    sandbox = make()
+    result = run(
+        sandbox,
+        """
+        import json, struct, os
+        deep = []
+        for _ in range(40):
+            deep = [deep]
+        body = json.dumps({'op': 'call', 'name': 'observe', 'args': [deep], 'kwargs': {}}).encode()
+        os.write(4, struct.pack('>I', len(body)) + body)
+        size = struct.unpack('>I', os.read(3, 4))[0]
+        print(json.loads(os.read(3, size))['error'])
+        """,
+    )
+    assert "nested more than" in result.output, (result.output, result.error)
+    assert sandbox.on_call.calls == []
+
+
+def test_a_file_cut_at_the_size_limit_without_an_error_is_reported(make):
+    sandbox = make(max_file_bytes=1024**2)
+    result = run(
+        sandbox,
+        """
+        open('/tmp/cut.bin', 'w').write('x' * (1024**2 + 1))  # closed by the garbage collector: no error raised
+        open('/scratch/whole.bin', 'w').write('x' * 1000)
+        import os
+        print(os.path.getsize('/tmp/cut.bin'))
+        """,
+    )
+    assert result.status == "ok"
+    assert result.output.startswith(f"{1024**2}\n")
+    assert "/tmp/cut.bin reached the file size limit (1 MiB)" in result.output
+    assert "whole.bin" not in result.output
+    assert "reached" not in run(sandbox, "1").output  # said once
+
+
+def test_recursion_that_runs_out_of_memory_says_so(make):
+    sandbox = make(memory_bytes=512 * 1024**2)
+    result = run(sandbox, "import sys; sys.setrecursionlimit(10**8)\ndef f(n): return f(n + 1)\nf(0)")
+    assert result.status in ("error", "crashed")
+    if result.status == "error":
+        assert result.error.rstrip().endswith(")") and ("recursion" in result.error or "memory" in result.error)
+        assert "SystemError" not in result.error or "ran out of the sandbox's memory" in result.error
+    assert run(sandbox, "'alive'").output == "'alive'\n"
+
+
+def test_mountinfo_shows_no_writable_host_path_but_scratch(shared):
+    sandbox, _ = shared
+    result = run(sandbox, "print(open('/proc/self/mountinfo').read())")
+    writable = {}
+    for line in result.output.splitlines():
+        fields = line.split()
+        if len(fields) > 5 and "rw" in fields[5].split(","):
+            writable[fields[4]] = (fields[3], fields[fields.index("-") + 1])  # root in its filesystem, its type
+    devices = {f"/dev/{name}" for name in ("null", "zero", "full", "random", "urandom", "tty")}
+    assert set(writable) == {"/tmp", "/scratch", "/dev/pts", *devices}, writable
+    assert writable["/tmp"] == ("/", "tmpfs")  # the root of a tmpfs of its own, not a host folder
+    assert writable["/dev/pts"] == ("/", "devpts")  # a new instance: no host terminal
+    assert all(writable[device] == (device.removeprefix("/dev"), "devtmpfs") for device in devices)
+    assert writable["/scratch"][0] == str(sandbox.scratch_dir)
+
+
+# --- where the interpreter lives, and who runs the agent ---------------------------------------------------------
+
+
+def test_a_venv_under_the_hosts_tmp_works_inside(tmp_path_factory):
+    """The sandbox's /tmp is its own tmpfs; an interpreter or venv that lives under the host's /tmp (a clone there)
+    is bound on top of it."""
+    import venv
+
+    home = Path("/tmp") / f"captain-venv-{uuid.uuid4().hex[:8]}"
+    try:
+        venv.EnvBuilder(symlinks=True, with_pip=False).create(home / "venv")
+        python = str(home / "venv" / "bin" / "python")
+        with Sandbox(tmp_path_factory.mktemp("scratch"), Recorder(), ALLOWED, python=python) as sandbox:
+            result = run(
+                sandbox, "import sys, os; print(sys.prefix); open('/tmp/mine', 'w').write('x'); robot.observe()"
+            )
+        assert result.status == "ok", result.error
+        assert result.output.splitlines()[0] == str(home / "venv")
+        assert not (home / "mine").exists() and not Path("/tmp/mine").exists()
+    finally:
+        import shutil
+
+        shutil.rmtree(home, ignore_errors=True)
+
+
+UNPRIVILEGED_AGENT = """
+import json, os, sys, textwrap
+sys.path.insert(0, sys.argv[1])
+from captain_ros.agent.sandbox import Sandbox, remove_scratch
+
+scratch, secret = sys.argv[2], sys.argv[3]
+box = Sandbox(scratch, lambda name, args, kwargs: {"ok": True}, ["observe"])
+box.start()
+results = {"agent_uid": os.getuid(), "child_pid": box.child_pid}
+print(json.dumps(results), flush=True)
+sys.stdin.readline()  # the test reads the child's host uid meanwhile
+cells = [
+    "import os; print(os.getuid())",
+    "import os; os.symlink('/', '/scratch/tmp'); os.symlink(%r, '/scratch/secret'); os._exit(3)" % secret,
+    "import os; print(os.listdir('/tmp'), os.path.exists('/scratch/secret'))",
+]
+for index, code in enumerate(cells):
+    result = box.run_cell(code)
+    results[f"cell{index}"] = [result.status, result.output, result.restarted]
+box.close()
+remove_scratch(scratch)
+results["scratch_left"] = os.path.exists(scratch)
+print(json.dumps(results), flush=True)
+"""
+
+
+def test_a_session_runs_as_an_unprivileged_user(tmp_path, host_canary):
+    """The deployment default (docs/deployment.md): the agent as a normal user, whose uid the child has on the host."""
+    import shutil
+    import tempfile
+
+    python = "/usr/bin/python3"
+    if os.geteuid() != 0 or not os.path.exists(python):
+        pytest.skip("needs root to become another user, and the system's /usr/bin/python3")
+    nobody = {"user": 65534, "group": 65534, "extra_groups": [], "env": {"PATH": "/usr/bin:/bin"}}
+    probe = subprocess.run(
+        ["bwrap", "--unshare-all", "--ro-bind", "/", "/", "true"], capture_output=True, text=True, **nobody
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"unprivileged user namespaces are off on this machine: {probe.stderr.strip()}")
+    folder, untouched = host_canary
+    home = Path(tempfile.mkdtemp(prefix="captain-unprivileged-"))
+    try:
+        os.chmod(home, 0o755)
+        package = REPO / "src" / "captain_ros" / "captain_ros"
+        for relative in ("__init__.py", "agent/__init__.py", "agent/sandbox.py", "agent/sandbox_child.py"):
+            (home / "captain_ros" / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(package / relative, home / "captain_ros" / relative)
+        for path in [home, *home.rglob("*")]:
+            os.chmod(path, 0o755 if path.is_dir() else 0o644)
+        (home / "work").mkdir()
+        os.chown(home / "work", 65534, 65534)
+        scratch = home / "work" / "scratch"  # made by the agent, as an episode's is
+        agent = subprocess.Popen(
+            [python, "-I", "-c", UNPRIVILEGED_AGENT, str(home), str(scratch), str(folder / "secret.txt")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=home,
+            **nobody,
+        )
+        try:
+            first = json.loads(agent.stdout.readline() or "{}")
+            assert first.get("agent_uid") == 65534, agent.stderr.read()
+            status = Path(f"/proc/{first['child_pid']}/status").read_text()
+            host_uid = next(line.split()[1] for line in status.splitlines() if line.startswith("Uid:"))
+            out, err = agent.communicate("go\n", timeout=120)
+        finally:
+            agent.kill()
+        assert host_uid == "65534"  # the cells run as the agent's unprivileged user on the host, never as root
+        assert out.strip(), err
+        results = json.loads(out.strip().splitlines()[-1])
+        assert results["cell0"] == ["ok", "65534\n", False]
+        assert results["cell1"][0] == "crashed" and results["cell1"][2]
+        assert results["cell2"] == ["ok", "[] False\n", False], err
+        assert results["scratch_left"] is False
+        untouched()
+    finally:
+        shutil.rmtree(home, ignore_errors=True)

@@ -95,6 +95,45 @@ def test_observations_and_detections_go_stale_after_a_physical_action(harness):
     assert harness.call("segment", text="green cube").success  # the newest observation by default
 
 
+def test_an_episode_keeps_a_bounded_number_of_observations_and_says_what_it_dropped(harness):
+    kept = harness.perception.store.max_kept
+    harness.call("observe", cameras=["head"])
+    det = harness.call("segment", text="green cube").value["detections"][0]["detection_id"]
+    for _ in range(kept - 1):
+        assert "dropped" not in harness.call("observe", cameras=["head"]).receipt
+    newest = harness.call("observe", cameras=["head"])
+    assert newest.value["dropped_observations"] == ["obs-1"] and "dropped obs-1" in newest.receipt
+    assert len(harness.perception.store.all()) == kept
+    gone = harness.call("segment", text="green cube", observation_handle="obs-1")
+    assert gone.failure_category is FailureCategory.INVALID_ARGUMENT and "obs-1 was dropped" in gone.message
+    lost = harness.call("measure_object_geometry", object=det)  # its detection went with it
+    assert "was dropped" in lost.message and "observe() again" in lost.message
+    unknown = harness.call("segment", text="green cube", observation_handle="obs-99")
+    assert "unknown observation handle" in unknown.message
+    fresh = harness.call("segment", text="green cube").value["detections"][0]["detection_id"]
+    assert fresh != det  # ids are never reused
+
+
+def test_the_observation_store_bounds_bytes_and_keeps_the_newest():
+    from captain_ros.perception.observation import CameraImage, ObservationStore, observation_bytes
+
+    image = CameraImage("head", np.zeros((100, 100, 3), np.uint8), np.zeros((100, 100), np.float32),
+                        np.eye(3), np.zeros(3), np.eye(3))  # fmt: skip
+    one = 100 * 100 * 3 + 100 * 100 * 4
+    store = ObservationStore(max_kept=100, max_bytes=3 * one)
+    for _ in range(3):
+        obs = store.add(0.0, {"head": image}, np.zeros(7), 0.0)
+    obs.cache[("cloud", "head")] = {"points": np.zeros((100, 100, 3))}  # a cached cloud counts too
+    assert observation_bytes(obs) == one + 100 * 100 * 3 * 8
+    store.add(0.0, {"head": image}, np.zeros(7), 0.0)
+    assert store.dropped == ["obs-1", "obs-2", "obs-3"] and [o.handle for o in store.all()] == ["obs-4"]
+    tiny = ObservationStore(max_kept=1, max_bytes=1)
+    tiny.add(0.0, {"head": image}, np.zeros(7), 0.0)
+    assert [o.handle for o in tiny.all()] == ["obs-1"]  # the newest is kept whatever its size
+    with pytest.raises(ValueError):
+        ObservationStore(max_kept=0)
+
+
 @pytest.mark.parametrize(
     ("capability", "kwargs", "category", "words"),
     [

@@ -11,6 +11,7 @@ down, simulator fault, the sandbox unable to start, a lost ROS link) are never t
 from __future__ import annotations
 
 import json
+import logging
 import tempfile
 import time
 import traceback
@@ -24,9 +25,16 @@ from typing import Any, Protocol
 from captain_ros.agent.context import Context, Turn, cut_text, image_part
 from captain_ros.agent.link import HarnessLink, LinkError
 from captain_ros.agent.prompt import SYSTEM_PROMPT, TOOLS, parameters, task_md
+from captain_ros.agent.sandbox import SandboxError, remove_scratch
 from captain_ros.agent.transcript import Transcript
 from captain_ros.core.config import HarnessConfig
 from captain_ros.core.contract import CAPABILITY_BY_NAME, PHYSICAL_CAPABILITIES, Budget, FailureCategory
+
+logger = logging.getLogger(__name__)
+# Calls that cost the host compute and memory but no physical action: rate-limited per request.
+SENSING_CAPABILITIES = frozenset(
+    c.name for c in CAPABILITY_BY_NAME.values() if c.group in ("perception", "measurement")
+)
 
 
 class Outcome(StrEnum):
@@ -132,7 +140,8 @@ class _Cell:
     def __init__(self):
         self.calls: list[dict] = []
         self.receipts: list[str] = []
-        self.images: list[tuple[str, Any]] = []  # (label, rgb)
+        self.observed: list[str] = []  # the handles of its successful observe() calls, the most recent last
+        self.images: list[tuple[str, Any]] = []  # (label, rgb) of the most recent ones, fetched after the cell
 
 
 class EpisodeRunner:
@@ -185,9 +194,10 @@ class _Episode:
         self._cell: _Cell | None = None  # the cell running now (its robot calls land here)
         self._request_calls: list[dict] = []  # every robot call of the request running now
         self._request_images: list[tuple[str, dict]] = []  # (label, image part) shown after it
+        self._sensing_calls = 0  # perception and measurement calls of the request running now
         self.sandbox_start_s = 0.0
         self.t0 = runner.clock()
-        self._scratch: tempfile.TemporaryDirectory | None = None
+        self._scratch: Path | None = None
 
     def event(self, kind: str, **data: Any) -> None:
         self.r.on_event(kind, {"episode_id": self.episode_id, "budget": self.budget(), **data})
@@ -257,7 +267,7 @@ class _Episode:
                 return self._end(Outcome.INFRASTRUCTURE, f"policy server: {exc}")
             context.measured(messages, (getattr(completion, "usage", None) or {}).get("prompt_tokens"))
             self.requests = index
-            self._request_calls, self._request_images = [], []
+            self._request_calls, self._request_images, self._sensing_calls = [], [], 0
             self.link.note_request()
             turn = self._turn(completion)
             context.add(turn)
@@ -352,8 +362,15 @@ class _Episode:
         cell = _Cell()
         self._cell = cell
         self.event("cell", request=self.requests, code=code)
-        result = self.sandbox.run_cell(code)
-        self._cell = None
+        try:
+            result = self.sandbox.run_cell(code)
+        except SandboxError as exc:  # the session could not be restarted: this episode ends, not the agent
+            self.infrastructure = f"sandbox: {exc}"
+            return f"[error] {self.infrastructure}", None
+        finally:
+            self._cell = None
+        if self.cfg.send_images:
+            self._attach_images(cell)
         parts = [cut_text(result.output.rstrip(), round(self.cfg.tool_output_max_tokens * self.cfg.chars_per_token))]
         if cell.receipts:
             lines = cell.receipts[: self.cfg.max_receipt_lines]
@@ -371,6 +388,15 @@ class _Episode:
         self.event("output", request=self.requests, status=result.status, text=text)
         return text, cell
 
+    def _attach_images(self, cell: _Cell) -> None:
+        """The images of the cell's most recent observations (at most `max_images_per_cell`, newest last)."""
+        for handle in cell.observed:
+            try:
+                cell.images += [(f"{cam} ({handle})", rgb) for cam, rgb in self.link.images(handle)]
+            except Exception as exc:
+                cell.receipts.append(f"observe: the images of {handle} could not be attached: {exc}")
+        del cell.images[: -self.cfg.max_images_per_cell]
+
     # ------------------------------------------------------------------------------ robot calls from the cell
     def on_call(self, name: str, args: list, kwargs: dict) -> dict:
         """A `robot.<name>(...)` call from the running cell. Never raises."""
@@ -387,16 +413,28 @@ class _Episode:
                 result.get("receipt") or f"{name}: FAILED {result['failure_category']}: {result['message']}"
             )
             if name == "observe" and result.get("success"):
-                handle = (result.get("value") or {}).get("observation_handle")
-                try:
-                    cell.images += [(f"{cam} ({handle})", rgb) for cam, rgb in self.link.images(handle)]
-                except Exception as exc:
-                    cell.receipts.append(f"observe: the images of {handle} could not be attached: {exc}")
+                cell.observed = [*cell.observed, (result.get("value") or {}).get("observation_handle")]
+                del cell.observed[: -self.cfg.max_images_per_cell]  # nothing older can be shown
         # the episode's budget is the agent's (a harness node does not see requests, and its clock may differ)
         result["budget"] = asdict(self.budget())
         if self.transcript:
             self.transcript.call(self.requests, name, kwargs, result)
         return {k: v for k, v in result.items() if k not in ("capability", "receipt")}
+
+    def _over_budget(self, name: str) -> str:
+        """Why the call may not run now ("" when it may): physical actions per episode, perception and measurement
+        calls per request (each costs the host compute and memory)."""
+        if name in PHYSICAL_CAPABILITIES and self.actions >= self.budgets.physical_actions:
+            return "the physical actions budget is spent"
+        if name in SENSING_CAPABILITIES:
+            self._sensing_calls += 1
+            limit = self.budgets.perception_calls_per_request
+            if limit and self._sensing_calls > limit:
+                return (
+                    f"at most {limit} perception and measurement calls per request: use what they returned, and "
+                    "call again in the next request"
+                )
+        return ""
 
     def _robot_call(self, name: str, args: list, kwargs: dict) -> dict:
         if self.finished or self.infrastructure:
@@ -406,8 +444,9 @@ class _Episode:
             kwargs = bind_arguments(name, list(args), dict(kwargs))
         except TypeError as exc:
             return _refused(name, str(exc))
-        if name in PHYSICAL_CAPABILITIES and self.actions >= self.budgets.physical_actions:
-            return _refused(name, "the physical actions budget is spent", FailureCategory.BUDGET_EXHAUSTED)
+        over = self._over_budget(name)
+        if over:
+            return _refused(name, over, FailureCategory.BUDGET_EXHAUSTED)
         try:
             result = self.link.call(name, kwargs)
         except LinkError as exc:
@@ -429,9 +468,9 @@ class _Episode:
 
     # ------------------------------------------------------------------------------ start and end
     def _open_sandbox(self) -> None:
-        self._scratch = tempfile.TemporaryDirectory(prefix=f"captain-{self.episode_id}-")
+        self._scratch = Path(tempfile.mkdtemp(prefix=f"captain-{self.episode_id}-"))
         allowed = [c for c in CAPABILITY_BY_NAME]
-        self.sandbox = self.r.sandbox_factory(Path(self._scratch.name), self.on_call, allowed)
+        self.sandbox = self.r.sandbox_factory(self._scratch, self.on_call, allowed)
 
     def _end(self, outcome: Outcome | None, reason: str, score: bool = True) -> EpisodeResult:
         host = None
@@ -490,8 +529,11 @@ class _Episode:
     def close(self) -> None:
         if self.sandbox is not None:
             self.sandbox.close()
-        if self._scratch is not None:
-            self._scratch.cleanup()
+        if self._scratch is not None:  # after the session is gone: nothing writes there any more
+            try:
+                remove_scratch(self._scratch)
+            except OSError as exc:
+                logger.warning("episode %s: its scratch folder was not removed: %s", self.episode_id, exc)
 
 
 def _refused(

@@ -6,10 +6,16 @@ What isolates what
   (no terminal), no capabilities, no new privileges, uid/gid 65534 inside its user namespace, and kills it when
   the agent dies. Its environment is built from scratch: nothing of the agent's environment reaches it, and the
   child is pid 1 of its namespace, so /proc shows no other process.
-- Files: it sees /usr, the Python interpreter and the virtual environment read-only; the episode's scratch folder
-  read-write at /scratch (its cwd and HOME) and at /tmp (scratch/tmp); a read-only /proc of its own pid namespace
-  with the kernel's internals (kcore, kallsyms, kpage*, keys, ...) masked; a minimal read-only /dev. The rest of the
-  host (/home, /root, /etc, the repository, the host's /tmp and its sockets) does not exist in there.
+- Files: it sees /usr, the Python interpreter and the virtual environment read-only (wherever they live, /tmp
+  included); the episode's scratch folder read-write at /scratch (its cwd and HOME), bound by a file descriptor the
+  agent opened with O_NOFOLLOW; its own /tmp, a size-capped tmpfs in memory that no host path backs (it is lost at a
+  restart, /scratch is not); a read-only /proc of its own pid namespace with the kernel's internals (kcore,
+  kallsyms, kpage*, keys, ...) masked; a minimal read-only /dev. The rest of the host (/home, /root, /etc, the
+  repository, the host's /tmp and its sockets) does not exist in there.
+- Nothing a cell can write is ever resolved by the host as a path: no mount source lies inside scratch, the agent
+  opens nothing there, and the scratch folder is removed (`remove_scratch`, after the session is gone) by directory
+  fds that never follow a link. A link a cell plants anywhere in scratch (at /scratch/tmp, or deeper) therefore
+  points only inside the sandbox's own view, restart after restart.
 - Network: its network namespace has only a loopback of its own; the seccomp filter also refuses every socket
   family except AF_UNIX, and a Unix socket finds no host socket (no path, and abstract names are per namespace).
 - seccomp (a classic-BPF program built here, loaded by bwrap): no new processes (fork, vfork, clone without
@@ -25,16 +31,23 @@ What isolates what
 
 What is NOT protected
 - CPU contention: a cell may keep its CPUs busy for its wall-time limit (it runs at a lower priority, `nice`).
-- Disk space: each file in scratch is capped, the number of files is not.
-- Files a cell leaves in scratch are untrusted: a symlink there may point anywhere on the host; open them with care
-  (O_NOFOLLOW, or resolve and check the path) before reading them in the agent.
+- Disk space: each file in scratch is capped, the number of files is not. A write past the cap fails, but Python
+  silently drops the tail of a buffered file that the garbage collector closes: the session then says which file
+  reached the cap after the cell.
+- Information about the host: the paths of the interpreter and the virtual environment (a venv only works at its own
+  path; `sys.executable` shows them as /proc/self/mountinfo does, which also shows the scratch folder's host path),
+  the kernel version and the CPU. All of it is read-only.
 - When the agent runs as root, the child's host uid is 0 too (the user namespace maps 65534 to the caller): the
   kernel then does not enforce RLIMIT_NPROC, so a thread bomb is stopped by the agent's watchdog, which counts the
   child's threads every 50 ms; the files it writes in scratch are root's; file permission checks treat it as the
-  owner of root's files, which is why /proc is read-only and nothing else writable is mounted. Running the agent as
-  a normal user is stronger.
+  owner of root's files, which is why /proc is read-only and nothing else writable is mounted. Run the agent as an
+  unprivileged user (the deployment default, docs/deployment.md): the child is then that user, with no privilege on
+  the host even if every layer above failed; tests/captain_ros/agent/test_sandbox.py runs a session that way.
 - The kernel itself: namespaces and seccomp shrink its attack surface, they do not remove it.
-- What the robot callback does with the (validated) requests: `on_call` is the policy's real power.
+- What the robot callback does with the (validated) requests: `on_call` is the policy's real power. Its arguments
+  are JSON nested at most MAX_ARGUMENT_DEPTH levels, at most `max_message_bytes`.
+- A cell that breaks its own session (replacing built-ins, closing its channel) is restarted with a notice; one
+  that merely misleads itself (rebinding a module's function) keeps the consequences until it restarts.
 """
 
 from __future__ import annotations
@@ -51,6 +64,7 @@ import select
 import selectors
 import shutil
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -82,6 +96,7 @@ class SandboxLimits:
     memory_bytes: int = 2 * 1024**3  # address space (RLIMIT_AS): a bigger allocation raises MemoryError
     max_open_files: int = 256  # RLIMIT_NOFILE
     max_file_bytes: int = 64 * 1024**2  # largest file a cell can write (RLIMIT_FSIZE)
+    tmp_bytes: int = 256 * 1024**2  # the session's own /tmp, a tmpfs in memory (gone at a restart)
     max_output_bytes: int = 64 * 1024  # stdout+stderr kept per cell; more stops the cell
     max_threads: int = 256  # threads of the session (RLIMIT_NPROC, and the agent's watchdog when it runs as root)
     blas_threads: int = 4  # OPENBLAS/OMP/MKL_NUM_THREADS inside
@@ -112,7 +127,8 @@ class CellResult:
 
 
 class SandboxError(RuntimeError):
-    """The sandbox cannot start at all (bwrap missing, user namespaces disabled, ...)."""
+    """The sandbox cannot (re)start a session (bwrap missing, user namespaces disabled, a scratch folder that is not a
+    plain folder of the agent's, ...). Whatever stopped a start, it arrives as this and nothing else."""
 
 
 # --- seccomp ------------------------------------------------------------------------------------------------------
@@ -236,7 +252,7 @@ def build_seccomp_filter(machine: str | None = None) -> bytes:
 @functools.lru_cache(maxsize=8)
 def _python_dirs(python: str) -> tuple[str, ...]:
     """The folders `python` needs, read-only: its prefix (the venv) and base prefix (the interpreter)."""
-    if os.path.realpath(python) == os.path.realpath(sys.executable):
+    if os.path.abspath(python) == os.path.abspath(sys.executable):  # not realpath: venvs share their interpreter
         paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
     else:
         script = (
@@ -283,11 +299,115 @@ def _top_level_links() -> list[str]:
     return args
 
 
+# --- the scratch folder on the host -------------------------------------------------------------------------------
+# Cells write anything under scratch, links included; the host only ever touches it through these two functions,
+# which never follow a link: the folder itself is opened with O_NOFOLLOW and bound by its fd, and the removal walks
+# it by directory fds. Nothing else on the host (no mount source, no folder the agent creates) lies inside it.
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_scratch(path: Path) -> int:
+    """An O_PATH fd of the episode's scratch folder (made, parents too, when missing), which bwrap binds at /scratch;
+    SandboxError when it is a symbolic link, not a folder, not the agent's own or writable by others."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        kind = "a symbolic link" if path.is_symlink() else "not a usable folder"
+        raise SandboxError(f"the scratch folder {str(path)!r} is {kind} ({exc.strerror}): refused") from None
+    info = os.fstat(fd)
+    problem = ""
+    if info.st_uid != os.geteuid():
+        problem = f"owned by uid {info.st_uid}, not the agent's {os.geteuid()}"
+    elif info.st_mode & 0o002:
+        problem = "writable by every user"
+    if problem:
+        os.close(fd)
+        raise SandboxError(f"the scratch folder {str(path)!r} is {problem}: refused")
+    return fd
+
+
+def remove_scratch(path: Path) -> None:
+    """Removes a scratch folder and everything a cell left in it, following no link (call it once the sandbox is
+    closed: nothing may write there meanwhile). Folders a cell made unreadable are opened up first; nesting of any
+    depth is handled with a bounded number of open fds (deep folders are moved up to the top and removed from there).
+    A path that is a link or not a folder is left alone."""
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):  # a cell may have made /scratch itself unreadable
+            with contextlib.suppress(OSError):
+                os.chmod(path, 0o700)
+        top = os.open(path, _DIR_FLAGS)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise OSError(f"the scratch folder {str(path)!r} cannot be removed ({exc.strerror})") from None
+    try:
+        moved = 0
+        pending = [None]  # folders right under the top still to empty (None: the top itself)
+        while pending:
+            name = pending.pop()
+            fd = top if name is None else os.open(name, _DIR_FLAGS, dir_fd=top)
+            try:
+                moved = _empty_folder(top, fd, 0, pending, moved)
+            finally:
+                if fd != top:
+                    os.close(fd)
+            if name is not None:
+                os.rmdir(name, dir_fd=top)
+    finally:
+        os.close(top)
+    os.rmdir(path)
+
+
+_MAX_REMOVE_DEPTH = 32
+
+
+def _empty_folder(top: int, fd: int, depth: int, pending: list, moved: int) -> int:
+    for entry in list(os.scandir(fd)):
+        if not entry.is_dir(follow_symlinks=False):
+            os.unlink(entry.name, dir_fd=fd)
+            continue
+        with contextlib.suppress(OSError, ValueError, NotImplementedError):  # a folder a cell made unreadable
+            os.chmod(entry.name, 0o700, dir_fd=fd, follow_symlinks=False)
+        if depth >= _MAX_REMOVE_DEPTH:
+            moved += 1
+            name = f".captain-removing-{moved}"
+            os.rename(entry.name, name, src_dir_fd=fd, dst_dir_fd=top)
+            pending.append(name)
+            continue
+        sub = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)
+        try:
+            moved = _empty_folder(top, sub, depth + 1, pending, moved)
+        finally:
+            os.close(sub)
+        os.rmdir(entry.name, dir_fd=fd)
+    return moved
+
+
 # --- one session: one bwrap process -------------------------------------------------------------------------------
 
 
 class _ProtocolError(Exception):
     pass
+
+
+MAX_ARGUMENT_DEPTH = 16  # lists and dicts in a robot call's arguments; the API's deepest is a list of poses (3)
+
+
+def _nested_deeper_than(value: Any, limit: int) -> bool:
+    """True when lists and dicts in `value` nest more than `limit` levels (iteratively: any depth is safe)."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            if depth >= limit:
+                return True
+            stack += [(child, depth + 1) for child in item]
+    return False
 
 
 def _memfd(name: str, data: bytes) -> int:
@@ -699,6 +819,15 @@ class Sandbox:
     # starting
 
     def _start_session(self) -> _Session:
+        """A new session; any failure on the way (OSError included) is a SandboxError."""
+        try:
+            return self._try_start_session()
+        except SandboxError:
+            raise
+        except Exception as exc:  # an OSError from a pipe, the scratch folder, ...: this session only
+            raise SandboxError(f"the sandbox cannot start: {type(exc).__name__}: {exc}") from exc
+
+    def _try_start_session(self) -> _Session:
         bwrap = shutil.which("bwrap")
         if bwrap is None:
             raise SandboxError(
@@ -707,32 +836,45 @@ class Sandbox:
             )
         if not os.path.exists(self.python):
             raise SandboxError(f"the sandbox's Python {self.python!r} does not exist")
-        (self.scratch_dir / "tmp").mkdir(parents=True, exist_ok=True)
-        to_child_r, to_child_w = os.pipe()
-        from_child_r, from_child_w = os.pipe()
-        output_r, output_w = os.pipe()
-        info_r, info_w = os.pipe()
-        passwd = f"sandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:sandbox:{SCRATCH_IN_SANDBOX}:/usr/sbin/nologin\n"
-        data = {
-            "seccomp": build_seccomp_filter(),
-            "child": _CHILD_SOURCE.read_bytes(),
-            "passwd": passwd.encode(),
-            "group": f"sandbox:x:{SANDBOX_GID}:\n".encode(),
-        }
-        memfds = {name: _memfd(f"sandbox-{name}", content) for name, content in data.items()}
-        child_fds = [to_child_r, from_child_w, output_w, info_w, *memfds.values()]
-        argv = [bwrap, *self._bwrap_args(info_w, memfds), *self._child_command(to_child_r, from_child_w)]
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # bwrap's own environment: nothing of ours
-        fds = {"to_child": to_child_w, "from_child": from_child_r, "output": output_r, "info": info_r}
+        scratch_fd = open_scratch(self.scratch_dir)
+        fds: dict[str, int] = {}
+        child_fds = [scratch_fd]
         try:
-            session = _Session(argv, env, child_fds, {**fds, "output_child": output_w})
-        except OSError as exc:
+            to_child_r, fds["to_child"] = os.pipe()
+            fds["from_child"], from_child_w = os.pipe()
+            fds["output"], output_w = os.pipe()
+            fds["info"], info_w = os.pipe()
+            child_fds += [to_child_r, from_child_w, output_w, info_w]
+            passwd = f"sandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:sandbox:{SCRATCH_IN_SANDBOX}:/usr/sbin/nologin\n"
+            data = {
+                "seccomp": build_seccomp_filter(),
+                "child": _CHILD_SOURCE.read_bytes(),
+                "passwd": passwd.encode(),
+                "group": f"sandbox:x:{SANDBOX_GID}:\n".encode(),
+            }
+            memfds = {}
+            for name, content in data.items():
+                memfds[name] = _memfd(f"sandbox-{name}", content)
+                child_fds.append(memfds[name])
+            argv = [
+                bwrap,
+                *self._bwrap_args(info_w, memfds, scratch_fd),
+                *self._child_command(to_child_r, from_child_w),
+            ]
+            env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # bwrap's own environment: nothing of ours
+            try:
+                session = _Session(argv, env, child_fds, {**fds, "output_child": output_w})
+            except OSError as exc:
+                raise SandboxError(f"cannot run bwrap ({bwrap}): {exc}") from exc
+        except BaseException:
             for fd in fds.values():
-                os.close(fd)
-            raise SandboxError(f"cannot run bwrap ({bwrap}): {exc}") from exc
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            raise
         finally:
             for fd in child_fds:
-                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.close(fd)
         problem = session.wait_ready(self.limits.start_timeout_s)
         if problem is not None:
             session.close()
@@ -754,8 +896,7 @@ class Sandbox:
             )
         return f"the sandbox cannot start: {problem}{hint}"
 
-    def _bwrap_args(self, info_fd: int, memfds: dict[str, int]) -> list[str]:
-        scratch = str(self.scratch_dir)
+    def _bwrap_args(self, info_fd: int, memfds: dict[str, int], scratch_fd: int) -> list[str]:
         args = [
             "--unshare-all",
             "--unshare-user",
@@ -771,6 +912,8 @@ class Sandbox:
             "--seccomp", str(memfds["seccomp"]),
             "--ro-bind", "/usr", "/usr",
             *_top_level_links(),
+            # /tmp first, so an interpreter or venv that lives under the host's /tmp is bound on top of it
+            "--perms", "1777", "--size", str(self.limits.tmp_bytes), "--tmpfs", TMP_IN_SANDBOX,
         ]  # fmt: skip
         for path in _python_dirs(self.python):
             args += ["--ro-bind", path, path]
@@ -783,8 +926,7 @@ class Sandbox:
             "--proc", "/proc",
             *_proc_masks(),
             "--dev", "/dev",
-            "--bind", scratch, SCRATCH_IN_SANDBOX,
-            "--bind", str(self.scratch_dir / "tmp"), TMP_IN_SANDBOX,
+            "--bind-fd", str(scratch_fd), SCRATCH_IN_SANDBOX,
             "--remount-ro", "/proc",  # when the agent is root, so is the child to /proc/sys's permission checks
             "--remount-ro", "/dev",
             "--remount-ro", "/",
@@ -825,6 +967,8 @@ class Sandbox:
                 "RLIMIT_NPROC": int(limits.max_threads),
             },
             "max_message_bytes": limits.max_message_bytes,
+            "max_file_bytes": limits.max_file_bytes,
+            "max_argument_depth": MAX_ARGUMENT_DEPTH,
             "max_repr_chars": limits.max_repr_chars,
             "max_error_chars": limits.max_error_chars,
             "max_traceback_frames": limits.max_traceback_frames,
@@ -856,7 +1000,19 @@ class Sandbox:
             )
         assert cell.done is not None
         error = cell.done["error"][-2 * self.limits.max_error_chars :]
-        return CellResult(cell.done["status"], output, error, restarted=False, duration_s=0.0)
+        result = CellResult(cell.done["status"], output, error, restarted=False, duration_s=0.0)
+        damaged = cell.done.get("damaged")
+        if damaged:  # the session's own runtime is broken: every later cell would fail
+            names = ", ".join(str(name)[:40] for name in damaged[:10]) if isinstance(damaged, list) else "?"
+            reason = f"the cell replaced or deleted built-in names the session relies on ({names})"
+            session.kill(reason)
+            self._restart()
+            result.restarted = True
+            result.error = (
+                f"{result.error}\n{reason}; the session was restarted so that later cells work: variables and "
+                "imports from earlier cells are lost"
+            ).strip()
+        return result
 
     def _step(self, session: _Session, cell: _Cell) -> None:
         """Waits up to 0.25 s for the child and handles what it did; raises _Stop when the session must go."""
@@ -913,6 +1069,8 @@ class Sandbox:
             return {"op": "reply", "error": f"robot has no function {name!r}"}
         if not isinstance(args, list) or not isinstance(kwargs, dict):
             return {"op": "reply", "error": "malformed call"}
+        if _nested_deeper_than([args, kwargs], MAX_ARGUMENT_DEPTH):
+            return {"op": "reply", "error": f"the arguments are nested more than {MAX_ARGUMENT_DEPTH} levels deep"}
         try:
             result = self.on_call(name, args, kwargs)
             if not isinstance(result, dict):
@@ -961,4 +1119,13 @@ class Sandbox:
         return CellResult(status, cell.output.decode(errors="replace"), error, restarted=True, duration_s=0.0)
 
 
-__all__ = ["SCRATCH_IN_SANDBOX", "CellResult", "Sandbox", "SandboxError", "SandboxLimits", "build_seccomp_filter"]
+__all__ = [
+    "SCRATCH_IN_SANDBOX",
+    "CellResult",
+    "Sandbox",
+    "SandboxError",
+    "SandboxLimits",
+    "build_seccomp_filter",
+    "open_scratch",
+    "remove_scratch",
+]

@@ -51,6 +51,14 @@ class _State:
 
 # Captured now: a cell that replaces json.dumps or os.write changes its own session, not how this file talks.
 _dumps, _loads, _os_read, _os_write = json.dumps, json.loads, os.read, os.write
+_scandir, _sorted, _str = os.scandir, sorted, str
+# The built-in names as the session started: a cell that replaces or deletes one (builtins.print = None) breaks every
+# later cell, so the agent is told and restarts the session. This file's own functions, all defined below, look their
+# built-ins up in this private copy (a function takes its globals' __builtins__ when it is made), so they keep
+# working until then.
+BUILTINS_AT_START = dict(builtins.__dict__)
+__builtins__ = dict(BUILTINS_AT_START)
+_MISSING = object()
 
 STATE = _State()
 CALL_LOCK = threading.Lock()
@@ -139,11 +147,29 @@ def _jsonable(value: Any) -> Any:
     )
 
 
+def _too_deep(value: Any, limit: int) -> bool:
+    """Lists and dicts nested more than `limit` levels (the agent refuses them too; this only says so sooner)."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list | tuple):
+            if depth >= limit:
+                return True
+            stack += [(child, depth + 1) for child in item]
+    return False
+
+
 def _call(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if _too_deep([list(args), kwargs], CONFIG["max_argument_depth"]):
+        raise ValueError(f"robot.{name}(): the arguments are nested more than {CONFIG['max_argument_depth']} levels")
     try:
         body = _dumps({"op": "call", "name": name, "args": list(args), "kwargs": kwargs}, default=_jsonable)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"robot.{name}(): {exc}") from None
+    except RecursionError:
+        raise ValueError(f"robot.{name}(): the arguments are nested too deeply to send") from None
     data = body.encode()
     if len(data) > CONFIG["max_message_bytes"]:
         raise ValueError(f"robot.{name}(): the arguments are {len(data)} bytes, over {CONFIG['max_message_bytes']}")
@@ -215,6 +241,11 @@ def format_exception(exc: BaseException) -> str:
         text = f"{type(exc).__name__} (its traceback could not be formatted)\n"
     if isinstance(exc, SystemExit):
         text += "(sys.exit() does not end the session: its variables are kept)\n"
+    elif isinstance(exc, SystemError) and "without exception set" in _str(exc):
+        text += (
+            "(the interpreter failed without saying why; in a cell this is most often recursion so deep that Python "
+            "ran out of the sandbox's memory for its frames: recurse less, or keep sys.setrecursionlimit low)\n"
+        )
     return _tail(text, CONFIG["max_error_chars"])
 
 
@@ -278,8 +309,52 @@ def _flush_stdio() -> None:
             pass
 
 
+def damaged_builtins() -> list[str]:
+    """The built-in names a cell replaced or deleted (at most 10)."""
+    current = builtins.__dict__
+    return _sorted(name for name, value in BUILTINS_AT_START.items() if current.get(name, _MISSING) is not value)[:10]
+
+
+def files_cut_at_limit(seen: set) -> list[str]:
+    """Files in /scratch and /tmp that reached the file size limit since the last check: a write past the limit fails,
+    but a buffered file closed by the garbage collector loses its tail without a word (release builds of Python ignore
+    errors of an implicit close)."""
+    limit, found, budget = CONFIG["max_file_bytes"], [], 4000
+    folders = ["/scratch", "/tmp"]
+    while folders and budget > 0:
+        try:
+            entries = _scandir(folders.pop())
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                budget -= 1
+                if budget <= 0:
+                    break
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        folders.append(entry.path)
+                    elif entry.is_file(follow_symlinks=False):
+                        info = entry.stat(follow_symlinks=False)
+                        key = (entry.path, info.st_ino, info.st_mtime_ns)
+                        if info.st_size >= limit and key not in seen:
+                            seen.add(key)
+                            found.append(entry.path)
+                except OSError:
+                    continue
+    return found
+
+
+def _note(text: str) -> None:
+    try:
+        _os_write(STDOUT_COPY_FD, text.encode(errors="replace"))
+    except OSError:
+        _exit_channel_broken()
+
+
 def serve(namespace: dict[str, Any]) -> None:
     index = 0
+    cut_files: set = set()
     while True:
         message = receive()
         op = message.get("op")
@@ -294,9 +369,12 @@ def serve(namespace: dict[str, Any]) -> None:
             status, error = run_cell(str(message.get("code", "")), index, namespace)
             _flush_stdio()
             _check_channel()
+            for path in files_cut_at_limit(cut_files):
+                mib = CONFIG["max_file_bytes"] / 1024**2
+                _note(f"[sandbox] {path} reached the file size limit ({mib:g} MiB): what was written past it is lost\n")
             with CALL_LOCK:  # no robot call is in flight once `done` is sent, and none starts after it
                 STATE.cell_running = False
-                send({"op": "done", "status": status, "error": error})
+                send({"op": "done", "status": status, "error": error, "damaged": damaged_builtins()})
         # anything else (a stale reply) is ignored
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import reprlib
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -24,6 +25,20 @@ def _without_images(message: dict) -> dict:
     return message
 
 
+def _recordable(record: dict[str, Any]) -> dict[str, Any]:
+    """`record` as JSON types; a field that cannot be written (nested past Python's recursion limit, a type JSON
+    does not know) becomes a note saying so, so the record itself is always written."""
+    out: dict[str, Any] = {}
+    for key, value in record.items():
+        try:
+            safe = _json_safe(value)
+            json.dumps(safe, allow_nan=False)
+        except (RecursionError, ValueError, TypeError) as exc:
+            safe = {"unrecordable": f"{type(exc).__name__}: {str(exc)[:200]}", "repr": reprlib.repr(value)}
+        out[str(key)] = safe
+    return out
+
+
 class Transcript:
     def __init__(self, folder: Path):
         self.folder = Path(folder)
@@ -32,7 +47,7 @@ class Transcript:
         self._records: list[dict] = []
 
     def _write(self, record: dict[str, Any]) -> None:
-        record = {"t_unix_s": round(time.time(), 3), **_json_safe(record)}
+        record = {"t_unix_s": round(time.time(), 3), **_recordable(record)}
         self._records.append(record)
         self._file.write(json.dumps(record, allow_nan=False) + "\n")
         self._file.flush()

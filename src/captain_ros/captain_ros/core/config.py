@@ -61,6 +61,7 @@ class BudgetConfig:
     physical_actions: int = 150
     rl_selectable_actions: int = 120  # RL selects among the first 120 physical actions (CaPtain App. A.1)
     wall_time_s: float = 1080.0  # on the clock the episode runs on (the ROS clock: sim time with the twin)
+    perception_calls_per_request: int = 40  # perception and measurement calls of one request (0: no limit)
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,9 @@ class PerceptionConfig:
     segment_url: str = ""  # text-prompted segmentation server (segmenter: http)
     pointing_url: str = ""  # pointing model server; empty: point() falls back to segment()
     http_timeout_s: float = 10.0
+    max_observations_kept: int = 8  # an episode's observations (images and clouds: ~14 MB each); oldest dropped first
+    max_observations_mb: float = 512.0  # and at most this much memory for them
+    max_detections_kept: int = 200  # detections (each holds a mask); oldest dropped first
 
 
 @dataclass(frozen=True)

@@ -81,11 +81,14 @@ class Perception:
         self.pointer = HttpPointer(config.pointing_url, config.http_timeout_s) if config.pointing_url else None
         # names regions by their look where colour and shape do not name the objects (LIBERO); None: not used
         self.appearance: AppearanceLibrary | None = None
+        self.config = config
         self.new_episode()
 
     def new_episode(self) -> None:
-        self.store = ObservationStore()
+        c = self.config
+        self.store = ObservationStore(c.max_observations_kept, round(c.max_observations_mb * 1024**2))
         self.detections: dict[str, Detection] = {}
+        self._detections_made = 0
 
     def scene_changed(self) -> None:
         """After a physical action: every observation so far is stale. Their point clouds and segments
@@ -126,7 +129,16 @@ class Perception:
         if not isinstance(value, str) or not value:
             raise A.ArgumentError(f"{name} must be a detection id like 'det-3', got {value!r}")
         det = self.detections.get(value)
-        if det is None:
+        if det is None or det.observation not in self.store:
+            self.detections.pop(value, None)
+            number = value.removeprefix("det-")
+            if number.isdigit() and 0 < int(number) <= self._detections_made:
+                raise PerceptionError(
+                    FailureCategory.INVALID_ARGUMENT,
+                    f"{value} was dropped with older observations or detections (an episode keeps its "
+                    f"{self.store.max_kept} most recent observations and {self.config.max_detections_kept} "
+                    "detections): observe() again and re-detect",
+                )
             known = ", ".join(list(self.detections)[-10:]) or "none yet: segment() or mark_point() first"
             raise A.ArgumentError(f"unknown detection id {value!r} for {name} (known: {known})")
         if not allow_stale and self.store.is_stale(det.observation):
@@ -140,8 +152,11 @@ class Perception:
     def _add(  # noqa: PLR0917 - internal
         self, label: str, obs: Observation, camera: str, mask: np.ndarray, score: float, pixel=None
     ) -> Detection:
-        det = Detection(f"det-{len(self.detections) + 1}", label, obs, camera, mask, score, pixel)
+        self._detections_made += 1
+        det = Detection(f"det-{self._detections_made}", label, obs, camera, mask, score, pixel)
         self.detections[det.id] = det
+        while len(self.detections) > max(1, self.config.max_detections_kept):
+            del self.detections[next(iter(self.detections))]
         return det
 
     def _geometry(self, det: Detection, shape: str = "auto") -> Geometry:
@@ -181,6 +196,11 @@ class Perception:
         }
         size = next(iter(images.values())).shape
         receipt = f"observe: {obs.handle}, {'+'.join(names)} RGB-D {size[1]}x{size[0]}, jaw {jaw * 1000:.0f} mm"
+        if self.store.dropped:
+            value["dropped_observations"] = list(self.store.dropped)
+            receipt += f"; dropped {', '.join(self.store.dropped)} (the {self.store.max_kept} most recent are kept)"
+            live = {d for d, det in self.detections.items() if det.observation in self.store}
+            self.detections = {d: det for d, det in self.detections.items() if d in live}
         return CallResult.ok("observe", value=value, receipt=receipt)
 
     def _segment(self, text: Any = None, camera: str = "head", observation_handle: Any = None) -> CallResult:

@@ -21,6 +21,7 @@ infrastructure failure ended one). Budgets and the settle time follow this node'
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -288,6 +289,11 @@ class AgentNode(Node):
             )
             self.display = LiveDisplay() if p["live_display"] else None
             limits = SandboxLimits(cell_timeout_s=config.agent.cell_timeout_s)
+            if os.geteuid() == 0:
+                self.get_logger().warning(
+                    "the agent runs as root, so the model's code runs as host root inside its sandbox: run the "
+                    "agent node as an unprivileged user (docs/deployment.md)"
+                )
 
             def sandbox(scratch, on_call, allowed):
                 box = Sandbox(scratch, on_call, allowed, limits)
