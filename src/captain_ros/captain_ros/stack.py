@@ -131,7 +131,7 @@ class Stack:
                 ),
             )
             self._start("motion", self._node("motion_node", ("use_sim_time", "true")))
-            self._start("perception", self._node("perception_node"))
+            self._start("perception", self._node("perception_node", ("use_sim_time", "true")))
             agent = self._start(
                 "agent",
                 self._node(

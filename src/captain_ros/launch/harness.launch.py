@@ -78,7 +78,8 @@ def generate_launch_description() -> LaunchDescription:
             "use_sim_time",
             default_value="false",
             choices=["true", "false"],
-            description="the motion node's watchdog and wall-time budget on /clock (true with the MuJoCo twin)",
+            description="the motion node's watchdog and wall-time budget, and the perception node's stream ages, on "
+            "/clock (true with the MuJoCo twin)",
         ),
         DeclareLaunchArgument(
             "control_period_s",
@@ -110,6 +111,12 @@ def generate_launch_description() -> LaunchDescription:
         executable="perception_node",
         name="perception",
         output="screen",
-        parameters=[{"robot_profile": typed("robot_profile", str), "harness_config": typed("harness_config", str)}],
+        parameters=[
+            {
+                "robot_profile": typed("robot_profile", str),
+                "harness_config": typed("harness_config", str),
+                "use_sim_time": typed("use_sim_time", bool),
+            }
+        ],
     )
     return LaunchDescription([*args, motion, perception])

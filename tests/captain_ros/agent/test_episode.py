@@ -346,3 +346,47 @@ def test_the_transcript_writes_a_record_whatever_its_arguments(tmp_path):
     assert [r["request"] for r in records] == [1, 2]
     assert "RecursionError" in records[0]["kwargs"]["unrecordable"]
     assert records[0]["result"] == {"success": False, "message": "refused"}
+
+
+# ------------------------------------------------------------------------------------ a reply in a code block
+def test_a_fenced_python_block_without_a_tool_call_runs_as_the_cell(link, tmp_path):
+    """Small local models often answer with a ```python block and no tool call: the block runs as the cell, its output
+    comes back as a user message (the form a chat template renders after a plain reply), the transcript says so."""
+    policy = Scripted(
+        [
+            Reply("I will look first.\n```python\nstate = robot.get_robot_state()\nprint('jaw', state['success'])\n```"),
+            Reply("Now the gate.\n```py\nprint(round(1.5 * 2))\n```\nand nothing else"),
+            Reply("All done, no code here."),
+        ]
+    )
+    result = run(link, policy, tmp_path)
+    assert result.requests == 3 and result.reason == "the reply had no tool call: the episode ends"
+    second_prompt = policy.prompts[1]
+    assert second_prompt[-2]["role"] == "assistant" and "tool_calls" not in second_prompt[-2]
+    assert second_prompt[-1]["role"] == "user" and second_prompt[-1]["content"].startswith(
+        "[output of your python block]\njaw True"
+    )
+    assert policy.prompts[2][-1]["content"].startswith("[output of your python block]\n3\n")
+    requests = [r for r in transcript(result) if r["type"] == "request"]
+    assert requests[0]["fenced_code"] == "state = robot.get_robot_state()\nprint('jaw', state['success'])"
+    assert [r["capability"] for r in transcript(result) if r["type"] == "call"] == ["get_robot_state"]
+    assert requests[2]["fenced_code"] == ""
+
+
+def test_fenced_python_picks_python_blocks_and_ignores_others():
+    from captain_ros.agent.episode import fenced_python
+
+    assert fenced_python("```python\na = 1\n```\ntext\n```py\nb = 2\n```") == "a = 1\n\nb = 2"
+    assert fenced_python("```\nx = 3\n```") == "x = 3"
+    assert fenced_python("```bash\nls\n```\n```\nx = 3\n```") == "x = 3"
+    assert fenced_python("```json\n{}\n```") is None
+    assert fenced_python("no code") is None and fenced_python("```python\n\n```") is None
+    assert fenced_python("```python\nunclosed") is None
+
+
+def test_a_fenced_block_can_be_turned_off(link, tmp_path):
+    config = load_config()
+    config = replace(config, agent=replace(config.agent, accept_fenced_code=False))
+    policy = Scripted([Reply("```python\nprint(1)\n```")])
+    result = run(link, policy, tmp_path, config=config)
+    assert result.requests == 1 and "no tool call" in result.reason

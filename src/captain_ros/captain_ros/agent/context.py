@@ -52,6 +52,7 @@ class Turn:
     assistant: dict
     replies: list[dict] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)  # the robot calls the turn ran, for compaction
+    fenced_code: str = ""  # the cell taken from a fenced code block of a reply without a tool call
 
     def messages(self) -> list[dict]:
         return [self.assistant, *self.replies]

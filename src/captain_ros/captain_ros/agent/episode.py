@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import tempfile
 import time
 import traceback
@@ -120,6 +121,19 @@ class EpisodeResult:
         d["overhead_s"] = [round(t.overhead_s, 4) for t in self.timings]
         d["generation_s"] = [round(t.generation_s, 4) for t in self.timings]
         return d
+
+
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+
+
+def fenced_python(text: str) -> str | None:
+    """The Python a reply holds in fenced code blocks (```python, ```py, or unlabelled when no block is labelled),
+    joined in order; None when it has none with code in it."""
+    blocks = [(label.lower(), code) for label, code in _FENCE.findall(text or "")]
+    python = [code for label, code in blocks if label in ("python", "py", "python3")]
+    chosen = python or [code for label, code in blocks if not label]
+    code = "\n\n".join(block.strip("\n") for block in chosen)
+    return code if code.strip() else None
 
 
 def bind_arguments(capability: str, args: list, kwargs: dict) -> dict:
@@ -285,7 +299,7 @@ class _Episode:
                 return self._end(Outcome.INFRASTRUCTURE, self.infrastructure)
             if self.finished:
                 return self._end(None, "finish() accepted")
-            if not turn.assistant.get("tool_calls") and self.cfg.end_on_no_tool_call:
+            if not turn.assistant.get("tool_calls") and not turn.fenced_code and self.cfg.end_on_no_tool_call:
                 return self._end(None, "the reply had no tool call: the episode ends")
 
     def _spent(self) -> str | None:
@@ -314,6 +328,16 @@ class _Episode:
             assistant["tool_calls"] = calls
         turn = Turn(self.requests, assistant)
         self.event("reply", request=self.requests, content=content, tool_calls=len(calls))
+        fenced = fenced_python(content) if not calls and self.cfg.accept_fenced_code else None
+        if fenced is not None:  # a small local model that answers in a code block instead of a tool call
+            turn.fenced_code = fenced
+            text, cell = self._run(fenced)
+            # its output comes back as a user message, the form a chat template renders after a plain reply
+            turn.replies.append({"role": "user", "content": f"[output of your python block]\n{text}"})
+            if cell is not None:
+                turn.commands += [f"{c['capability']}: {c['receipt'] or c['message']}" for c in cell.calls]
+                self._show_images(turn, cell.images)
+            return turn
         if not calls:
             if self.cfg.end_on_no_tool_call:
                 return turn  # the loop ends here
@@ -335,6 +359,11 @@ class _Episode:
                 images += cell.images
             if self.finished or self.infrastructure:
                 break
+        self._show_images(turn, images)
+        return turn
+
+    def _show_images(self, turn: Turn, images: list[tuple[str, Any]]) -> None:
+        """The request's images (its cells' most recent observations) as one user message after its replies."""
         if images and self.cfg.send_images:
             shown = images[-self.cfg.max_images_per_cell :]
             parts: list[dict] = [
@@ -344,7 +373,6 @@ class _Episode:
             self._request_images = [(label, part) for (label, _), part in zip(shown, image_parts, strict=True)]
             parts += image_parts
             turn.replies.append({"role": "user", "content": parts})
-        return turn
 
     def _tool_call(self, call: dict) -> tuple[str, _Cell | None]:
         """Run one tool call; returns the tool message text and what the cell did (None if nothing ran)."""
@@ -359,6 +387,10 @@ class _Episode:
         code = arguments.get("code") if isinstance(arguments, dict) else None
         if not isinstance(code, str) or not code.strip():
             return "[error] the python tool needs a non-empty string argument `code`", None
+        return self._run(code)
+
+    def _run(self, code: str) -> tuple[str, _Cell | None]:
+        """Run one cell; returns the text that goes back to the model and what the cell did (None: nothing ran)."""
         cell = _Cell()
         self._cell = cell
         self.event("cell", request=self.requests, code=code)

@@ -86,6 +86,7 @@ class Transcript:
                 "request": index,
                 "completion": {k: getattr(completion, k, None) for k in fields},
                 "replies": [_without_images(m) for m in turn.replies],
+                "fenced_code": getattr(turn, "fenced_code", ""),  # the cell ran from a code block, not a tool call
                 "timing": {**asdict(timing), "overhead_s": timing.overhead_s},
                 "budget": budget_line,
             }

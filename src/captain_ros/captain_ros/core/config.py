@@ -97,6 +97,7 @@ class AgentConfig:
     keep_recent_turns: int = 4  # turns kept verbatim by compaction (besides the task context)
     missed_finish_requests: int = 15  # all goals held this many consecutive requests without finish: stop
     end_on_no_tool_call: bool = True  # a reply with no tool call ends the episode (CaPtain §3); false: nudge
+    accept_fenced_code: bool = True  # a reply with no tool call but a ```python block runs that block as the cell
     cell_timeout_s: float = 120.0  # wall time of one cell, robot calls included
     settle_s: float = 1.0  # the scene settles this long (arm holding) before the host scores it
 

@@ -44,6 +44,7 @@ from captain_ros.core.config import load_config
 from captain_ros.core.contract import CAPABILITY_BY_NAME, PHYSICAL_CAPABILITIES
 from captain_ros.paths import config_path
 from captain_ros.ros.convert import budget_to_msg, call_result_from_msg
+from captain_ros.ros.guard import GuardedNode
 from captain_ros.ros.spin import close, init, request_stop, spin_until_stopped, stopping
 
 PERCEPTION_GROUPS = ("perception", "measurement")
@@ -177,7 +178,7 @@ class RosLink(HarnessLink):
         self.node.get_clock().sleep_for(Duration(seconds=seconds))
 
 
-class AgentNode(Node):
+class AgentNode(GuardedNode, Node):
     def __init__(self, **node_options: Any):
         super().__init__("agent", **node_options)
         d = lambda text: ParameterDescriptor(description=text)  # noqa: E731

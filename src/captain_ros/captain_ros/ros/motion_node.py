@@ -56,7 +56,7 @@ from pathlib import Path
 import numpy as np
 from geometry_msgs.msg import Point
 from rcl_interfaces.msg import ParameterDescriptor
-from rclpy.action import ActionServer, CancelResponse, GoalResponse
+from rclpy.action import CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
@@ -80,8 +80,9 @@ from captain_ros.harness.shadow import ShadowError
 from captain_ros.paths import config_path
 from captain_ros.ros.convert import call_result_to_msg
 from captain_ros.ros.description import resolve_profile
+from captain_ros.ros.guard import GuardedActionServer, GuardedNode
 from captain_ros.ros.operator_view import marker_msg
-from captain_ros.ros.ros2_control_backend import Ros2ControlBackend
+from captain_ros.ros.ros2_control_backend import LOCKSTEP_STATE_TIMEOUT_S, Ros2ControlBackend
 from captain_ros.ros.safety import SafetySupervisor
 
 FEEDBACK_EVERY_S = 0.05
@@ -109,7 +110,7 @@ def move_to_kwargs(goal: MoveTo.Goal, base_frame: str) -> dict:
     return kwargs
 
 
-class MotionNode(LifecycleNode):
+class MotionNode(GuardedNode, LifecycleNode):
     def __init__(self) -> None:
         super().__init__("motion")
         describe = ParameterDescriptor
@@ -143,6 +144,14 @@ class MotionNode(LifecycleNode):
             "state_timeout_s",
             0.5,
             describe(description="a joint state or wrench older than this (wall time) = link or force sensing lost"),
+        )
+        self.declare_parameter(
+            "lockstep_state_timeout_s",
+            LOCKSTEP_STATE_TIMEOUT_S,
+            describe(
+                description="the same limit against a twin in lockstep, which cannot move while unheard (a busy host "
+                "slows it down): only a twin that stopped altogether is a lost link"
+            ),
         )
         self.declare_parameter(
             "wrench_max_lag_s",
@@ -313,6 +322,7 @@ class MotionNode(LifecycleNode):
             self.profile,
             control_period_s=float(param("control_period_s").value),
             state_timeout_s=float(param("state_timeout_s").value),
+            lockstep_state_timeout_s=float(param("lockstep_state_timeout_s").value),
             wrench_max_lag_s=float(param("wrench_max_lag_s").value),
             stop_decel_radps2=self.config.safety.stop_decel_radps2,
         )
@@ -461,7 +471,7 @@ class MotionNode(LifecycleNode):
         self.create_subscription(Empty, "/agent/heartbeat", self._on_heartbeat, 10, callback_group=states)
         # perception runs in the perception node: its results count as verification for the completion gate
         self.create_subscription(CallResultMsg, "/harness/receipts", self._on_receipt, 50, callback_group=states)
-        self._action = ActionServer(
+        self._action = GuardedActionServer(
             self,
             MoveTo,
             "/harness/move_to",

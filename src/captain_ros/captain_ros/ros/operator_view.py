@@ -36,6 +36,7 @@ from captain_ros.core.operator_view import (
     Shape,
 )
 from captain_ros.ros.convert import budget_from_msg, call_result_from_msg
+from captain_ros.ros.guard import GuardedNode
 from captain_ros.ros.spin import spin
 
 MARKER_TYPES = {
@@ -70,7 +71,7 @@ def episode_view(msg: EpisodeStatus) -> EpisodeView:
     )
 
 
-class OperatorViewNode(Node):
+class OperatorViewNode(GuardedNode, Node):
     def __init__(self, **node_options) -> None:
         super().__init__("operator_view", **node_options)
         d = lambda text: ParameterDescriptor(description=text)  # noqa: E731

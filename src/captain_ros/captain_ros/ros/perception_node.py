@@ -58,10 +58,12 @@ from captain_ros.perception.perception import Perception
 from captain_ros.ros.convert import call_result_to_msg, camera_info, image_msg, pose_msg, quat_wxyz, stamp_msg
 from captain_ros.ros.description import resolve_profile
 from captain_ros.ros.frames import FrameBuffer, FrameError, Transform, UnknownFrameError
+from captain_ros.ros.guard import GuardedNode
 from captain_ros.ros.spin import spin
 
 STALE_AFTER_S = 2.0  # default (parameter stale_after_s), wall seconds: older camera or joint messages are not current
 SYNC_TOLERANCE_S = 0.02  # colour and depth stamps must agree this well
+SIM_STREAM_LOST_S = 30.0  # with use_sim_time (the twin): wall seconds without a message before a stream is gone
 PAIR_WAIT_S = 1.0  # default (parameter pair_wait_s): how long observe waits for a colour and depth pair
 TF_WAIT_S = 0.5  # default (parameter tf_wait_s): how long observe waits for /tf to reach an image's stamp
 HISTORY = 4  # messages kept per stream for pairing
@@ -92,7 +94,7 @@ def _seconds(stamp) -> float:
     return stamp.sec + stamp.nanosec * 1e-9
 
 
-class PerceptionNode(Node):
+class PerceptionNode(GuardedNode, Node):
     def __init__(self) -> None:
         super().__init__("perception")
         self.declare_parameter(
@@ -110,7 +112,8 @@ class PerceptionNode(Node):
             "stale_after_s",
             STALE_AFTER_S,
             ParameterDescriptor(
-                description="wall seconds after which a camera or joint stream counts as gone",
+                description="seconds after which a camera or joint stream counts as gone (wall time; with "
+                "use_sim_time, the node's clock against the stamps)",
                 floating_point_range=seconds,
             ),
         )
@@ -118,7 +121,8 @@ class PerceptionNode(Node):
             "pair_wait_s",
             PAIR_WAIT_S,
             ParameterDescriptor(
-                description="wall seconds observe waits for a fresh colour and depth pair", floating_point_range=seconds
+                description="seconds observe waits for a fresh colour and depth pair (on the node's clock)",
+                floating_point_range=seconds,
             ),
         )
         self.declare_parameter(
@@ -227,14 +231,30 @@ class PerceptionNode(Node):
         if msg.executed and CAPABILITY_BY_NAME.get(msg.capability) and CAPABILITY_BY_NAME[msg.capability].physical:
             self.perception.scene_changed()
 
+    def _sim_time(self) -> bool:
+        return bool(self.get_parameter("use_sim_time").value)
+
     def _fresh(self, camera: str, kind: str) -> list:
-        """Recent messages of one stream, newest first; raises when there are none or the stream went quiet."""
+        """Recent messages of one stream, newest first; raises when there are none or the stream went quiet.
+
+        Quiet means older than `stale_after_s`: in wall time since it came for a real camera; on the node's clock
+        against its stamp with use_sim_time (the twin), since a busy host slows the twin's clock and its cameras
+        alike, and then in wall time only when nothing came for SIM_STREAM_LOST_S (the twin has stopped)."""
         history = list(self._latest.get((camera, kind), ()))
+        who = camera or "the arm"
         if not history:
-            raise BackendError(f"no {kind} message from the {camera or 'arm'} yet")
-        age = time.monotonic() - history[-1][1]
-        if age > self.get_parameter("stale_after_s").value:
-            raise BackendError(f"the last {kind} message of {camera or 'the arm'} is {age:.1f} s old")
+            raise BackendError(f"no {kind} message from {who} yet")
+        msg, received = history[-1]
+        limit, wall_age = self.get_parameter("stale_after_s").value, time.monotonic() - received
+        if not self._sim_time():
+            if wall_age > limit:
+                raise BackendError(f"the last {kind} message of {who} is {wall_age:.1f} s old")
+        elif wall_age > max(limit, SIM_STREAM_LOST_S):
+            raise BackendError(f"no {kind} message from {who} for {wall_age:.0f} s (wall time): the twin has stopped")
+        else:
+            sim_age = self.get_clock().now().nanoseconds * 1e-9 - _seconds(msg.header.stamp)
+            if sim_age > limit:
+                raise BackendError(f"the last {kind} message of {who} is {sim_age:.1f} s old (sim time)")
         return [msg for msg, _ in reversed(history)]
 
     @staticmethod
@@ -250,12 +270,15 @@ class PerceptionNode(Node):
     def _wait_for_pair(self, camera: str) -> tuple:
         """A synchronised colour + depth pair; waits up to `pair_wait_s`, since one stream can run a frame
         ahead of the other (the subscriptions keep filling in other executor threads meanwhile)."""
-        deadline = time.monotonic() + self.get_parameter("pair_wait_s").value
+        wait_s = self.get_parameter("pair_wait_s").value
+        wall_deadline = time.monotonic() + (max(wait_s, SIM_STREAM_LOST_S) if self._sim_time() else wait_s)
+        sim_deadline = self.get_clock().now().nanoseconds * 1e-9 + wait_s  # with use_sim_time: the twin's clock
         while True:
             try:
                 return self._pair(camera, self._fresh(camera, "color"), self._fresh(camera, "depth"))
             except BackendError:
-                if time.monotonic() > deadline:
+                waited = self._sim_time() and self.get_clock().now().nanoseconds * 1e-9 > sim_deadline
+                if time.monotonic() > wall_deadline or waited:
                     raise
                 time.sleep(0.01)
 

@@ -42,7 +42,6 @@ import time
 from collections import deque
 
 import numpy as np
-import rclpy
 from builtin_interfaces.msg import Duration
 from control_msgs.action import FollowJointTrajectory
 from geometry_msgs.msg import WrenchStamped
@@ -66,11 +65,19 @@ from captain_ros.harness.backend import ArmBackend, ArmReflexStop, ArmState, Bac
 from captain_ros.ros.convert import stamp_msg, stamp_msg_ns
 from captain_ros.ros.frames import FrameBuffer, FrameError, Transform, stamp_ns
 from captain_ros.ros.grippers import FingerStates, make_gripper
+from captain_ros.ros.guard import GuardedNode
 from captain_ros.ros.spin import SpunActionClient, spin_until_shutdown
 from captain_ros.twin import lockstep
 
 REFLEX_FORCE = re.compile(r"external force ([0-9.]+) N")
 _LINKS = itertools.count()  # numbers each backend's own node
+LOCKSTEP_STATE_TIMEOUT_S = 20.0  # the link-loss limit against a twin in lockstep (see Ros2ControlBackend.link_limit_s)
+
+
+class _LinkNode(GuardedNode, Node):
+    """The backend's own node: a callback that raises drops its message instead of ending the arm's state stream."""
+
+
 WRENCH_HISTORY = 100  # wrenches kept for /tf to reach (0.2 s at UR's 500 Hz)
 GOAL_LEAD_FIRST_S = 0.2  # a goal's start stamp ahead of the arm's clock before any goal round trip was measured
 GOAL_LEAD_MAX_S = 1.0  # never further ahead: a goal that takes longer to arrive begins part-way along
@@ -116,12 +123,15 @@ class Ros2ControlBackend(ArmBackend):
         wrench_max_lag_s: float = 0.25,
         stop_decel_radps2: float | None = None,
         goal_lead_min_s: float = 0.05,
+        lockstep_state_timeout_s: float = LOCKSTEP_STATE_TIMEOUT_S,
     ):
         """`node` is the host: its namespace and remappings name the arm's interfaces. The backend talks to the
         arm through a node of its own, spun by a thread of its own, so the arm's state keeps flowing however
         busy the host's executor is (every one of its threads waiting for the arm, say); close() stops it.
         `stop_decel_radps2`: the stop ramps' deceleration limit (default: config/safety.yaml's).
-        `goal_lead_min_s`: the least a goal is stamped ahead of the arm's clock (see `follow`)."""
+        `goal_lead_min_s`: the least a goal is stamped ahead of the arm's clock (see `follow`).
+        `lockstep_state_timeout_s`: the link-loss limit (wall time) while a twin runs in lockstep with this backend,
+        in place of `state_timeout_s` (see `link_limit_s`)."""
         decel = load_config().safety.stop_decel_radps2 if stop_decel_radps2 is None else float(stop_decel_radps2)
         if not decel > 0:  # also refuses NaN
             raise ValueError(f"stop_decel_radps2 must be > 0 rad/s^2, got {stop_decel_radps2}")
@@ -131,7 +141,7 @@ class Ros2ControlBackend(ArmBackend):
         self.node, self.profile = node, profile
         interfaces = profile.interfaces
         topic, service = node.resolve_topic_name, node.resolve_service_name
-        link = rclpy.create_node(
+        link = _LinkNode(
             f"{node.get_name()}_arm_link_{next(_LINKS)}",
             context=node.context,
             use_global_arguments=False,  # the host's remappings are already in the resolved names
@@ -141,6 +151,12 @@ class Ros2ControlBackend(ArmBackend):
         self._executor.add_node(link)
         self._period = control_period_s
         self._timeout = state_timeout_s
+        if not lockstep_state_timeout_s >= state_timeout_s:  # also refuses NaN
+            raise ValueError(
+                f"lockstep_state_timeout_s must be >= state_timeout_s ({state_timeout_s} s), "
+                f"got {lockstep_state_timeout_s}"
+            )
+        self._lockstep_timeout = lockstep_state_timeout_s
         self._server_timeout = server_timeout_s
         self._wrench_max_lag = wrench_max_lag_s
         self._goal_lead_min_s = goal_lead_min_s
@@ -246,10 +262,11 @@ class Ros2ControlBackend(ArmBackend):
         if stamp is None:
             return
         # at most the link-loss limit: a twin that takes longer to answer is lost anyway
-        taken, _ = self._lockstep.end(stamp, sent, self._timeout)
+        limit = self.link_limit_s
+        taken, _ = self._lockstep.end(stamp, sent, limit)
         if sent and not taken:
             self._link.get_logger().warning(
-                f"the twin did not echo the command stamped {stamp * 1e-9:.3f} s within {self._timeout} s: grants "
+                f"the twin did not echo the command stamped {stamp * 1e-9:.3f} s within {limit} s: grants "
                 "resumed without it"
             )
 
@@ -292,6 +309,18 @@ class Ros2ControlBackend(ArmBackend):
     @property
     def control_period_s(self) -> float:
         return self._period
+
+    @property
+    def link_limit_s(self) -> float:
+        """How old (wall time) the latest joint state or wrench may be before the link counts as lost.
+
+        A real arm moves whether or not this process hears it, so its states must stay fresh: `state_timeout_s`.
+        A twin in lockstep with this backend cannot run more than a grant horizon (20 ms of sim time) past the
+        newest state the backend has seen, so a state that comes late only means a busy host that slows the twin
+        down, never an arm moving unobserved: there the limit is `lockstep_state_timeout_s` (20 s by default, Fast
+        DDS's lease for a participant that is gone), and only a twin that stopped altogether ends the call."""
+        follows = self._lockstep is not None and self._lockstep.enabled
+        return self._lockstep_timeout if follows else self._timeout
 
     def wait_for_state(self, timeout_s: float = 10.0, wrench_timeout_s: float | None = None) -> ArmState:
         """Block until the first joint state arrives, then until force sensing is usable (at most
@@ -354,9 +383,9 @@ class Ros2ControlBackend(ArmBackend):
         if msg is None:
             raise BackendError("no joint state received yet")
         now = time.monotonic()
-        age = now - wall
-        if age > self._timeout:
-            raise BackendError(f"the last joint state is {age:.2f} s old (limit {self._timeout} s): link lost")
+        age, limit = now - wall, self.link_limit_s
+        if age > limit:
+            raise BackendError(f"the last joint state is {age:.2f} s old (limit {limit} s): link lost")
         index = {n: i for i, n in enumerate(msg.name)}
         try:
             arm = [index[j] for j in self.profile.arm_joints]
@@ -392,9 +421,9 @@ class Ros2ControlBackend(ArmBackend):
                 f"no wrench received on {topic}: without force sensing motions are refused "
                 "(is the force/torque sensor broadcaster running, on that topic?)"
             )
-        if age_s > self._timeout:
+        if age_s > self.link_limit_s:
             raise BackendError(
-                f"the last wrench on {topic} is {age_s:.2f} s old (limit {self._timeout} s): force sensing lost"
+                f"the last wrench on {topic} is {age_s:.2f} s old (limit {self.link_limit_s} s): force sensing lost"
             )
         hand, frame = self.profile.hand_frame, msg.header.frame_id
         on_tf = frame != hand and frame not in self._frames
@@ -473,7 +502,7 @@ class Ros2ControlBackend(ArmBackend):
     def resync(self) -> None:
         """A new episode: after a reset the arm's clock may have jumped, so wait (briefly) until the joint states
         and the wrench agree again before holding where the arm is."""
-        self._wait_for_force(self._timeout)
+        self._wait_for_force(self.link_limit_s)
         self._mirror_or_fail().hold(self.read_state(require_force=False).q_rad)
 
     def set_force_reflex(self, threshold_n: float) -> bool:
@@ -570,8 +599,9 @@ class Ros2ControlBackend(ArmBackend):
         answered = threading.Event()
         future = self._arm_action.send_goal_async(FollowJointTrajectory.Goal(trajectory=msg))
         future.add_done_callback(lambda _f: answered.set())
-        if not answered.wait(self._server_timeout):
-            raise BackendError(f"the arm controller did not answer the goal within {self._server_timeout:.0f} s")
+        limit = max(self._server_timeout, self.link_limit_s)  # a twin on a busy host answers late, not never
+        if not answered.wait(limit):
+            raise BackendError(f"the arm controller did not answer the goal within {limit:.0f} s")
         handle = future.result()
         if handle is None or not handle.accepted:
             raise BackendError("the arm controller rejected the trajectory goal")
@@ -691,7 +721,8 @@ class Ros2ControlBackend(ArmBackend):
     def wait_period(self) -> None:
         """Wait until the measured state has advanced one control period (by its own stamps)."""
         start = self.read_state(require_force=False).time_s
-        deadline = time.monotonic() + self._timeout
+        limit = self.link_limit_s
+        deadline = time.monotonic() + limit
         with self._cond:
             while True:
                 gripper_failure = self._gripper.failure()
@@ -708,5 +739,5 @@ class Ros2ControlBackend(ArmBackend):
                     return
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise BackendError(f"joint states stopped advancing for {self._timeout} s: link lost")
+                    raise BackendError(f"joint states stopped advancing for {limit} s: link lost")
                 self._cond.wait(left)

@@ -48,7 +48,7 @@ from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from geometry_msgs.msg import TransformStamped, WrenchStamped
 from rcl_interfaces.msg import FloatingPointRange, ParameterDescriptor, SetParametersResult
 from rclpy._rclpy_pybind11 import RCLError
-from rclpy.action import ActionServer, CancelResponse, GoalResponse
+from rclpy.action import CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
@@ -67,6 +67,7 @@ from captain_ros.core.config import load_config
 from captain_ros.core.trajectory import JointTrajectory, TrajectoryError, duration_to_s
 from captain_ros.ros.convert import camera_info, image_msg, pose_msg, quat_wxyz, stamp_msg
 from captain_ros.ros.frames import stamp_ns
+from captain_ros.ros.guard import GuardedActionServer, GuardedNode
 from captain_ros.ros.spin import spin
 from captain_ros.twin import lockstep
 from captain_ros.twin.cameras import CameraFrame
@@ -88,7 +89,7 @@ REFLEX_PARAMETER = "reflex_force_threshold_n"
 SPEED_SLIDER_PARAMETER = "speed_slider_fraction"
 
 
-class TwinNode(Node):
+class TwinNode(GuardedNode, Node):
     def __init__(self, **node_options) -> None:
         """`node_options` go to rclpy's Node (a context, parameter overrides: tests run it in-process)."""
         super().__init__("twin", **node_options)
@@ -161,7 +162,7 @@ class TwinNode(Node):
             ("gripper", gripper_action, gripper_action.rsplit("/", 1)[0] + "/joint_trajectory"),
         ):
             self._action_servers.append(
-                ActionServer(
+                GuardedActionServer(
                     self,
                     FollowJointTrajectory,
                     action,
