@@ -336,7 +336,9 @@ def bench_ros(moves: int, cancels: int, spots: list[np.ndarray], kin: Kinematics
     harness core in this process, so the only difference is the ROS layer of the motion node.
     Cancels: MoveTo goals canceled by this client at random moments. Then force-limit descents with the
     in-process core on the ros2_control backend, scored by the twin's reflex diagnostics (physics rate)."""
-    os.environ.setdefault("ROS_DOMAIN_ID", str(151 + os.getpid() % 80))
+    from captain_ros.core.domains import claim_ros_domain
+
+    os.environ.setdefault("ROS_DOMAIN_ID", str(claim_ros_domain(151, 230)))
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
     import rclpy
     from diagnostic_msgs.msg import DiagnosticArray

@@ -18,7 +18,9 @@ import subprocess
 import sys
 import time
 
-os.environ.setdefault("ROS_DOMAIN_ID", str(101 + os.getpid() % 100))
+from captain_ros.core.domains import claim_ros_domain
+
+os.environ.setdefault("ROS_DOMAIN_ID", str(claim_ros_domain(101, 200)))
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 
 import rclpy

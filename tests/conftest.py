@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import tempfile
 
+from captain_ros.core.domains import claim_ros_domain
+
 # Set before anything imports rclpy. Child processes inherit these.
-# A domain id derived from the pid keeps concurrent test sessions on one machine apart;
-# 1..100 stays inside the range Fast DDS maps to valid ports.
-os.environ.setdefault("ROS_DOMAIN_ID", str(1 + os.getpid() % 100))
+# Each test process (a pytest-xdist worker, a stress run, a concurrent session) claims a domain id no other live
+# process on this machine holds (captain_ros.core.domains), so their DDS graphs never meet.
+os.environ.setdefault("ROS_DOMAIN_ID", str(claim_ros_domain(1, 100)))
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 os.environ.setdefault("RMW_IMPLEMENTATION", "rmw_fastrtps_cpp")
 os.environ.setdefault("ROS_HOME", tempfile.mkdtemp(prefix="captain-ros-home-"))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -20,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from captain_ros.core.domains import claim_ros_domain
 from captain_ros.paths import config_path
 
 EXPERT_READY_TIMEOUT_S = 120.0
@@ -85,7 +85,7 @@ class Stack:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.env = dict(os.environ)
         self.env.setdefault("MUJOCO_GL", "egl")
-        self.env["ROS_DOMAIN_ID"] = str(options.domain_id or random.randint(101, 200))
+        self.env["ROS_DOMAIN_ID"] = str(options.domain_id or claim_ros_domain(101, 200))
         self.env.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
         self.env.setdefault("ROS_HOME", str(self.run_dir / "ros_home"))
         self.procs: dict[str, subprocess.Popen] = {}

@@ -354,7 +354,9 @@ def test_a_fenced_python_block_without_a_tool_call_runs_as_the_cell(link, tmp_pa
     comes back as a user message (the form a chat template renders after a plain reply), the transcript says so."""
     policy = Scripted(
         [
-            Reply("I will look first.\n```python\nstate = robot.get_robot_state()\nprint('jaw', state['success'])\n```"),
+            Reply(
+                "I will look first.\n```python\nstate = robot.get_robot_state()\nprint('jaw', state['success'])\n```"
+            ),
             Reply("Now the gate.\n```py\nprint(round(1.5 * 2))\n```\nand nothing else"),
             Reply("All done, no code here."),
         ]

@@ -1,0 +1,122 @@
+"""CI on a fresh clone, timed: what a CI machine does with this repository, on this machine (issue 24).
+
+Clones the committed HEAD into a new folder under /tmp (CI checks out in a folder it chooses, often there), runs
+`.ci/run` (the README's test command: setup, ruff, pytest, the Jazzy start-up suite) with pytest's durations report,
+and parses what it printed. Nothing is shared with this checkout: the clone sets up its own environments.
+
+  fresh_clone_ci_s        wall time of `.ci/run` on the fresh clone (setup included); target <= 1500 s
+  setup_s, pytest_s       the setup step and the main pytest run within it
+  tests_passed, tests_skipped, tests_failed
+  slowest_tests           the 20 slowest test phases, as pytest reports them
+  stress_runs_passed / stress_runs   from bench/results/stress_dds.json (tools/stress_dds_tests.py)
+
+  python bench/ci.py                      # about 25 minutes on 2 cores
+  python bench/ci.py --before LOG         # also keep the slowest tests of an earlier run's output (LOG) beside
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, print_table, write_results
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET_S = 1500.0
+SUMMARY = re.compile(r"=+ (.*?) in ([\d.]+)s")
+COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
+DURATION = re.compile(r"^([\d.]+)s (setup|call|teardown)\s+(\S+)", re.MULTILINE)
+SETUP_READY = re.compile(r"\[setup\] ready in ([\d.]+) s")
+
+
+def slowest(output: str, n: int = 20) -> list[dict]:
+    rows = [{"s": float(s), "phase": phase, "test": test} for s, phase, test in DURATION.findall(output)]
+    return sorted(rows, key=lambda r: -r["s"])[:n]
+
+
+def counts(output: str) -> tuple[dict[str, int], float]:
+    """The main pytest run's outcome counts and seconds: the run with the most tests in its summary line."""
+    best: tuple[dict[str, int], float] = ({}, 0.0)
+    for line, seconds in SUMMARY.findall(output):
+        found = {kind.rstrip("s") if kind.startswith("error") else kind: int(k) for k, kind in COUNT.findall(line)}
+        if sum(found.values()) > sum(best[0].values()):
+            best = (found, float(seconds))
+    return best
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--before", type=Path, help="an earlier .ci/run output with --durations, to compare")
+    parser.add_argument("--keep", action="store_true", help="keep the clone (default: removed at the end)")
+    args = parser.parse_args()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+    commit = head.stdout.strip()
+    clone = Path(tempfile.mkdtemp(prefix="captain-ci-", dir="/tmp"))
+    try:
+        subprocess.run(["git", "clone", "-q", str(ROOT), str(clone / "repo")], check=True)
+        subprocess.run(["git", "checkout", "-q", commit], cwd=clone / "repo", check=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON", "ROS_"))}
+        env["PYTEST_ADDOPTS"] = "--durations=20 --durations-min=1"
+        print(f"running .ci/run on a fresh clone of {commit[:10]} in {clone / 'repo'} (output: {clone / 'ci.log'})")
+        t0 = time.monotonic()
+        with (clone / "ci.log").open("w") as log:
+            done = subprocess.run(["./.ci/run"], cwd=clone / "repo", env=env, stdout=log, stderr=subprocess.STDOUT)
+        wall = time.monotonic() - t0
+        output = (clone / "ci.log").read_text(errors="replace")
+    finally:
+        if not args.keep:
+            shutil.rmtree(clone / "repo", ignore_errors=True)
+    found, pytest_s = counts(output)
+    setup = SETUP_READY.search(output)
+    stress = {}
+    if (RESULTS / "stress_dds.json").is_file():
+        stress = json.loads((RESULTS / "stress_dds.json").read_text())
+    metrics = {
+        "fresh_clone_ci_s": round(wall, 1),
+        "ci_exit_code": done.returncode,
+        "setup_s": float(setup.group(1)) if setup else None,
+        "pytest_s": pytest_s,
+        "tests_passed": found.get("passed", 0),
+        "tests_skipped": found.get("skipped", 0),
+        "tests_failed": found.get("failed", 0) + found.get("error", 0),
+        "target_s": TARGET_S,
+        "stress_runs_passed": stress.get("passed"),
+        "stress_runs": stress.get("runs"),
+        "commit": commit,
+    }
+    extra = {"slowest_tests": slowest(output)}
+    if args.before:
+        before = args.before.read_text(errors="replace")
+        extra["slowest_tests_before"] = slowest(before)
+        extra["before_pytest_s"] = counts(before)[1]
+    rows = [[r["test"][-90:], r["phase"], f"{r['s']:.1f}"] for r in extra["slowest_tests"]]
+    print_table("the 20 slowest test phases", ["test", "phase", "s"], rows)
+    print_table(
+        "CI on a fresh clone",
+        ["metric", "value", "target"],
+        [
+            ["fresh_clone_ci_s", f"{wall:.0f}", f"<= {TARGET_S:.0f}"],
+            ["setup_s", str(metrics["setup_s"]), ""],
+            ["pytest_s", f"{pytest_s:.0f}", ""],
+            [
+                "tests passed / skipped / failed",
+                f"{metrics['tests_passed']} / {metrics['tests_skipped']} / {metrics['tests_failed']}",
+                "",
+            ],
+        ],
+    )
+    write_results("ci", metrics, extra)
+    return 0 if done.returncode == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

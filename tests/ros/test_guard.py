@@ -1,0 +1,126 @@
+"""Callbacks that raise never end their node (captain_ros.ros.guard): over DDS, a service that raises answers an
+error, an action aborts, a subscription drops the message, and every one of them works again for the next request."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+rclpy = pytest.importorskip("rclpy")
+from rclpy.action import ActionClient  # noqa: E402
+from rclpy.executors import MultiThreadedExecutor  # noqa: E402
+from rclpy.node import Node  # noqa: E402
+from std_msgs.msg import String  # noqa: E402
+from std_srvs.srv import Trigger  # noqa: E402
+
+from captain_interfaces.action import MoveTo  # noqa: E402
+from captain_interfaces.srv import HarnessCall  # noqa: E402
+from captain_ros.core.contract import FailureCategory  # noqa: E402
+from captain_ros.ros.convert import call_result_from_msg  # noqa: E402
+from captain_ros.ros.guard import GuardedActionServer, GuardedNode  # noqa: E402
+from captain_ros.ros.spin import shutdown_executor  # noqa: E402
+
+from .helpers import result_of, wait_for  # noqa: E402
+
+pytestmark = pytest.mark.ros
+
+
+class Flaky(GuardedNode, Node):
+    """Every callback raises on its first use and works on the second."""
+
+    def __init__(self, context):
+        super().__init__("flaky_server", context=context)
+        self.calls: dict[str, int] = {}
+        self.heard: list[str] = []
+        self.create_service(Trigger, "/flaky/trigger", self._trigger)
+        self.create_service(HarnessCall, "/flaky/call", self._call)
+        self.create_subscription(String, "/flaky/topic", self._topic, 10)
+        self.action = GuardedActionServer(self, MoveTo, "/flaky/move_to", self._execute)
+
+    def _first(self, name: str) -> bool:
+        self.calls[name] = self.calls.get(name, 0) + 1
+        return self.calls[name] == 1
+
+    def _trigger(self, _request, response):
+        if self._first("trigger"):
+            raise RuntimeError("the link is lost")
+        response.success, response.message = True, "fine"
+        return response
+
+    def _call(self, request, response):
+        if self._first("call"):
+            raise KeyError("no such joint")
+        return response
+
+    def _topic(self, msg):
+        if self._first("topic"):
+            raise ValueError("bad message")
+        self.heard.append(msg.data)
+
+    def _execute(self, goal_handle):
+        if self._first("execute"):
+            raise RuntimeError("the controller went away")
+        goal_handle.succeed()
+        return MoveTo.Result()
+
+
+@pytest.fixture
+def flaky():
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    node = Flaky(context)
+    executor = MultiThreadedExecutor(num_threads=2, context=context)
+    executor.add_node(node)
+    thread = threading.Thread(target=executor.spin, daemon=True)
+    thread.start()
+    yield node, thread
+    shutdown_executor(executor)
+    thread.join(timeout=5)
+    node.destroy_node()
+    rclpy.shutdown(context=context)
+
+
+def test_a_service_that_raises_answers_an_error_and_the_node_goes_on(flaky, client_node):
+    _, spinner = flaky
+    trigger = client_node.create_client(Trigger, "/flaky/trigger")
+    assert trigger.wait_for_service(timeout_sec=30)
+    first = result_of(trigger.call_async(Trigger.Request()), 30)
+    assert not first.success and "RuntimeError: the link is lost" in first.message
+    assert "/flaky/trigger" in first.message
+    second = result_of(trigger.call_async(Trigger.Request()), 30)
+    assert (second.success, second.message) == (True, "fine")
+    call = client_node.create_client(HarnessCall, "/flaky/call")
+    assert call.wait_for_service(timeout_sec=30)
+    answer = result_of(call.call_async(HarnessCall.Request(capability="observe", args_json="{}")), 30)
+    result = call_result_from_msg(answer.result)
+    assert result.failure_category is FailureCategory.BACKEND_ERROR and "KeyError" in result.message
+    assert result.capability == "observe"
+    assert spinner.is_alive()
+
+
+def test_a_subscription_that_raises_drops_that_message_only(flaky, client_node):
+    node, spinner = flaky
+    publisher = client_node.create_publisher(String, "/flaky/topic", 10)
+    wait_for(lambda: publisher.get_subscription_count() > 0, 30, "the subscription")
+    publisher.publish(String(data="first"))
+    wait_for(lambda: node.calls.get("topic", 0) >= 1, 30, "the first message")
+    publisher.publish(String(data="second"))
+    wait_for(lambda: node.heard == ["second"], 30, "the second message")
+    assert spinner.is_alive()
+
+
+def test_an_action_that_raises_aborts_its_goal_and_takes_the_next(flaky, client_node):
+    _, spinner = flaky
+    client = ActionClient(client_node, MoveTo, "/flaky/move_to")
+    assert client.wait_for_server(timeout_sec=30)
+    outcomes = []
+    for _ in range(2):
+        handle = result_of(client.send_goal_async(MoveTo.Goal(call_id="g")), 30)
+        assert handle.accepted
+        outcomes.append(result_of(handle.get_result_async(), 30))
+    aborted = call_result_from_msg(outcomes[0].result.result)
+    assert outcomes[0].status == 6  # GoalStatus.STATUS_ABORTED
+    assert aborted.failure_category is FailureCategory.BACKEND_ERROR and "controller went away" in aborted.message
+    assert outcomes[1].status == 4  # GoalStatus.STATUS_SUCCEEDED
+    assert spinner.is_alive()
