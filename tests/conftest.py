@@ -30,3 +30,15 @@ def _work_in_a_scratch_directory(tmp_path_factory):
 
 
 from tests.vllm_server import vllm_server  # noqa: E402,F401 - the session fixture, for every test folder
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`make test` runs `--dist loadgroup`), each test file runs whole on one worker, so its
+    module fixtures (node processes, twins) start once; every test that uses the session's vLLM server runs on one
+    worker, so the server starts once."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            group = "vllm" if "vllm_server" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
+            item.add_marker(pytest.mark.xdist_group(group))

@@ -77,7 +77,7 @@ def _twin_arm(kinematics) -> Arm:
     return Arm(harness, twin.reader.position, twin.success)
 
 
-def _ros2_control_arm(request, kinematics, state_timeout_s: float = LOADED_MACHINE_STATE_TIMEOUT_S) -> Arm:
+def _ros2_control_arm(request, kinematics, lockstep_state_timeout_s: float = 20.0) -> Arm:
 
     from captain_ros.ros.ros2_control_backend import Ros2ControlBackend
 
@@ -91,7 +91,11 @@ def _ros2_control_arm(request, kinematics, state_timeout_s: float = LOADED_MACHI
     answer = result_of(reset.call_async(ResetEpisode.Request(task=TASK, start_id=START)), 30)
     assert answer.success, answer.message
     backend = Ros2ControlBackend(
-        node, kinematics.profile, state_timeout_s=state_timeout_s, wrench_max_lag_s=LOADED_MACHINE_WRENCH_LAG_S
+        node,
+        kinematics.profile,
+        state_timeout_s=LOADED_MACHINE_STATE_TIMEOUT_S,
+        lockstep_state_timeout_s=lockstep_state_timeout_s,
+        wrench_max_lag_s=LOADED_MACHINE_WRENCH_LAG_S,
     )
     reset_time = backend.wait_for_state(30).time_s
     wait_for(lambda: fresh(backend) and backend.read_state().time_s > reset_time + 0.05, 10, "states after the reset")
@@ -275,7 +279,7 @@ def test_lost_joint_states_stop_the_motion_and_cancel_the_goal(request, kinemati
     """ros2_control only: the twin process is frozen mid-sweep (SIGSTOP), so joint states stop. The call
     fails as backend_error ("link lost"), and the running goal is canceled and replaced by a hold at the
     last setpoint, so once the twin runs again the arm does not carry on to the target."""
-    arm = _ros2_control_arm(request, kinematics)  # the loaded-machine link limit: frozen until it fires
+    arm = _ros2_control_arm(request, kinematics, lockstep_state_timeout_s=LOADED_MACHINE_STATE_TIMEOUT_S)
     twin_pid = request.getfixturevalue("twin_node_process")[0].pid
     target = [0.45, 0.25, 0.25]
     _at_progress(arm.harness, 0.2, lambda: os.kill(twin_pid, signal.SIGSTOP))

@@ -18,10 +18,20 @@ from pathlib import Path
 
 import pytest
 
-from captain_ros.agent.sandbox import CellResult, Sandbox, SandboxError, SandboxLimits, build_seccomp_filter
+from captain_ros.agent.sandbox import (
+    CellResult,
+    Sandbox,
+    SandboxError,
+    SandboxLimits,
+    _python_dirs,
+    build_seccomp_filter,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 ALLOWED = ["move_to", "observe", "finish"]
+# What the session's own /tmp shows: nothing, but the folders its interpreter and venv are bound at when they live
+# under the host's /tmp (a clone there): empty mount points in the sandbox's tmpfs.
+OWN_TMP = sorted({Path(d).parts[2] for d in _python_dirs(sys.executable) if Path(d).parts[:2] == ("/", "tmp")})
 
 
 class Recorder:
@@ -438,7 +448,9 @@ def test_writes_outside_scratch_fail_and_the_host_is_unchanged(shared, tmp_path)
             """,
         )
         assert result.status == "ok", result.error
-        assert result.output == f"{len(targets)}\n"
+        bound = _python_dirs(sys.executable)  # read-only wherever they are
+        in_own_tmp = sum(t.startswith("/tmp/") and not any(t.startswith(f"{d}/") for d in bound) for t in targets)
+        assert result.output == f"{len(targets) - in_own_tmp}\n"
         assert host_tmp_file.read_text() == "host"
         assert not repo_target.exists() and not Path(sys.prefix, name).exists()
         assert run(sandbox, f"open('/tmp/{name}').read()").output == "'sandbox'\n"
@@ -798,7 +810,7 @@ def test_a_link_planted_at_scratch_tmp_reaches_nothing_after_a_crash_restart(mak
     assert crashed.status == "crashed" and crashed.restarted
     after = run(sandbox, ESCAPE_CELLS[1])
     assert after.status == "ok", after.error
-    assert after.output == "[]\nFalse\n"  # a fresh /tmp of the session's own; the host's / is nowhere
+    assert after.output == f"{OWN_TMP}\nFalse\n"  # a fresh /tmp of the session's own; the host's / is nowhere
     result = run(sandbox, "open('/tmp/etc/shadow', 'rb').read()")
     assert result.status == "error" and "FileNotFoundError" in result.error
 
@@ -829,7 +841,7 @@ def test_a_link_planted_then_a_timeout_restart_reaches_nothing(make, host_canary
         print(os.listdir('/tmp'))
         """,
     )
-    assert after.output == "FileNotFoundError\nFileNotFoundError\nFileNotFoundError\n[]\n", after.error
+    assert after.output == f"FileNotFoundError\nFileNotFoundError\nFileNotFoundError\n{OWN_TMP}\n", after.error
     untouched()
 
 
@@ -894,7 +906,7 @@ def test_links_planted_at_each_level_of_scratch_stay_inside_through_sessions_and
         first = run(sandbox, cell)
         assert first.status == "crashed" and first.output.startswith("[]\n"), first.output
         second = run(sandbox, "import os; print(sorted(os.listdir('/tmp')), os.path.exists('/tmp/etc'))")
-        assert second.output == "[] False\n", second.error
+        assert second.output == f"{OWN_TMP} False\n", second.error
     finally:
         sandbox.close()
     untouched()

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import cv2
@@ -38,18 +37,37 @@ def pixel_ray_point(image: CameraImage, u_px: float, v_px: float, depth_m: float
     return image.rotation @ cam + image.position_m
 
 
-def fit_table(points: np.ndarray, max_tilt_deg: float = 15.0, seed: int = 0) -> tuple[np.ndarray, float]:
-    """The dominant near-horizontal plane (normal pointing up, offset d: n.p + d = height above it)."""
+TABLE_INLIER_M = 0.004  # a point this close to the table plane lies on it
+TABLE_HINT_MIN_FRACTION = 0.25  # a known plane is taken again when this share of the depth samples lies on it
+
+
+def _table_sample(points: np.ndarray) -> np.ndarray:
     grid = points[::4, ::4].reshape(-1, 3)  # every 16th pixel: plenty for a plane, 16x less work
     sample = grid[np.isfinite(grid).all(axis=1)].astype(np.float64)
     if len(sample) < 100:
         raise ValueError("too few depth points to find the table")
+    return sample
+
+
+def fit_table(
+    points: np.ndarray, max_tilt_deg: float = 15.0, seed: int = 0, hint: tuple[np.ndarray, float] | None = None
+) -> tuple[np.ndarray, float]:
+    """The dominant near-horizontal plane (normal pointing up, offset d: n.p + d = height above it).
+
+    `hint`: the table found in an earlier image, in the same (base) frame. The table does not move, so when at least
+    TABLE_HINT_MIN_FRACTION of this image's depth samples lie on it, it is refined by least squares on those points
+    instead of searched for again (RANSAC is most of the cost); otherwise the search runs as without a hint."""
+    sample = _table_sample(points)
+    if hint is not None:
+        refined = _refine(sample, *hint, max_tilt_deg)
+        if refined is not None:
+            return refined
     o3d.utility.random.seed(seed)
     cloud = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(sample))
     for _ in range(3):
         if len(cloud.points) < 100:  # what is left after the planes removed so far is no table
             break
-        (a, b, c, d), inliers = cloud.segment_plane(distance_threshold=0.004, ransac_n=3, num_iterations=200)
+        (a, b, c, d), inliers = cloud.segment_plane(distance_threshold=TABLE_INLIER_M, ransac_n=3, num_iterations=200)
         normal = np.array([a, b, c])
         if normal[2] < 0:
             normal, d = -normal, -d
@@ -59,18 +77,51 @@ def fit_table(points: np.ndarray, max_tilt_deg: float = 15.0, seed: int = 0) -> 
     raise ValueError("no horizontal plane (table) found in the depth image")
 
 
+def _refine(sample: np.ndarray, normal: np.ndarray, d: float, max_tilt_deg: float) -> tuple[np.ndarray, float] | None:
+    """The plane through the samples within TABLE_INLIER_M of (normal, d), or None when too few lie there."""
+    on = np.abs(sample @ normal + d) < TABLE_INLIER_M
+    if on.sum() < max(100, TABLE_HINT_MIN_FRACTION * len(sample)):
+        return None
+    inliers = sample[on]
+    centre = inliers.mean(axis=0)
+    refined = np.linalg.svd(inliers - centre, full_matrices=False)[2][-1]
+    if refined[2] < 0:
+        refined = -refined
+    if np.degrees(np.arccos(min(1.0, refined[2]))) > max_tilt_deg:
+        return None
+    return refined, float(-refined @ centre)
+
+
 def robot_mask(points: np.ndarray, kinematics: Kinematics, q_rad: np.ndarray, candidates: np.ndarray) -> np.ndarray:
     """Candidate pixels whose points lie within the padded segments of the arm's kinematic chain (the robot
-    profile's `self_filter_chain_m`: links from base to TCP, each with a radius)."""
-    chain = kinematics.profile.self_filter_chain_m.items()
-    origins = [(kinematics.forward(q_rad, frame)[0], radius) for frame, radius in chain]
+    profile's `self_filter_chain_m`: links from base to TCP, each with a radius). All segments at once: the squared
+    distance to segment a-b is |p-a|^2 - 2t (p-a).(b-a) + t^2 |b-a|^2 with t the clipped projection, from two small
+    matrix products (float32: millimetres at metre scale lose nothing)."""
+    chain = list(kinematics.profile.self_filter_chain_m.items())
+    ends = np.array([kinematics.forward(q_rad, frame)[0] for frame, _ in chain], dtype=np.float32)
+    radius = np.array([r for _, r in chain], dtype=np.float32)
+    a, ab = ends[:-1], ends[1:] - ends[:-1]
+    reach = np.maximum(radius[:-1], radius[1:])
     index = np.flatnonzero(candidates)
-    p = points.reshape(-1, 3)[index].astype(np.float64)
-    near = np.zeros(len(p), dtype=bool)
-    for (a, ra), (b, rb) in itertools.pairwise(origins):
-        ab = b - a
-        t = np.clip(((p - a) @ ab) / max(float(ab @ ab), 1e-12), 0.0, 1.0)
-        near |= np.linalg.norm(p - (a + t[:, None] * ab), axis=1) < max(ra, rb)
+    p = points.reshape(-1, 3)[index].astype(np.float32, copy=False)
+    if not len(p):
+        return np.zeros(candidates.shape, dtype=bool)
+    # only the segments whose padded box meets the candidates' box (a wrist camera sees the hand, not the shoulder)
+    low, high = p.min(axis=0), p.max(axis=0)
+    seg_low, seg_high = np.minimum(a, a + ab) - reach[:, None], np.maximum(a, a + ab) + reach[:, None]
+    seen = np.all((seg_low <= high) & (seg_high >= low), axis=1)
+    a, ab, reach = a[seen], ab[seen], reach[seen]
+    ab_ab = np.maximum((ab * ab).sum(axis=1), np.float32(1e-12))
+    along = p @ ab.T  # (N, segments), then (p - a).(b - a)
+    along -= (a * ab).sum(axis=1)
+    t = np.clip(along / ab_ab, 0.0, 1.0)
+    d2 = p @ (-2 * a.T)  # |p - a|^2 = |p|^2 - 2 p.a + |a|^2, in place
+    d2 += np.einsum("ij,ij->i", p, p)[:, None]
+    d2 += (a * a).sum(axis=1)
+    along *= 2
+    t *= ab_ab * t - along  # t^2 |b-a|^2 - 2 t (p-a).(b-a)
+    d2 += t
+    near = (d2 < reach * reach).any(axis=1)
     out = np.zeros(candidates.size, dtype=bool)
     out[index[near]] = True
     return out.reshape(candidates.shape)
@@ -113,9 +164,16 @@ class CameraCloud:
     colors: np.ndarray  # (H, W) index into COLOR_NAMES
 
     @classmethod
-    def build(cls, image: CameraImage, kinematics: Kinematics, q_rad: np.ndarray) -> CameraCloud:
+    def build(
+        cls,
+        image: CameraImage,
+        kinematics: Kinematics,
+        q_rad: np.ndarray,
+        table: tuple[np.ndarray, float] | None = None,
+    ) -> CameraCloud:
+        """`table`: the table plane found in an earlier image, tried first (fit_table's hint)."""
         points = backproject(image)
-        normal, d = fit_table(points)
+        normal, d = fit_table(points, hint=table)
         height = points @ normal.astype(np.float32) + np.float32(d)
         above = np.isfinite(height) & (height > OBJECT_MIN_HEIGHT_M)  # only these can be robot or object
         robot = robot_mask(points, kinematics, q_rad, above)

@@ -89,6 +89,7 @@ class Perception:
         self.store = ObservationStore(c.max_observations_kept, round(c.max_observations_mb * 1024**2))
         self.detections: dict[str, Detection] = {}
         self._detections_made = 0
+        self._table: tuple[np.ndarray, float] | None = None  # the table plane of the last cloud, base frame
 
     def scene_changed(self) -> None:
         """After a physical action: every observation so far is stale. Their point clouds and segments
@@ -108,7 +109,9 @@ class Perception:
         key = ("cloud", camera)
         if key not in obs.cache:
             try:
-                obs.cache[key] = CameraCloud.build(obs.images[camera], self.kin, obs.q_rad)
+                cloud = CameraCloud.build(obs.images[camera], self.kin, obs.q_rad, self._table)
+                obs.cache[key] = cloud
+                self._table = (cloud.table_normal, cloud.table_d)  # the table does not move: the next fit starts here
             except ValueError as exc:
                 raise PerceptionError(FailureCategory.NO_DEPTH, f"{camera} camera of {obs.handle}: {exc}") from None
         return obs.cache[key]

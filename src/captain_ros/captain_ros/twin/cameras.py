@@ -72,8 +72,11 @@ class CameraRig:
         mujoco.mjr_readPixels(self._rgb, self._depth, self._viewport, self._context)
         rgb = np.flipud(self._rgb).copy()
         buf = np.flipud(self._depth)
-        depth = self._near / (1.0 - buf * (1.0 - self._near / self._far))
-        depth = np.where(buf >= 1.0, 0.0, depth).astype(np.float32)
+        # OpenGL's depth buffer -> metres along the axis, in float32 throughout (0 where nothing was hit)
+        depth = np.float32(1.0 - self._near / self._far) * buf
+        np.subtract(np.float32(1.0), depth, out=depth)
+        np.divide(np.float32(self._near), depth, out=depth)
+        depth[buf >= 1.0] = 0.0
         # MuJoCo's camera frame (x right, y up, z back) -> optical frame (x right, y down, z forward)
         rotation = data.cam_xmat[cam_id].reshape(3, 3) @ np.diag([1.0, -1.0, -1.0])
         return CameraFrame(
