@@ -100,6 +100,7 @@ class Kinematics:
         self.links = frozenset(self.model.body(b).name for b in range(1, self.model.nbody))  # frames forward() knows
         self._fingers = np.array([self.model.joint(j).qposadr[0] for j in self.profile.finger_joints], dtype=int)
         self._mimics = _joint_mimics(self.model)
+        self._bodies: dict[str, int] = {}  # link name -> body id, looked up once (forward runs every control period)
 
     def self_collisions(self, q_rad: np.ndarray, jaw_opening_m: float | None = None) -> list[tuple[str, str]]:
         """Pairs of robot links whose collision geometry overlaps at q (parents and children excluded), with the
@@ -126,12 +127,14 @@ class Kinematics:
         mujoco.mj_kinematics(self.model, self.data)
         if frame is None or frame == self.profile.tcp_frame:
             return self.data.site_xpos[self._site].copy(), self.data.site_xmat[self._site].reshape(3, 3).copy()
-        if frame not in self.links:
-            raise KeyError(
-                f"'{frame}' is not a link of robot profile '{self.profile.name}''s URDF (a frame only /tf knows, such "
-                "as a calibrated camera, is looked up there)"
-            )
-        body = self.model.body(frame).id
+        body = self._bodies.get(frame)
+        if body is None:
+            if frame not in self.links:
+                raise KeyError(
+                    f"'{frame}' is not a link of robot profile '{self.profile.name}''s URDF (a frame only /tf knows, "
+                    "such as a calibrated camera, is looked up there)"
+                )
+            body = self._bodies[frame] = self.model.body(frame).id
         return self.data.xpos[body].copy(), self.data.xmat[body].reshape(3, 3).copy()
 
     def solve(

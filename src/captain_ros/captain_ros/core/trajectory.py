@@ -104,7 +104,12 @@ class JointTrajectory:
         `start_qd` (at rest when None), so streamed trajectories join without a velocity jump. The start state
         sits at `start_at_s`: 0 for a trajectory begun on receipt, earlier for one stamped in the future, later
         for one stamped in the past, which begins part-way along; points at or before it are passed (as
-        joint_trajectory_controller does)."""
+        joint_trajectory_controller does). A controller samples the same start many times: `from_start` once,
+        then `_Knots.at` (what this does)."""
+        return self.from_start(start_q, start_qd, start_at_s).at(t_s)
+
+    def from_start(self, start_q: np.ndarray, start_qd: np.ndarray | None = None, start_at_s: float = 0.0) -> _Knots:
+        """The knots this trajectory is interpolated through from a start state (see `sample`)."""
         before = self.times_s[0] > start_at_s
         times = np.concatenate([[start_at_s], self.times_s]) if before else self.times_s
         pos = np.vstack([start_q, self.positions]) if before else self.positions
@@ -113,18 +118,32 @@ class JointTrajectory:
         else:
             v0 = np.zeros_like(start_q) if start_qd is None else start_qd
             vel = np.vstack([v0, self.velocities]) if before else self.velocities
+        return _Knots(times, pos, vel)
+
+
+@dataclass(frozen=True)
+class _Knots:
+    """A trajectory's points with its start state in front: sampled at every control or physics step."""
+
+    times: np.ndarray
+    pos: np.ndarray
+    vel: np.ndarray | None
+
+    def at(self, t_s: float) -> tuple[np.ndarray, np.ndarray]:
+        times, pos, vel = self.times, self.pos, self.vel
         t_s = max(t_s, float(times[0]))
         if t_s >= times[-1]:
             return pos[-1].copy(), (np.zeros_like(pos[-1]) if vel is None else vel[-1].copy())
         i = int(np.searchsorted(times, t_s, side="right") - 1)
-        h = times[i + 1] - times[i]
-        s = (t_s - times[i]) / h
+        h = float(times[i + 1] - times[i])
+        s = (t_s - float(times[i])) / h
         if vel is None:
             return pos[i] + s * (pos[i + 1] - pos[i]), (pos[i + 1] - pos[i]) / h
-        h00, h10, h01, h11 = 2 * s**3 - 3 * s**2 + 1, s**3 - 2 * s**2 + s, -2 * s**3 + 3 * s**2, s**3 - s**2
-        q = h00 * pos[i] + h10 * h * vel[i] + h01 * pos[i + 1] + h11 * h * vel[i + 1]
-        d00, d10, d01, d11 = 6 * s**2 - 6 * s, 3 * s**2 - 4 * s + 1, -6 * s**2 + 6 * s, 3 * s**2 - 2 * s
-        qd = (d00 * pos[i] + d10 * h * vel[i] + d01 * pos[i + 1] + d11 * h * vel[i + 1]) / h
+        s2, s3 = s * s, s * s * s
+        h00, h10, h01, h11 = 2 * s3 - 3 * s2 + 1, s3 - 2 * s2 + s, -2 * s3 + 3 * s2, s3 - s2
+        q = h00 * pos[i] + (h10 * h) * vel[i] + h01 * pos[i + 1] + (h11 * h) * vel[i + 1]
+        d00, d10, d01, d11 = 6 * s2 - 6 * s, 3 * s2 - 4 * s + 1, -6 * s2 + 6 * s, 3 * s2 - 2 * s
+        qd = (d00 / h) * pos[i] + d10 * vel[i] + (d01 / h) * pos[i + 1] + d11 * vel[i + 1]
         return q, qd
 
 
@@ -137,6 +156,10 @@ class _Active:
     token: int
     elapsed_s: float  # how far along the trajectory is, in its own time
     clock_s: float  # the clock time elapsed_s was last brought up to
+    knots: _Knots | None = None  # the trajectory from its start state, prepared once
+
+    def __post_init__(self) -> None:
+        self.knots = self.trajectory.from_start(self.start_q, self.start_qd, self.start_at_s)
 
 
 class TrajectoryFollower:
@@ -231,7 +254,7 @@ class TrajectoryFollower:
             if a is None:
                 return self.desired_q.copy()
             self._advance(now_s)
-            q, qd = a.trajectory.sample(a.elapsed_s, a.start_q, a.start_qd, a.start_at_s)
+            q, qd = a.knots.at(a.elapsed_s)
             self.desired_q = np.clip(q, self.lower, self.upper)
             self.desired_qd = qd
             return self.desired_q.copy()

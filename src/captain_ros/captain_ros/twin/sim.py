@@ -94,6 +94,10 @@ class Twin:
         self._finger_qpos = np.array([m.joint(j).qposadr[0] for j in self.profile.finger_joints])
         self._arm_act = np.array([m.actuator(f"{j}_servo").id for j in self.profile.arm_joints])
         self._grip_act = m.actuator("gripper_servo").id
+        self._jaw_range = self.profile.jaw_opening_range_m()
+        adr = {name: int(m.sensor(name).adr[0]) for name in ("wrist_force", "wrist_torque")}
+        self._force_at = slice(adr["wrist_force"], adr["wrist_force"] + 3)  # read at every physics step
+        self._torque_at = slice(adr["wrist_torque"], adr["wrist_torque"] + 3)
         self._movable = [o for o in self.task.objects if o.movable]
         self._movable_ids = np.array([m.body(o.name).id for o in self._movable], dtype=int)
         self._cams = {cam: m.cam(cam).id for cam in self.profile.camera_frames}
@@ -264,8 +268,8 @@ class Twin:
     def set_gripper_command(self, opening_m: float) -> None:
         if not math.isfinite(opening_m):
             raise ValueError(f"gripper command must be finite, got {opening_m}")
-        shut, full = self.profile.jaw_opening_range_m()
-        self.data.ctrl[self._grip_act] = self.profile.finger_joint_position(float(np.clip(opening_m, shut, full)))
+        shut, full = self._jaw_range
+        self.data.ctrl[self._grip_act] = self.profile.finger_joint_position(min(max(opening_m, shut), full))
 
     def step(self, n: int = 1) -> None:
         """Advance n physics steps; the state is checked for faults every CHECK_EVERY_STEPS steps."""
@@ -293,7 +297,7 @@ class Twin:
         return self.reader.jaw_opening()
 
     def wrist_wrench(self) -> Wrench:
-        return Wrench(self.data.sensor("wrist_force").data.copy(), self.data.sensor("wrist_torque").data.copy())
+        return Wrench(self.data.sensordata[self._force_at].copy(), self.data.sensordata[self._torque_at].copy())
 
     def tcp_pose(self) -> tuple[np.ndarray, np.ndarray]:
         site = self.model.site("tcp").id
