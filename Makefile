@@ -8,6 +8,9 @@ PY     := $(VENV)/bin/python
 # start-up and DDS smoke tests then run again here, so every node is proven to start on both distros.
 JAZZY_PY    := .venv-jazzy/bin/python
 JAZZY_TESTS := tests/workspace/test_node_startup.py
+# Test files run in parallel, each whole on one worker with its own ROS domain (tests/conftest.py); most of the
+# DDS tests wait on nodes, so three workers keep two cores busy.
+TEST_WORKERS ?= 3
 
 .PHONY: setup run test lint bench lock clean
 
@@ -22,7 +25,7 @@ run: setup
 test: setup
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/ruff format --check .
-	@$(PY) -m pytest
+	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 	@echo "== node start-up and DDS smoke tests on ROS 2 Jazzy ($(JAZZY_PY))"
 	@$(JAZZY_PY) -m pytest $(JAZZY_TESTS)
 

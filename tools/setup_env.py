@@ -35,6 +35,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -600,20 +601,41 @@ def main(argv: list[str] | None = None) -> int:
         "vllm": lambda: setup.vllm(args.vllm_venv.resolve()),
         "libero": lambda: setup.libero(args.libero_venv.resolve()),
     }
-    for name in STEPS:
+    # The policy server's and LIBERO's venvs touch nothing the others use: they install beside the main chain (pip is
+    # mostly waiting on files and the network, so two at once take little longer than one). Jazzy's venv installs
+    # captain_ros from the same source folder as .venv, so it follows the main chain.
+    failures: list[str] = []
+    beside = threading.Thread(target=_run_steps, args=(BESIDE, actions, failures), name="setup-beside", daemon=True)
+    try:
+        if _run_steps(STEPS[: STEPS.index("venv")], actions, failures):
+            beside.start()
+            _run_steps([s for s in STEPS[STEPS.index("venv") :] if s not in BESIDE], actions, failures)
+    except KeyboardInterrupt:
+        print("\n[setup] interrupted; rerun `make setup` to resume.", file=sys.stderr)
+        return 130
+    if beside.ident is not None:  # started
+        beside.join()
+    if failures:
+        for failure in failures:
+            print(f"\n[setup] ERROR: {failure}", file=sys.stderr)
+        print("[setup] fix the cause and rerun `make setup`; finished steps are skipped.", file=sys.stderr)
+        return 1
+    log(f"ready in {time.monotonic() - t0:.1f} s: {setup.venv}")
+    return 0
+
+
+BESIDE = ("vllm", "libero")  # steps run in a thread of their own, beside the main chain
+
+
+def _run_steps(names: list[str] | tuple[str, ...], actions: dict, failures: list[str]) -> bool:
+    """Run steps in order until one fails (its message goes to `failures`); True when all ran."""
+    for name in names:
         try:
             actions[name]()
         except SetupError as exc:
-            print(
-                f"\n[setup] ERROR: {exc}\n[setup] fix the cause and rerun `make setup`; finished steps are skipped.",
-                file=sys.stderr,
-            )
-            return 1
-        except KeyboardInterrupt:
-            print(f"\n[setup] interrupted during step '{name}'; rerun `make setup` to resume.", file=sys.stderr)
-            return 130
-    log(f"ready in {time.monotonic() - t0:.1f} s: {setup.venv}")
-    return 0
+            failures.append(str(exc))
+            return False
+    return True
 
 
 if __name__ == "__main__":
