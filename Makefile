@@ -25,7 +25,8 @@ run: setup
 test: setup
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/ruff format --check .
-	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
+	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not serial"
+	@$(PY) -m pytest -m serial
 	@echo "== node start-up and DDS smoke tests on ROS 2 Jazzy ($(JAZZY_PY))"
 	@$(JAZZY_PY) -m pytest $(JAZZY_TESTS)
 

@@ -5,13 +5,14 @@ Clones the committed HEAD into a new folder under /tmp (CI checks out in a folde
 and parses what it printed. Nothing is shared with this checkout: the clone sets up its own environments.
 
   fresh_clone_ci_s        wall time of `.ci/run` on the fresh clone (setup included); target <= 1500 s
-  setup_s, pytest_s       the setup step and the main pytest run within it
+  setup_s, pytest_s       the setup step, and the pytest runs within it (parallel, serial, Jazzy) together
   tests_passed, tests_skipped, tests_failed
   slowest_tests           the 20 slowest test phases, as pytest reports them
   stress_runs_passed / stress_runs   from bench/results/stress_dds.json (tools/stress_dds_tests.py)
 
   python bench/ci.py                      # about 25 minutes on 2 cores
-  python bench/ci.py --before LOG         # also keep the slowest tests of an earlier run's output (LOG) beside
+  python bench/ci.py --before LOG         # also keep an earlier run's slowest tests and times (LOG: its output,
+                                          # ending with `rc=N wall=S`) beside
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ SUMMARY = re.compile(r"=+ (.*?) in ([\d.]+)s")
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
 DURATION = re.compile(r"^([\d.]+)s (setup|call|teardown)\s+(\S+)", re.MULTILINE)
 SETUP_READY = re.compile(r"\[setup\] ready in ([\d.]+) s")
+WALL = re.compile(r"wall=([\d.]+)")  # what the --before log ends with: `rc=N wall=S` (.ci/run's exit and seconds)
+WORKERS = re.compile(r"^TEST_WORKERS \?= (\d+)", re.MULTILINE)
 
 
 def slowest(output: str, n: int = 20) -> list[dict]:
@@ -44,13 +47,16 @@ def slowest(output: str, n: int = 20) -> list[dict]:
 
 
 def counts(output: str) -> tuple[dict[str, int], float]:
-    """The main pytest run's outcome counts and seconds: the run with the most tests in its summary line."""
-    best: tuple[dict[str, int], float] = ({}, 0.0)
-    for line, seconds in SUMMARY.findall(output):
-        found = {kind.rstrip("s") if kind.startswith("error") else kind: int(k) for k, kind in COUNT.findall(line)}
-        if sum(found.values()) > sum(best[0].values()):
-            best = (found, float(seconds))
-    return best
+    """Outcome counts and seconds of every pytest run in the output together (the parallel run, the serial one, the
+    Jazzy start-up suite)."""
+    total: dict[str, int] = {}
+    seconds = 0.0
+    for line, took in SUMMARY.findall(output):
+        for k, word in COUNT.findall(line):
+            kind = "error" if word.startswith("error") else word
+            total[kind] = total.get(kind, 0) + int(k)
+        seconds += float(took)
+    return total, seconds
 
 
 def main() -> int:
@@ -82,6 +88,7 @@ def main() -> int:
         stress = json.loads((RESULTS / "stress_dds.json").read_text())
     metrics = {
         "fresh_clone_ci_s": round(wall, 1),
+        "fresh_clone_ci_min": round(wall / 60, 2),
         "ci_exit_code": done.returncode,
         "setup_s": float(setup.group(1)) if setup else None,
         "pytest_s": pytest_s,
@@ -89,6 +96,7 @@ def main() -> int:
         "tests_skipped": found.get("skipped", 0),
         "tests_failed": found.get("failed", 0) + found.get("error", 0),
         "target_s": TARGET_S,
+        "test_workers": int(WORKERS.search((ROOT / "Makefile").read_text()).group(1)),
         "stress_runs_passed": stress.get("passed"),
         "stress_runs": stress.get("runs"),
         "commit": commit,
@@ -97,7 +105,10 @@ def main() -> int:
     if args.before:
         before = args.before.read_text(errors="replace")
         extra["slowest_tests_before"] = slowest(before)
-        extra["before_pytest_s"] = counts(before)[1]
+        metrics["before_pytest_s"] = counts(before)[1]
+        ended = WALL.search(before)
+        metrics["before_ci_s"] = float(ended.group(1)) if ended else None
+        metrics["before_ci_min"] = round(metrics["before_ci_s"] / 60, 2) if ended else None
     rows = [[r["test"][-90:], r["phase"], f"{r['s']:.1f}"] for r in extra["slowest_tests"]]
     print_table("the 20 slowest test phases", ["test", "phase", "s"], rows)
     print_table(

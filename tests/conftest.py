@@ -10,7 +10,9 @@ from captain_ros.core.domains import claim_ros_domain
 # Set before anything imports rclpy. Child processes inherit these.
 # Each test process (a pytest-xdist worker, a stress run, a concurrent session) claims a domain id no other live
 # process on this machine holds (captain_ros.core.domains), so their DDS graphs never meet.
-os.environ.setdefault("ROS_DOMAIN_ID", str(claim_ros_domain(1, 100)))
+# A pytest-xdist worker inherits its controller's environment, the controller's claim included: it claims its own.
+if "PYTEST_XDIST_WORKER" in os.environ or "ROS_DOMAIN_ID" not in os.environ:
+    os.environ["ROS_DOMAIN_ID"] = str(claim_ros_domain(1, 100))
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 os.environ.setdefault("RMW_IMPLEMENTATION", "rmw_fastrtps_cpp")
 os.environ.setdefault("ROS_HOME", tempfile.mkdtemp(prefix="captain-ros-home-"))

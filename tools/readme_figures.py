@@ -382,6 +382,15 @@ AGENT_MEMORY = (
     ),
 )
 
+CI = (
+    "`make test` on a fresh clone as CI runs it (`python bench/ci.py`: a clone under `/tmp`, setup included, on "
+    "{machine[cpu]}, {machine[cores]} cores): {fresh_clone_ci_min:.1f} min ({fresh_clone_ci_s:.0f} s; target ≤ "
+    "{target_s:.0f} s): setup {setup_s:.0f} s, pytest {pytest_s:.0f} s on {test_workers} workers ({tests_passed} "
+    "passed, {tests_skipped} skipped, {tests_failed} failed), then the Jazzy start-up suite; "
+    "`bench/results/ci.json`, {machine[date_utc]}. The run before the parallel test files took {before_ci_min:.1f} min "
+    "(pytest {before_pytest_s:.0f} s); both runs' 20 slowest tests are in the results file."
+)
+
 BLOCKS = {
     "motion": Block("motion", rows=MOTION),
     "perception": Block("perception", rows=PERCEPTION),
@@ -397,6 +406,7 @@ BLOCKS = {
     "sft_then_rl": Block("sft_then_rl", text=SFT_THEN_RL),
     "libero": Block("libero", rows=LIBERO),
     "shadow": Block("shadow", rows=SHADOW),
+    "ci": Block("ci", text=CI),
 }
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.ros, pytest.mark.slow]
+pytestmark = [pytest.mark.ros, pytest.mark.slow, pytest.mark.serial]  # its busy loops would starve other tests
 
 CLI = Path(sys.executable).with_name("captain-ros")
 EPISODES = 2
