@@ -39,6 +39,9 @@ from captain_ros.twin.objects import SceneObject
 from captain_ros.twin.sim import Twin
 from captain_ros.twin.tasks import get_task
 
+# The "real" arm's harness period: a real arm's joint states come at 100 Hz (the motion node's control_period_s), and
+# the shadow twin's harness monitors at the real harness's period (its physics and witness still run every 2 ms).
+REAL_ARM_PERIOD_S = 0.01
 TASKS = ("put_red_cube_in_bowl", "put_green_cube_on_plate", "put_blue_cube_in_box", "put_cup_on_plate")
 POST = SceneObject("purple_post", "block", "purple", (0.05, 0.05, 0.3), mass_kg=0.5)
 POST_SPOTS = tuple((x, y) for x in (0.33, 0.28) for y in (0.0, -0.12, 0.12, -0.22, 0.22, 0.3))  # first one clear
@@ -182,7 +185,7 @@ def main() -> int:
     )
     for k, (task, start) in enumerate(jobs):
         twin, info = scene(task, start, seed=k)
-        backend = WatchedBackend(twin, Witness(twin, config.safety), config.safety.control_period_s)
+        backend = WatchedBackend(twin, Witness(twin, config.safety), REAL_ARM_PERIOD_S)
         harness = Harness(backend, config)
         harness.enable_shadow()
         shadow = harness.shadow

@@ -14,7 +14,7 @@ import pytest
 pytestmark = [pytest.mark.ros, pytest.mark.slow, pytest.mark.serial]  # its busy loops would starve other tests
 
 CLI = Path(sys.executable).with_name("captain-ros")
-EPISODES = 2
+EPISODES = 1
 
 
 def test_the_main_job_finishes_its_episodes_while_other_work_takes_every_core(tmp_path):

@@ -229,7 +229,9 @@ def test_a_hand_eye_calibration_on_tf_static_places_the_wrist_camera(nodes, clie
 
     def shifted_by_the_calibration() -> bool:
         """The wrist camera of a new observation sits `shift` (hand frame) off the URDF's mount at its joints."""
-        handle = json.loads(_call(call, "observe").value_json)["observation_handle"]
+        observed = _call(call, "observe")
+        assert observed.success, observed.message
+        handle = json.loads(observed.value_json)["observation_handle"]
         obs = result_of(get.call_async(GetObservation.Request(handle=handle)), 30).observation
         index = {n: i for i, n in enumerate(obs.joint_state.name)}
         q = np.array([obs.joint_state.position[index[j]] for j in PANDA.arm_joints])

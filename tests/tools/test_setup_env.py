@@ -88,12 +88,35 @@ def test_failure_stops_the_run_and_a_rerun_resumes_at_the_failed_step(tmp_path, 
     assert setup_env.main(["--venv", str(tmp_path / "v")]) == 1
     err = capsys.readouterr().err
     assert "step 'interfaces' failed" in err and "rerun" in err
-    assert ran == ["interpreter", "debian", "venv", "packages", "colcon", "cmake-fix", "interfaces"]
+    beside = [name for name in ran if name in setup_env.BESIDE]  # their own thread: done whatever the main chain did
+    assert [name for name in ran if name not in beside] == [
+        "interpreter", "debian", "venv", "packages", "colcon", "cmake-fix", "interfaces"
+    ]  # fmt: skip
+    assert beside == ["vllm", "libero"]
 
     ran.clear()
     fail.clear()
     assert setup_env.main(["--venv", str(tmp_path / "v")]) == 0
-    assert ran == ["interfaces", "project", "verify", "jazzy", "vllm", "libero"], "finished steps must be skipped"
+    assert ran == ["interfaces", "project", "verify", "jazzy"], "finished steps must be skipped"
+
+
+def test_a_failure_beside_the_main_chain_is_reported_and_the_chain_still_runs(tmp_path, monkeypatch, capsys):
+    ran: list[str] = []
+
+    def step(name):
+        def action(self, *_args):
+            ran.append(name)
+            if name == "vllm":
+                raise setup_env.SetupError("step 'vllm/packages' failed: no network")
+
+        return action
+
+    for method in ("check_python", "debian", "make_venv", "python_packages", "colcon", "cmake_fix", "interfaces",
+                   "project", "verify", "jazzy", "vllm", "libero"):  # fmt: skip
+        monkeypatch.setattr(setup_env.Setup, method, step(method))
+    assert setup_env.main(["--venv", str(tmp_path / "v")]) == 1
+    assert "step 'vllm/packages' failed: no network" in capsys.readouterr().err
+    assert "jazzy" in ran and "libero" not in ran  # the main chain went on; its own thread stopped at its failure
 
 
 # ------------------------------------------------------------------ the Jazzy environment and colcon

@@ -256,17 +256,13 @@ class Witness:
 
 
 class WatchedBackend(TwinBackend):
-    """A twin backend whose witness sees every control period."""
+    """A twin backend whose witness sees every physics step (an impact lasts one: a scan per control period of a
+    real arm's 10 ms would miss it)."""
 
     def __init__(self, twin: Any, witness: Witness, control_period_s: float):
         super().__init__(twin, control_period_s)
         self.witness = witness
-
-    def wait_period(self) -> None:
-        try:
-            super().wait_period()
-        finally:
-            self.witness.scan()
+        self.on_physics_step = witness.scan
 
 
 def force_limit(safety: Any, kwargs: dict[str, Any]) -> float:
@@ -376,7 +372,9 @@ class ShadowTwin:
         )
         task = TaskSpec("shadow", "shadow", "", objects, (), {o.name: (0.0, 0.0, 0.0) for o in objects})
         twin = Twin(task, profile=self.profile)
-        backend = WatchedBackend(twin, Witness(twin, self.config.safety), self.config.safety.control_period_s)
+        # the real harness's own period (a real arm's joint-state period): the shadow's harness monitors as it does
+        period = self.real.backend.control_period_s
+        backend = WatchedBackend(twin, Witness(twin, self.config.safety), period)
         self._collision = (twin.model.geom_contype.copy(), twin.model.geom_conaffinity.copy())
         self._built = (key, twin, backend, Harness(backend, self.config, self.kin))
         return self._built[1:]

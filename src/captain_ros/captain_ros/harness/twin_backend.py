@@ -5,6 +5,8 @@ speed scaling (`controllers.speed_scaling_target`, the simulated pendant slider)
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from captain_ros.core.config import load_config
@@ -97,9 +99,11 @@ class TwinBackend(ArmBackend):
         old = self.controllers
         self.controllers = TwinControllers(self.twin, old.reflex.threshold_n, old.speed_scaling_target)
 
+    on_physics_step: Callable[[], None] | None = None  # an observer called after every physics step
+
     def wait_period(self) -> None:
         try:
-            trip = self.controllers.step(self.twin, self._steps)
+            trip = self.controllers.step(self.twin, self._steps, self.on_physics_step)
         except SimulationFault as exc:
             raise BackendError(f"simulation fault: {exc}") from exc
         if trip is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,9 +121,10 @@ class TwinControllers:
         )
         return JointTrajectory(self.gripper_joints, np.array([max(duration_s, 1e-3)]), np.array([[share]]), None)
 
-    def step(self, twin: Twin, n: int = 1) -> ReflexTrip | None:
+    def step(self, twin: Twin, n: int = 1, after_step: Callable[[], None] | None = None) -> ReflexTrip | None:
         """Advance n physics steps, updating both controllers' setpoints before each and checking the
-        reflex after each. Returns the reflex trip if one happened (the arm then holds where it was)."""
+        reflex after each (and calling `after_step`, an observer's hook). Returns the reflex trip if one happened
+        (the arm then holds where it was)."""
         trip = None
         for _ in range(n):
             scaling = self.arm.speed_scaling
@@ -138,4 +140,6 @@ class TwinControllers:
             if tripped is not None:
                 self.arm.hold(twin.arm_q())
                 trip = tripped
+            if after_step is not None:
+                after_step()
         return trip
