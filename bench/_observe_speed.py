@@ -96,6 +96,7 @@ def over_ros() -> dict[str, float]:
     from captain_interfaces.srv import GetObservation, HarnessCall
     from captain_ros.agent.context import image_part
     from captain_ros.ros.convert import call_result_from_msg
+    from captain_ros.stack import TWIN_PERCEPTION_LIMITS
 
     procs = [
         subprocess.Popen(
@@ -105,7 +106,7 @@ def over_ros() -> dict[str, float]:
         )
         for exe, params in (
             ("twin_node", (("task", TASK), ("start_id", START), ("real_time_factor", 1.0))),
-            ("perception_node", (("use_sim_time", "true"),)),
+            ("perception_node", TWIN_PERCEPTION_LIMITS),  # as `captain-ros run` starts it
         )
     ]
     context = rclpy.Context()

@@ -34,6 +34,12 @@ other jobs on the machine inflate: the load average at start and end and the pro
   e2e_segment_measure_ms_p50  segment(query) + measure_object_geometry on a fresh observation (includes
                           segmenting the image).
   mark_measure_ms_p50     mark_point + measure_object_geometry on a fresh observation (includes segmenting).
+Observe speed (bench/_observe_speed.py, one start state, all three in the same run):
+  raw_render_ms_p50       both cameras rendered by the twin, nothing else: the anchor
+  observe_ros_ms_p50      observe as the agent node calls it (/perception/call on the perception node, twin_node in
+                          its own process); target <= 60 ms and observe_ros_ratio_to_render <= 3
+  observe_inprocess_ms_p50  observe through the harness core in-process (render included); the breakdown of its
+                          stages and the image fetch + PNG encoding the agent adds when it attaches images are beside
 
 Sub-metrics
   oracle_click_*          mark_point on the pixel of the object's TRUE mask nearest its centre, then measure:
@@ -46,12 +52,14 @@ Sub-metrics
                           the calibration error costs.
 The drawer cabinet is excluded: fixed furniture whose box centre a policy never needs (it needs the handle).
 
-  python bench/perception.py     # prints tables, writes bench/results/perception.json (several minutes)
+  python bench/perception.py                # prints tables, writes bench/results/perception.json (several minutes)
+  python bench/perception.py --speed-only   # only the observe speed, updated in that file
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -60,7 +68,7 @@ from collections import defaultdict
 from dataclasses import replace
 
 import numpy as np
-from _common import print_table, write_results
+from _common import RESULTS, machine, print_table, write_results
 from tqdm import tqdm
 
 from captain_ros.core.config import load_config
@@ -382,10 +390,48 @@ def headline_table(rows: dict[str, list], e2e: dict) -> None:
     )
 
 
+def observe_speed() -> dict:
+    """bench/_observe_speed.py: raw render vs observe in-process and over ROS, one table."""
+    from _observe_speed import measure
+
+    speed = measure()
+    b = speed["observe_breakdown_ms_p50"]
+    print_table(
+        "observe speed (head + wrist RGB-D 512x512, p50 ms; one start state, arm at home)",
+        ["what", "ms", "x raw render"],
+        [
+            ["raw render, both cameras (the anchor)", speed["raw_render_ms_p50"], 1.0],
+            ["observe in-process (render + clouds)", speed["observe_inprocess_ms_p50"],
+             speed["observe_inprocess_ratio_to_render"]],
+            ["observe over ROS (/perception/call)", speed["observe_ros_ms_p50"], speed["observe_ros_ratio_to_render"]],
+            ["  + the images back and PNG-encoded, as the agent attaches them", speed["observe_ros_images_ms_p50"], ""],
+            ["per camera: back-projection", b["backproject_ms_p50"], ""],
+            ["per camera: table plane", b["table_ms_p50"], ""],
+            ["per camera: robot mask", b["robot_mask_ms_p50"], ""],
+            ["per camera: colour names", b["colours_ms_p50"], ""],
+            ["per image: PNG encoding", b["png_ms_p50"], ""],
+        ],
+    )  # fmt: skip
+    return speed
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--per-task", type=int, default=10, help="wide start states per task (default 10: 130 states)")
+    parser.add_argument(
+        "--speed-only",
+        action="store_true",
+        help="only the observe speed (raw render, in-process, over ROS): its keys are updated in the results file",
+    )
     args = parser.parse_args()
+    speed = observe_speed()
+    if args.speed_only:
+        path = RESULTS / "perception.json"
+        values = json.loads(path.read_text()) if path.is_file() else {}
+        values.update(speed, observe_speed_machine=machine())
+        path.write_text(json.dumps(values, indent=2) + "\n")
+        print(f"\nupdated the observe speed in {path.relative_to(RESULTS.parent.parent)}")
+        return 0
     load_at_start = os.getloadavg()[0]
     rows = run(args.per_task)
     rows["load_at_start"] = load_at_start
@@ -427,8 +473,11 @@ def main() -> int:
             "observe_ratio_to_captain": pct(observe_ms) / CAPTAIN_OBSERVE_MS,
             "e2e_segment_measure_ms_p50": pct(rows["e2e_ms"]),
             "mark_measure_ms_p50": pct(rows["mark_ms"]),
+            **{k: v for k, v in speed.items() if not isinstance(v, dict)},
         },
         {
+            "observe_breakdown_ms_p50": speed["observe_breakdown_ms_p50"],
+            "observe_speed_machine": machine(),
             "e2e_success_criterion_cm": SUCCESS_CM,
             "load_average_1min_at_end": os.getloadavg()[0],  # other jobs on the machine skew the timings
             **{f"e2e_{k}": v for k, v in e2e.items() if k not in ("success_rate", "center_error_cm_p50")},

@@ -85,14 +85,14 @@ def test_a_service_that_raises_answers_an_error_and_the_node_goes_on(flaky, clie
     _, spinner = flaky
     trigger = client_node.create_client(Trigger, "/flaky/trigger")
     assert trigger.wait_for_service(timeout_sec=30)
-    first = result_of(trigger.call_async(Trigger.Request()), 30)
+    first = result_of(trigger.call_async(Trigger.Request()), 60)
     assert not first.success and "RuntimeError: the link is lost" in first.message
     assert "/flaky/trigger" in first.message
-    second = result_of(trigger.call_async(Trigger.Request()), 30)
+    second = result_of(trigger.call_async(Trigger.Request()), 60)
     assert (second.success, second.message) == (True, "fine")
     call = client_node.create_client(HarnessCall, "/flaky/call")
     assert call.wait_for_service(timeout_sec=30)
-    answer = result_of(call.call_async(HarnessCall.Request(capability="observe", args_json="{}")), 30)
+    answer = result_of(call.call_async(HarnessCall.Request(capability="observe", args_json="{}")), 60)
     result = call_result_from_msg(answer.result)
     assert result.failure_category is FailureCategory.BACKEND_ERROR and "KeyError" in result.message
     assert result.capability == "observe"
@@ -116,9 +116,9 @@ def test_an_action_that_raises_aborts_its_goal_and_takes_the_next(flaky, client_
     assert client.wait_for_server(timeout_sec=30)
     outcomes = []
     for _ in range(2):
-        handle = result_of(client.send_goal_async(MoveTo.Goal(call_id="g")), 30)
+        handle = result_of(client.send_goal_async(MoveTo.Goal(call_id="g")), 60)
         assert handle.accepted
-        outcomes.append(result_of(handle.get_result_async(), 30))
+        outcomes.append(result_of(handle.get_result_async(), 60))
     aborted = call_result_from_msg(outcomes[0].result.result)
     assert outcomes[0].status == 6  # GoalStatus.STATUS_ABORTED
     assert aborted.failure_category is FailureCategory.BACKEND_ERROR and "controller went away" in aborted.message

@@ -69,6 +69,12 @@ def start_ready(
     return proc, found[0].rstrip("/")
 
 
+# The perception node's wall-clock stream limits against the twin (production for real cameras: 2 s and 1 s). Its
+# use_sim_time would judge them on /clock instead, but /clock at 100 Hz woke its executor so often that the node
+# took a whole core.
+TWIN_PERCEPTION_LIMITS = (("stale_after_s", 30.0), ("pair_wait_s", 10.0))
+
+
 def start_expert(env: dict[str, str], log: Path) -> tuple[subprocess.Popen, str]:
     """The scripted-expert policy server on a free loopback port; returns the process and its /v1 URL."""
     argv = [sys.executable, "-m", "captain_ros.agent.expert_server", "--host", "127.0.0.1", "--port", "0"]
@@ -131,7 +137,8 @@ class Stack:
                 ),
             )
             self._start("motion", self._node("motion_node", ("use_sim_time", "true")))
-            self._start("perception", self._node("perception_node", ("use_sim_time", "true")))
+            # the twin's images on a busy host come late in wall time, not never (the motion node's lockstep limit)
+            self._start("perception", self._node("perception_node", *TWIN_PERCEPTION_LIMITS))
             agent = self._start(
                 "agent",
                 self._node(

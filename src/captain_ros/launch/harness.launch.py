@@ -78,8 +78,17 @@ def generate_launch_description() -> LaunchDescription:
             "use_sim_time",
             default_value="false",
             choices=["true", "false"],
-            description="the motion node's watchdog and wall-time budget, and the perception node's stream ages, on "
-            "/clock (true with the MuJoCo twin)",
+            description="the motion node's watchdog and wall-time budget on /clock (true with the MuJoCo twin)",
+        ),
+        DeclareLaunchArgument(
+            "camera_stale_after_s",
+            default_value="2.0",
+            description="perception: a camera or joint stream quiet this long (wall time) is gone (the twin: 30)",
+        ),
+        DeclareLaunchArgument(
+            "camera_pair_wait_s",
+            default_value="1.0",
+            description="perception: how long observe waits for a fresh colour and depth pair (the twin: 10)",
         ),
         DeclareLaunchArgument(
             "control_period_s",
@@ -115,7 +124,8 @@ def generate_launch_description() -> LaunchDescription:
             {
                 "robot_profile": typed("robot_profile", str),
                 "harness_config": typed("harness_config", str),
-                "use_sim_time": typed("use_sim_time", bool),
+                "stale_after_s": typed("camera_stale_after_s", float),
+                "pair_wait_s": typed("camera_pair_wait_s", float),
             }
         ],
     )

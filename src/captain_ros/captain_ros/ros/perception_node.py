@@ -29,16 +29,19 @@ the arm's URDF.
 from __future__ import annotations
 
 import json
+import struct
 import threading
 import time
 from collections import defaultdict, deque
 from pathlib import Path
 
 import numpy as np
+from builtin_interfaces.msg import Time
 from geometry_msgs.msg import PoseStamped
 from rcl_interfaces.msg import FloatingPointRange, ParameterDescriptor
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.node import Node
+from rclpy.serialization import deserialize_message
 from sensor_msgs.msg import CameraInfo, Image, JointState
 from std_msgs.msg import Header
 from visualization_msgs.msg import Marker, MarkerArray
@@ -59,11 +62,10 @@ from captain_ros.ros.convert import call_result_to_msg, camera_info, image_msg, 
 from captain_ros.ros.description import resolve_profile
 from captain_ros.ros.frames import FrameBuffer, FrameError, Transform, UnknownFrameError
 from captain_ros.ros.guard import GuardedNode
-from captain_ros.ros.spin import spin
+from captain_ros.ros.spin import SideNode, spin
 
 STALE_AFTER_S = 2.0  # default (parameter stale_after_s), wall seconds: older camera or joint messages are not current
 SYNC_TOLERANCE_S = 0.02  # colour and depth stamps must agree this well
-SIM_STREAM_LOST_S = 30.0  # with use_sim_time (the twin): wall seconds without a message before a stream is gone
 PAIR_WAIT_S = 1.0  # default (parameter pair_wait_s): how long observe waits for a colour and depth pair
 TF_WAIT_S = 0.5  # default (parameter tf_wait_s): how long observe waits for /tf to reach an image's stamp
 HISTORY = 4  # messages kept per stream for pairing
@@ -94,6 +96,27 @@ def _seconds(stamp) -> float:
     return stamp.sec + stamp.nanosec * 1e-9
 
 
+class RawImage:
+    """A sensor_msgs/Image as it came off the wire (CDR), deserialized only when an observe picks it.
+
+    The cameras stream far more than observe ever uses (head and wrist colour and depth, 3.6 MB a frame): turned into
+    Python messages as they came, they cost this node more CPU, under the interpreter's lock, than the observe calls
+    themselves. Pairing needs only the stamp, which every CDR-encoded message with a std_msgs/Header has first: after
+    the 4-byte encapsulation header (its second byte says the byte order), int32 sec and uint32 nanosec."""
+
+    __slots__ = ("data", "header")
+
+    def __init__(self, data: bytes):
+        if len(data) < 12:
+            raise ValueError(f"a serialized Image of {len(data)} bytes has no header")
+        sec, nanosec = struct.unpack_from("<iI" if data[1] & 1 else ">iI", data, 4)
+        self.data = data
+        self.header = Header(stamp=Time(sec=sec, nanosec=nanosec))
+
+    def message(self) -> Image:
+        return deserialize_message(self.data, Image)
+
+
 class PerceptionNode(GuardedNode, Node):
     def __init__(self) -> None:
         super().__init__("perception")
@@ -112,8 +135,7 @@ class PerceptionNode(GuardedNode, Node):
             "stale_after_s",
             STALE_AFTER_S,
             ParameterDescriptor(
-                description="seconds after which a camera or joint stream counts as gone (wall time; with "
-                "use_sim_time, the node's clock against the stamps)",
+                description="wall seconds after which a camera or joint stream counts as gone",
                 floating_point_range=seconds,
             ),
         )
@@ -121,7 +143,7 @@ class PerceptionNode(GuardedNode, Node):
             "pair_wait_s",
             PAIR_WAIT_S,
             ParameterDescriptor(
-                description="seconds observe waits for a fresh colour and depth pair (on the node's clock)",
+                description="wall seconds observe waits for a fresh colour and depth pair",
                 floating_point_range=seconds,
             ),
         )
@@ -147,23 +169,23 @@ class PerceptionNode(GuardedNode, Node):
         self._image_frames = dict(profile.camera_frames)  # camera -> the frame its images came in, last seen
         self._told: set[tuple] = set()  # frame problems already logged (once each: observe runs often)
         group = ReentrantCallbackGroup()
-        self.frames = FrameBuffer(self, callback_group=group)  # /tf and /tf_static
+        self.streams = SideNode(self, "streams")  # the cameras, joint states and /tf: hundreds of messages a second
+        self.frames = FrameBuffer(self.streams)  # /tf and /tf_static
         for cam, topics in interfaces.cameras.items():
             for kind, topic, msg_type in (
                 ("color", topics.color_topic, Image),
                 ("depth", topics.depth_topic, Image),
                 ("info", topics.info_topic, CameraInfo),
             ):
-                self.create_subscription(
-                    msg_type, topic, lambda m, c=cam, k=kind: self._store(c, k, m), HISTORY, callback_group=group
+                self.streams.subscribe(
+                    msg_type,
+                    topic,
+                    lambda m, c=cam, k=kind: self._store(c, k, RawImage(m) if isinstance(m, bytes) else m),
+                    HISTORY,
+                    raw=msg_type is Image,  # kept serialized until an observe picks it (RawImage)
                 )
-        self.create_subscription(
-            JointState,
-            interfaces.joint_states_topic,
-            lambda m: self._store("", "joints", m),
-            10,
-            callback_group=group,
-        )
+        self.streams.subscribe(JointState, interfaces.joint_states_topic, lambda m: self._store("", "joints", m), 10)
+        self.streams.start()
         self.create_subscription(CallResultMsg, "/harness/receipts", self._on_receipt, 50, callback_group=group)
         self.receipts = self.create_publisher(CallResultMsg, "/harness/receipts", 50)
         self.markers = self.create_publisher(MarkerArray, "/captain/markers", 10)
@@ -174,6 +196,10 @@ class PerceptionNode(GuardedNode, Node):
             f"perception ready: segmenter {segmenter}, cameras {', '.join(interfaces.cameras)}, "
             f"frames from {self.frames.engine_name}"
         )
+
+    def destroy_node(self) -> None:
+        self.streams.close()
+        super().destroy_node()
 
     # ------------------------------------------------------------------------------ inputs
     def _store(self, camera: str, kind: str, msg) -> None:
@@ -231,30 +257,14 @@ class PerceptionNode(GuardedNode, Node):
         if msg.executed and CAPABILITY_BY_NAME.get(msg.capability) and CAPABILITY_BY_NAME[msg.capability].physical:
             self.perception.scene_changed()
 
-    def _sim_time(self) -> bool:
-        return bool(self.get_parameter("use_sim_time").value)
-
     def _fresh(self, camera: str, kind: str) -> list:
-        """Recent messages of one stream, newest first; raises when there are none or the stream went quiet.
-
-        Quiet means older than `stale_after_s`: in wall time since it came for a real camera; on the node's clock
-        against its stamp with use_sim_time (the twin), since a busy host slows the twin's clock and its cameras
-        alike, and then in wall time only when nothing came for SIM_STREAM_LOST_S (the twin has stopped)."""
+        """Recent messages of one stream, newest first; raises when there are none or the stream went quiet."""
         history = list(self._latest.get((camera, kind), ()))
-        who = camera or "the arm"
         if not history:
-            raise BackendError(f"no {kind} message from {who} yet")
-        msg, received = history[-1]
-        limit, wall_age = self.get_parameter("stale_after_s").value, time.monotonic() - received
-        if not self._sim_time():
-            if wall_age > limit:
-                raise BackendError(f"the last {kind} message of {who} is {wall_age:.1f} s old")
-        elif wall_age > max(limit, SIM_STREAM_LOST_S):
-            raise BackendError(f"no {kind} message from {who} for {wall_age:.0f} s (wall time): the twin has stopped")
-        else:
-            sim_age = self.get_clock().now().nanoseconds * 1e-9 - _seconds(msg.header.stamp)
-            if sim_age > limit:
-                raise BackendError(f"the last {kind} message of {who} is {sim_age:.1f} s old (sim time)")
+            raise BackendError(f"no {kind} message from the {camera or 'arm'} yet")
+        age = time.monotonic() - history[-1][1]
+        if age > self.get_parameter("stale_after_s").value:
+            raise BackendError(f"the last {kind} message of {camera or 'the arm'} is {age:.1f} s old")
         return [msg for msg, _ in reversed(history)]
 
     @staticmethod
@@ -270,15 +280,12 @@ class PerceptionNode(GuardedNode, Node):
     def _wait_for_pair(self, camera: str) -> tuple:
         """A synchronised colour + depth pair; waits up to `pair_wait_s`, since one stream can run a frame
         ahead of the other (the subscriptions keep filling in other executor threads meanwhile)."""
-        wait_s = self.get_parameter("pair_wait_s").value
-        wall_deadline = time.monotonic() + (max(wait_s, SIM_STREAM_LOST_S) if self._sim_time() else wait_s)
-        sim_deadline = self.get_clock().now().nanoseconds * 1e-9 + wait_s  # with use_sim_time: the twin's clock
+        deadline = time.monotonic() + self.get_parameter("pair_wait_s").value
         while True:
             try:
                 return self._pair(camera, self._fresh(camera, "color"), self._fresh(camera, "depth"))
             except BackendError:
-                waited = self._sim_time() and self.get_clock().now().nanoseconds * 1e-9 > sim_deadline
-                if time.monotonic() > wall_deadline or waited:
+                if time.monotonic() > deadline:
                     raise
                 time.sleep(0.01)
 
@@ -286,7 +293,8 @@ class PerceptionNode(GuardedNode, Node):
         joint_history = self._fresh("", "joints")
         images, stamp, q, jaw = {}, 0.0, None, 0.0
         for cam in cameras:
-            color, depth, t_color = self._wait_for_pair(cam)
+            raw_color, raw_depth, t_color = self._wait_for_pair(cam)
+            color, depth = raw_color.message(), raw_depth.message()
             info = self._fresh(cam, "info")[0]
             joints = min(joint_history, key=lambda m: abs(_seconds(m.header.stamp) - t_color))
             index = {n: i for i, n in enumerate(joints.name)}

@@ -22,9 +22,11 @@ from concurrent.futures import ThreadPoolExecutor
 import rclpy
 from rclpy._rclpy_pybind11 import RCLError
 from rclpy.action import ActionClient
-from rclpy.executors import Executor, ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import Executor, ExternalShutdownException, MultiThreadedExecutor, SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.signals import SignalHandlerOptions
+
+from captain_ros.ros.guard import GuardedNode
 
 POLL_S = 0.1  # how soon a spin sees a stop request (a Python signal handler runs between the executor's waits)
 _stop = threading.Event()
@@ -123,6 +125,48 @@ def spin(make_node: Callable[[], Node], args: list[str] | None = None, num_threa
         pass
     finally:
         close(executor, node)
+
+
+class SideNode(GuardedNode, Node):
+    """A node of a node's own for its high-rate subscriptions (camera images, joint states, /tf), spun in a thread of
+    its own by rclpy's EventsExecutor.
+
+    rclpy's Python executors rebuild their wait set and hand each callback to a thread pool at every wake: a
+    MultiThreadedExecutor that 200 messages a second wake cost the perception node most of a core, while it was doing
+    nothing else, and its service calls waited on the interpreter lock behind that. The EventsExecutor takes messages
+    from an event queue in C++; the host keeps its own executor (and its threads) for its services, whose callbacks
+    may wait on what the side node's subscriptions fill in. Topic names are the host's resolved ones, so its
+    namespace and remappings hold. Make every subscription, then start(); close() stops the thread and destroys the
+    node."""
+
+    def __init__(self, host: Node, suffix: str) -> None:
+        super().__init__(
+            f"{host.get_name()}_{suffix}",
+            context=host.context,
+            use_global_arguments=False,  # the host's remappings are in the names it resolves
+            start_parameter_services=False,
+        )
+        self.host = host
+        self._executor = SingleThreadedExecutor(context=host.context)
+        self._thread = threading.Thread(
+            target=spin_until_shutdown, args=(self._executor,), name=f"{suffix}-events", daemon=True
+        )
+
+    def start(self) -> None:
+        """Start spinning, once every subscription is made: adding one to a node the EventsExecutor spins already
+        hangs on the executor's wake (rclpy 7 and 9)."""
+        self._executor.add_node(self)
+        self._thread.start()
+
+    def subscribe(self, msg_type, topic: str, callback: Callable, qos, **kwargs):
+        """A subscription to the host's `topic` (resolved as the host resolves it)."""
+        return self.create_subscription(msg_type, self.host.resolve_topic_name(topic), callback, qos, **kwargs)
+
+    def close(self) -> None:
+        self._executor.shutdown()
+        if self._thread.ident is not None:
+            self._thread.join(timeout=10)
+        self.destroy_node()
 
 
 class SpunActionClient(ActionClient):
