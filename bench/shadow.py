@@ -11,7 +11,9 @@ TRUTH, used only to label the motion, never in the check's path. A motion is uns
 something with an arm link, exceeded the force limit, or pushed an object off the table.
 
 shadow_check_ms_p50                 wall time of one shadow check (build the scene when measurements changed, place it,
-                                    settle 0.1 s, play the action), p50 over all checks
+                                    settle 0.1 s, play the action), p50 over all checks; target <= 200 ms. The "real"
+                                    arm's harness runs at a real arm's 10 ms period (REAL_ARM_PERIOD_S), as the shadow's
+                                    then does; physics and the witness run every 2 ms in both
 shadow_refusal_recall               unsafe motions (by the real outcome) the shadow refused / unsafe motions
 shadow_false_refusal_rate           safe motions it refused / safe motions
 predicted_stop_reason_agreement     the predicted outcome (a motion's stop reason, a jaw's holding or not) equals the

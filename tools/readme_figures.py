@@ -134,6 +134,22 @@ PERCEPTION = (
         "`observe_ratio_to_captain` {observe_ratio_to_captain:.2f} of CaPtain's {observe_anchor_ms:.0f} ms",
     ),
     (
+        "`observe_ros_ms_p50`: `observe` as the agent node calls it (`/perception/call`; twin_node in its own process, "
+        "same run as the next two rows)",
+        "{observe_ros_ms_p50:.0f} ms ({observe_ros_ratio_to_render:.1f}x the raw render); the images back and "
+        "PNG-encoded as the agent attaches them: +{observe_ros_images_ms_p50:.0f} ms",
+        "≤ 60 ms and ≤ 3x the raw render",
+    ),
+    (
+        "`raw_render_ms_p50` / `observe_inprocess_ms_p50`: both cameras rendered, nothing else / `observe` through "
+        "the harness core in-process",
+        "{raw_render_ms_p50:.0f} ms / {observe_inprocess_ms_p50:.0f} ms (per camera: robot mask "
+        "{observe_breakdown_ms_p50[robot_mask_ms_p50]:.1f}, back-projection "
+        "{observe_breakdown_ms_p50[backproject_ms_p50]:.1f}, table {observe_breakdown_ms_p50[table_ms_p50]:.1f}, "
+        "colours {observe_breakdown_ms_p50[colours_ms_p50]:.1f} ms)",
+        "",
+    ),
+    (
         "`e2e_segment_measure_ms_p50`: `segment` + `measure_object_geometry` on a fresh observation",
         "{e2e_segment_measure_ms_p50:.0f} ms (p90 {e2e_segment_measure_ms_p90:.0f}; CPU "
         "{e2e_segment_measure_cpu_ms_p50:.0f} ms)",
@@ -406,7 +422,6 @@ BLOCKS = {
     "sft_then_rl": Block("sft_then_rl", text=SFT_THEN_RL),
     "libero": Block("libero", rows=LIBERO),
     "shadow": Block("shadow", rows=SHADOW),
-    "ci": Block("ci", text=CI),
 }
 
 
