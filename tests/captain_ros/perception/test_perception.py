@@ -1,6 +1,8 @@
 """Perception through the harness API on the twin: observe, segment, mark_point, select_detection,
 measure_object_geometry, measure_image_points; staleness; bad input for every argument."""
 
+import threading
+from concurrent.futures import Future
 from dataclasses import replace
 
 import numpy as np
@@ -186,6 +188,42 @@ def test_pixels_without_depth_are_reported(harness, twin):
         assert result.failure_category is FailureCategory.NO_DEPTH and "no depth" in result.message
     points = harness.call("measure_image_points", observation_handle=obs.handle, points=[[0.5, 0.05]])
     assert points.failure_category is FailureCategory.NO_DEPTH
+
+
+def test_observe_answers_before_its_clouds_are_built_and_later_calls_wait_for_them(harness, twin):
+    """observe hands its images to a background build and answers; the first call that needs a cloud waits for it.
+    A camera without depth is reported there, naming the camera and the handle; a build the scene change overtook is
+    not kept."""
+    perception = harness.perception
+    gate = threading.Event()
+    perception._clouds.submit(gate.wait)  # the builder is busy: nothing of the next observe can be built yet
+    obs = harness.call("observe")
+    assert obs.success
+    pending = perception.store.get(obs.value["observation_handle"]).cache
+    clouds = [pending[("cloud", c)] for c in ("head", "wrist")]
+    assert all(isinstance(c, Future) and not c.done() for c in clouds)
+    gate.set()
+    cube = harness.call("segment", text="red cube")
+    assert cube.success and cube.value["detections"][0]["named"] == "red cube"
+    assert not isinstance(pending[("cloud", "head")], Future)  # kept as the cloud itself from then on
+
+    head = harness.backend.capture(("head",))["head"]
+    blind = {"head": replace(head, depth_m=np.zeros_like(head.depth_m))}
+    harness.perception.capture = lambda cameras: (0.0, blind, twin.arm_q(), 0.04)
+    obs = harness.call("observe", cameras=["head"])
+    assert obs.success
+    result = harness.call("segment", text="red cube", observation_handle=obs.value["observation_handle"])
+    assert result.failure_category is FailureCategory.NO_DEPTH
+    assert f"head camera of {obs.value['observation_handle']}" in result.message and "depth" in result.message
+
+    gate.clear()
+    perception._clouds.submit(gate.wait)
+    harness.perception.capture = lambda cameras: (0.0, {"head": head}, twin.arm_q(), 0.04)
+    late = perception.store.get(harness.call("observe", cameras=["head"]).value["observation_handle"])
+    perception.scene_changed()  # a physical action before the cloud was built
+    gate.set()
+    perception._clouds.submit(lambda: None).result()  # the builder has finished the stale build
+    assert late.cache == {}
 
 
 def test_point_contact_release_track_and_compare(harness, twin):

@@ -7,6 +7,7 @@ why."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,7 +44,8 @@ class Observation:
     q_rad: np.ndarray
     jaw_opening_m: float
     scene_version: int
-    cache: dict = field(default_factory=dict, repr=False)  # per-camera segmentation, computed on first use
+    # per-camera clouds (built in the background after observe) and segmentation (computed on first use)
+    cache: dict = field(default_factory=dict, repr=False)
 
 
 def observation_bytes(obs: Observation) -> int:
@@ -58,6 +60,9 @@ def observation_bytes(obs: Observation) -> int:
             pending += item
         elif isinstance(item, dict):
             pending += item.values()
+        elif isinstance(item, Future):  # a cloud still being built counts once it is
+            if item.done() and item.exception() is None:
+                pending.append(item.result())
         elif hasattr(item, "__dict__"):
             pending += vars(item).values()
     return total

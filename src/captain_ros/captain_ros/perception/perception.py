@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,10 +83,16 @@ class Perception:
         # names regions by their look where colour and shape do not name the objects (LIBERO); None: not used
         self.appearance: AppearanceLibrary | None = None
         self.config = config
+        # builds every point cloud, in the background after an observe (one at a time: each starts from the last
+        # table plane; the numpy work releases the GIL, so the caller's threads keep going meanwhile). A Kinematics
+        # owns an MjData and is not shared across threads: the worker has its own (the harness plans with the other).
+        self._clouds = ThreadPoolExecutor(max_workers=1, thread_name_prefix="perception-clouds")
+        self._cloud_kin = Kinematics(kinematics.config, kinematics.profile)
         self.new_episode()
 
     def new_episode(self) -> None:
         c = self.config
+        self._clouds.submit(lambda: None).result()  # the last episode's clouds are built (FIFO) before it resets
         self.store = ObservationStore(c.max_observations_kept, round(c.max_observations_mb * 1024**2))
         self.detections: dict[str, Detection] = {}
         self._detections_made = 0
@@ -107,14 +114,26 @@ class Perception:
                 f"{obs.handle} has no {camera!r} camera (it has {', '.join(obs.images)})",
             )
         key = ("cloud", camera)
-        if key not in obs.cache:
+        entry = obs.cache.get(key)
+        if isinstance(entry, Future):  # built in the background since the observe answered: wait for it
             try:
-                cloud = CameraCloud.build(obs.images[camera], self.kin, obs.q_rad, self._table)
-                obs.cache[key] = cloud
-                self._table = (cloud.table_normal, cloud.table_d)  # the table does not move: the next fit starts here
+                entry = entry.result()
             except ValueError as exc:
                 raise PerceptionError(FailureCategory.NO_DEPTH, f"{camera} camera of {obs.handle}: {exc}") from None
-        return obs.cache[key]
+            if isinstance(obs.cache.get(key), Future):  # not dropped meanwhile (scene_changed clears the cache)
+                obs.cache[key] = entry
+        if entry is None:
+            try:
+                entry = obs.cache[key] = self._clouds.submit(self._build_cloud, obs.images[camera], obs.q_rad).result()
+            except ValueError as exc:
+                raise PerceptionError(FailureCategory.NO_DEPTH, f"{camera} camera of {obs.handle}: {exc}") from None
+        return entry
+
+    def _build_cloud(self, image: CameraImage, q_rad: np.ndarray) -> CameraCloud:
+        """Runs on the worker thread only."""
+        cloud = CameraCloud.build(image, self._cloud_kin, q_rad, self._table)
+        self._table = (cloud.table_normal, cloud.table_d)  # the table does not move: the next fit starts here
+        return cloud
 
     def _segments(self, obs: Observation, camera: str) -> list[Segment]:
         key = ("segments", camera)
@@ -186,8 +205,8 @@ class Perception:
         names = tuple(dict.fromkeys(A.choice("cameras[]", c, CAMERAS) for c in cameras))
         time_s, images, q, jaw = self.capture(names)
         obs = self.store.add(time_s, images, q, jaw)
-        for name in names:  # build the clouds now: later calls on this handle are fast
-            self._cloud(obs, name)
+        for name in names:  # the clouds are built after the answer, while the policy reads it (_cloud waits)
+            obs.cache[("cloud", name)] = self._clouds.submit(self._build_cloud, images[name], obs.q_rad)
         value = {
             "observation_handle": obs.handle,
             "cameras": {
