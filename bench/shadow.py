@@ -18,6 +18,8 @@ shadow_refusal_recall               unsafe motions (by the real outcome) the sha
 shadow_false_refusal_rate           safe motions it refused / safe motions
 predicted_stop_reason_agreement     the predicted outcome (a motion's stop reason, a jaw's holding or not) equals the
                                     real one, over all motions
+check_ratio_to_raw_physics_p50      a check's wall time over the raw work in it: MuJoCo's mj_step alone for the
+                                    simulated time the check played, timed on that scene's shadow twin in the same run
 
   python bench/shadow.py              # 4 tasks x 2 held-out starts x 7 scripted motions
   python bench/shadow.py --starts 11,12,13
@@ -30,6 +32,7 @@ import sys
 import time
 from dataclasses import replace
 
+import mujoco
 import numpy as np
 from _common import print_table, write_results
 from tqdm import tqdm
@@ -145,6 +148,16 @@ def motions(twin: Twin, post_xy) -> list[tuple[str, list[tuple[str, dict]], str,
     ]
 
 
+def raw_step_s(twin: Twin, steps: int = 2000) -> float:
+    """Seconds of one bare mj_step on `twin`'s model from its current state (a copy of it): the raw work."""
+    data = mujoco.MjData(twin.model)
+    mujoco.mj_copyData(data, twin.model, twin.data)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        mujoco.mj_step(twin.model, data)
+    return (time.perf_counter() - t0) / steps
+
+
 def run_motion(twin, start, harness, shadow, measured, *, setup, capability, kwargs) -> dict:
     twin.reset(start)
     harness.new_episode("bench")
@@ -170,6 +183,7 @@ def run_motion(twin, start, harness, shadow, measured, *, setup, capability, kwa
         "predicted_peak_n": predicted.peak_force_n,
         "actual_peak_n": truth.peak_force_n,
         "check_ms": predicted.check_ms,
+        "simulated_s": predicted.simulated_s,
         "motion_s": float((result.value or {}).get("duration_s") or 0.0),  # the arm's own time for it
     }
 
@@ -193,6 +207,7 @@ def main() -> int:
         shadow = harness.shadow
         found = measure_scene(harness, twin)
         measured = dict(shadow.measured)
+        first = len(rows)
         for family, setup, capability, kwargs in motions(twin, info["post_xy"]):
             row = run_motion(
                 twin,
@@ -206,6 +221,11 @@ def main() -> int:
             )
             rows.append({"task": task, "start": start, "family": family, "measured": found, **row})
             bar.update()
+        shadow_twin = shadow._scene()[0]  # this scene's shadow twin, as its checks left it
+        step_s = raw_step_s(shadow_twin)
+        for row in rows[first:]:
+            raw_ms = 1e3 * step_s * row["simulated_s"] / float(shadow_twin.model.opt.timestep)
+            row["raw_physics_ms"], row["check_ratio_to_raw_physics"] = raw_ms, row["check_ms"] / raw_ms
         shadow.close()
         twin.close()
     bar.close()
@@ -246,6 +266,8 @@ def main() -> int:
             ["shadow_false_refusal_rate", false_rate],
             ["predicted_stop_reason_agreement", agreement],
             ["shadow_check_ms_p50", float(np.median(check_ms))],
+            ["raw physics in a check (mj_step alone), p50 ms", float(np.median([r["raw_physics_ms"] for r in rows]))],
+            ["check time / its raw physics, p50", float(np.median([r["check_ratio_to_raw_physics"] for r in rows]))],
             ["check time / the motion's own duration, p50", ratio],
         ],
     )
@@ -271,6 +293,8 @@ def main() -> int:
             "scene_count": len(jobs),
             "check_ms_p90": float(np.percentile(check_ms, 90)),
             "check_to_motion_time_ratio_p50": ratio,
+            "raw_physics_ms_p50": float(np.median([r["raw_physics_ms"] for r in rows])),
+            "check_ratio_to_raw_physics_p50": float(np.median([r["check_ratio_to_raw_physics"] for r in rows])),
             "scenes": [f"{t}/official/{s}" for t, s in jobs],
             "motions": rows,
             "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

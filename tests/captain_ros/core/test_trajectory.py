@@ -55,6 +55,20 @@ def test_cubic_sampling_meets_positions_and_velocities_at_the_points():
     np.testing.assert_allclose(qd, [0.2, 0.1], atol=1e-12)
 
 
+def test_cubic_sampling_between_the_points_is_the_hermite_spline_worked_by_hand():
+    """Segment 0 -> 1 s from rest at 0 to (0.5, 0) moving at (0.2, 0.1), sampled at its middle (s = 0.5, h = 1):
+    q = h00 p0 + h10 m0 + h01 p1 + h11 m1 with h00 = h01 = 0.5, h10 = 0.125, h11 = -0.125 (m = v h):
+    joint a 0.5 * 0.5 - 0.125 * 0.2 = 0.225, joint b -0.125 * 0.1 = -0.0125; the velocity
+    (-1.5 p0 - 0.25 m0 + 1.5 p1 - 0.25 m1) / h: a 0.75 - 0.05 = 0.7, b -0.025."""
+    t = build(times=(1.0, 2.0), positions=((0.5, 0.0), (0.0, 0.5)), velocities=((0.2, 0.1), (0.0, 0.0)))
+    q, qd = t.sample(0.5, np.zeros(2))
+    np.testing.assert_allclose(q, [0.225, -0.0125], atol=1e-12)
+    np.testing.assert_allclose(qd, [0.7, -0.025], atol=1e-12)
+    q, qd = t.sample(1.5, np.zeros(2))  # second segment: (0.5, 0) at 0.2, 0.1 rad/s to (0, 0.5) at rest
+    np.testing.assert_allclose(q, [0.5 * 0.5 + 0.125 * 0.2, 0.125 * 0.1 + 0.5 * 0.5], atol=1e-12)
+    np.testing.assert_allclose(qd, [-0.25 * 0.2 - 1.5 * 0.5, -0.25 * 0.1 + 1.5 * 0.5], atol=1e-12)
+
+
 def test_follower_preempts_holds_and_clips():
     f = TrajectoryFollower(JOINTS, LO, HI, np.zeros(2))
     first = f.start(build(), now_s=0.0)

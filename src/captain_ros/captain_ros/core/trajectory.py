@@ -17,6 +17,7 @@ joint, whose first point is one control period ahead.
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 from collections.abc import Sequence
@@ -121,30 +122,37 @@ class JointTrajectory:
         return _Knots(times, pos, vel)
 
 
-@dataclass(frozen=True)
 class _Knots:
-    """A trajectory's points with its start state in front: sampled at every control or physics step."""
+    """A trajectory's points with its start state in front: sampled at every control or physics step. Each segment's
+    cubic Hermite (linear without velocities) is turned into power-basis coefficients once, so a sample is one small
+    product: [1, s, s^2, s^3] @ C[i] gives the position and the velocity together (s: the fraction of segment i)."""
 
-    times: np.ndarray
-    pos: np.ndarray
-    vel: np.ndarray | None
+    def __init__(self, times: np.ndarray, pos: np.ndarray, vel: np.ndarray | None):
+        self.times, self.pos, self.vel = times, pos, vel
+        self._times = [float(t) for t in times]  # bisect on a list: the per-sample search without numpy's overhead
+        n, dof = len(times) - 1, pos.shape[1]
+        h = np.diff(times)[:, None]  # (n, 1)
+        p0, p1 = pos[:-1], pos[1:]
+        coef = np.zeros((n, 4, 2 * dof))
+        if vel is None:
+            coef[:, 0, :dof], coef[:, 1, :dof] = p0, p1 - p0
+            coef[:, 0, dof:] = (p1 - p0) / h
+        else:
+            m0, m1 = vel[:-1] * h, vel[1:] * h  # tangents in the segment's fraction
+            a, b = 2 * (p0 - p1) + m0 + m1, 3 * (p1 - p0) - 2 * m0 - m1  # q = a s^3 + b s^2 + m0 s + p0
+            coef[:, 0, :dof], coef[:, 1, :dof], coef[:, 2, :dof], coef[:, 3, :dof] = p0, m0, b, a
+            coef[:, 0, dof:], coef[:, 1, dof:], coef[:, 2, dof:] = m0 / h, 2 * b / h, 3 * a / h  # dq/dt
+        self._coef, self._dof = coef, dof
 
     def at(self, t_s: float) -> tuple[np.ndarray, np.ndarray]:
-        times, pos, vel = self.times, self.pos, self.vel
-        t_s = max(t_s, float(times[0]))
+        times = self._times
+        t_s = max(t_s, times[0])
         if t_s >= times[-1]:
-            return pos[-1].copy(), (np.zeros_like(pos[-1]) if vel is None else vel[-1].copy())
-        i = int(np.searchsorted(times, t_s, side="right") - 1)
-        h = float(times[i + 1] - times[i])
-        s = (t_s - float(times[i])) / h
-        if vel is None:
-            return pos[i] + s * (pos[i + 1] - pos[i]), (pos[i + 1] - pos[i]) / h
-        s2, s3 = s * s, s * s * s
-        h00, h10, h01, h11 = 2 * s3 - 3 * s2 + 1, s3 - 2 * s2 + s, -2 * s3 + 3 * s2, s3 - s2
-        q = h00 * pos[i] + (h10 * h) * vel[i] + h01 * pos[i + 1] + (h11 * h) * vel[i + 1]
-        d00, d10, d01, d11 = 6 * s2 - 6 * s, 3 * s2 - 4 * s + 1, -6 * s2 + 6 * s, 3 * s2 - 2 * s
-        qd = (d00 / h) * pos[i] + d10 * vel[i] + (d01 / h) * pos[i + 1] + d11 * vel[i + 1]
-        return q, qd
+            return self.pos[-1].copy(), (np.zeros_like(self.pos[-1]) if self.vel is None else self.vel[-1].copy())
+        i = bisect.bisect_right(times, t_s) - 1
+        s = (t_s - times[i]) / (times[i + 1] - times[i])
+        out = np.array((1.0, s, s * s, s * s * s)) @ self._coef[i]
+        return out[: self._dof], out[self._dof :]
 
 
 @dataclass
@@ -255,7 +263,7 @@ class TrajectoryFollower:
                 return self.desired_q.copy()
             self._advance(now_s)
             q, qd = a.knots.at(a.elapsed_s)
-            self.desired_q = np.clip(q, self.lower, self.upper)
+            self.desired_q = np.minimum(np.maximum(q, self.lower), self.upper)  # np.clip, without its overhead
             self.desired_qd = qd
             return self.desired_q.copy()
 

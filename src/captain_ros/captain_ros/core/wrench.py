@@ -17,7 +17,13 @@ def external_force_n(
 ) -> float:
     """Magnitude of the force at the hand beyond the baseline load. Forces are in the hand frame;
     rotations are the hand's orientation in the base frame now and when the baseline was measured."""
-    d = force_hand_n - r_hand.T @ (r_hand_at_baseline @ baseline_force_hand_n)
+    return force_beyond_n(force_hand_n, r_hand, r_hand_at_baseline @ baseline_force_hand_n)
+
+
+def force_beyond_n(force_hand_n: np.ndarray, r_hand: np.ndarray, baseline_force_base_n: np.ndarray) -> float:
+    """external_force_n with the baseline load already in the base frame (a reflex checking every physics step
+    rotates it once per motion)."""
+    d = force_hand_n - r_hand.T @ baseline_force_base_n
     return math.sqrt(float(d @ d))  # np.linalg.norm's overhead matters at every physics step
 
 

@@ -105,6 +105,7 @@ class Prediction:
     objects: int = 0  # measured objects in the shadow scene
     left_out: list[str] = field(default_factory=list)  # measured boxes the arm stood in: left out of this check
     check_ms: float = 0.0
+    simulated_s: float = 0.0  # the shadow twin's time the check played (settling, then the action)
     refusal: str = ""
 
     def as_value(self) -> dict[str, Any]:
@@ -117,6 +118,7 @@ class Prediction:
             "contacts": {k: round(v, 2) for k, v in self.contacts.items()},
             "objects": self.objects,
             "check_ms": round(self.check_ms, 1),
+            "simulated_s": round(self.simulated_s, 3),
         }
         if self.pushed_off:
             value["pushed_off"] = list(self.pushed_off)
@@ -398,6 +400,7 @@ class ShadowTwin:
     def _predict(self, capability: str, kwargs: dict[str, Any], state: ArmState) -> Prediction:
         twin, backend, harness = self._scene()
         twin.place(state.q_rad, state.jaw_opening_m, {m.name: m.pose for m in self.measured.values()})
+        placed_s = twin.time_s
         ghosts = self._ghost(twin, backend.witness.overlapping(OVERLAP_M))
         backend.resync()  # the controllers hold the arm and jaw where they were placed
         backend.set_force_reflex(0.0)  # the scene settling is no motion: each motion arms the reflex itself
@@ -411,6 +414,7 @@ class ShadowTwin:
             harness.call(capability, **kwargs), force_limit(self.config.safety, kwargs)
         )
         prediction.objects, prediction.left_out = len(self.measured) - len(ghosts), ghosts
+        prediction.simulated_s = twin.time_s - placed_s
         if prediction.refusal and prediction.outcome != FailureCategory.BACKEND_ERROR.value:
             prediction.refusal = f"the twin predicts {prediction.refusal}"
         return prediction

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from captain_ros.core.trajectory import JointTrajectory, TrajectoryFollower
-from captain_ros.core.wrench import REFLEX_ABORT_PREFIX, external_force_n
+from captain_ros.core.wrench import REFLEX_ABORT_PREFIX, force_beyond_n
 from captain_ros.twin.sim import Twin
 
 SPEED_SCALING_SLEW_PER_S = 2.0  # fraction of full speed per second: a pause from full speed takes 0.5 s
@@ -42,7 +42,7 @@ class ForceReflex:
     (Franka's collision thresholds, UR's protective stop): it does not depend on any client keeping up.
 
     The external force is the wrist force minus the load measured while the arm rested just before the
-    current motion began, rotated with the hand (`core.wrench.external_force_n`, the harness monitor's
+    current motion began, rotated with the hand (`core.wrench.force_beyond_n`, the harness monitor's
     own measure). Above `threshold_n` the arm stops where it is and stays tripped until the next motion
     arms the reflex again. A threshold of 0 switches the reflex off."""
 
@@ -51,7 +51,7 @@ class ForceReflex:
             raise ValueError(f"reflex threshold must be a finite force >= 0 N, got {threshold_n}")
         self.threshold_n = threshold_n
         self._recent: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=baseline_steps)
-        self._baseline: tuple[np.ndarray, np.ndarray] | None = None
+        self._baseline: np.ndarray | None = None  # the rest load, base frame
         self.tripped: ReflexTrip | None = None
         self.external_force_n = 0.0
         self.peak_force_n = 0.0  # largest external force since the reflex was last armed
@@ -65,7 +65,7 @@ class ForceReflex:
         """A motion begins: the load is the mean wrist force of the last steps (the arm was at rest)."""
         if self._recent:
             forces = np.mean([f for f, _ in self._recent], axis=0)
-            self._baseline = (forces, self._recent[-1][1])
+            self._baseline = self._recent[-1][1] @ forces  # the load in the base frame: it turns with the hand
         self.tripped, self.peak_force_n = None, 0.0
 
     def check(self, force_hand_n: np.ndarray, r_hand: np.ndarray, now_s: float) -> ReflexTrip | None:
@@ -75,7 +75,7 @@ class ForceReflex:
             if len(self._recent) < self._recent.maxlen:
                 return None
             self.arm()  # the first steps after start-up or a reset: the load the arm carries at rest
-        self.external_force_n = external_force_n(force_hand_n, r_hand, *self._baseline)
+        self.external_force_n = force_beyond_n(force_hand_n, r_hand, self._baseline)
         self.peak_force_n = max(self.peak_force_n, self.external_force_n)
         if self.tripped is None and self.threshold_n > 0 and self.external_force_n > self.threshold_n:
             self.tripped = ReflexTrip(now_s, self.external_force_n, self.threshold_n)
@@ -103,6 +103,7 @@ class TwinControllers:
         self.arm.set_speed_scaling(speed_scaling, twin.time_s)
         self.speed_scaling_target = float(speed_scaling)  # the slider; the arm's factor follows it at the slew rate
         self._dt = float(twin.model.opt.timestep)
+        self._finger_commanded = math.nan  # the finger position last commanded to the twin (none yet)
 
     def __getitem__(self, name: str) -> TrajectoryFollower:
         return {"arm": self.arm, "gripper": self.gripper}[name]
@@ -126,17 +127,21 @@ class TwinControllers:
         reflex after each (and calling `after_step`, an observer's hook). Returns the reflex trip if one happened
         (the arm then holds where it was)."""
         trip = None
+        xmat = twin.data.xmat
         for _ in range(n):
+            now_s = twin.time_s
             scaling = self.arm.speed_scaling
             if scaling != self.speed_scaling_target:
                 step = SPEED_SCALING_SLEW_PER_S * self._dt
                 scaling = float(np.clip(self.speed_scaling_target, scaling - step, scaling + step))
-                self.arm.set_speed_scaling(scaling, twin.time_s)
-            twin.set_arm_command(self.arm.update(twin.time_s))
-            twin.set_gripper_command(self._profile.jaw_opening_at(float(self.gripper.update(twin.time_s)[0])))
+                self.arm.set_speed_scaling(scaling, now_s)
+            twin.set_arm_command(self.arm.update(now_s))
+            finger = float(self.gripper.update(now_s)[0])
+            if finger != self._finger_commanded:  # the jaw's command changes only while it moves or is stopped
+                twin.set_gripper_command(self._profile.jaw_opening_at(finger))
+                self._finger_commanded = finger
             twin.step()
-            r_hand = twin.data.xmat[self._hand].reshape(3, 3).copy()
-            tripped = self.reflex.check(twin.wrist_wrench().force_n, r_hand, twin.time_s)
+            tripped = self.reflex.check(twin.wrist_force_n(), xmat[self._hand].reshape(3, 3).copy(), twin.time_s)
             if tripped is not None:
                 self.arm.hold(twin.arm_q())
                 trip = tripped

@@ -261,7 +261,7 @@ class Twin:
     def set_arm_command(self, q_rad: np.ndarray) -> None:
         q = np.asarray(q_rad, dtype=float)
         n = self.profile.dof
-        if q.shape != (n,) or not np.all(np.isfinite(q)):
+        if q.shape != (n,) or not math.isfinite(float(q.sum())):  # the sum: NaN or inf in any, cheaply
             raise ValueError(f"arm command must be {n} finite joint positions, got shape {q.shape}")
         self.data.ctrl[self._arm_act] = q
 
@@ -295,6 +295,10 @@ class Twin:
 
     def jaw_opening_m(self) -> float:
         return self.reader.jaw_opening()
+
+    def wrist_force_n(self) -> np.ndarray:
+        """The wrist force sensor's reading alone (the reflex's per-step input), hand frame."""
+        return self.data.sensordata[self._force_at].copy()
 
     def wrist_wrench(self) -> Wrench:
         return Wrench(self.data.sensordata[self._force_at].copy(), self.data.sensordata[self._torque_at].copy())
