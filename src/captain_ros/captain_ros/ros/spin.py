@@ -129,15 +129,16 @@ def spin(make_node: Callable[[], Node], args: list[str] | None = None, num_threa
 
 class SideNode(GuardedNode, Node):
     """A node of a node's own for its high-rate subscriptions (camera images, joint states, /tf), spun in a thread of
-    its own by rclpy's EventsExecutor.
+    its own by a SingleThreadedExecutor.
 
     rclpy's Python executors rebuild their wait set and hand each callback to a thread pool at every wake: a
     MultiThreadedExecutor that 200 messages a second wake cost the perception node most of a core, while it was doing
-    nothing else, and its service calls waited on the interpreter lock behind that. The EventsExecutor takes messages
-    from an event queue in C++; the host keeps its own executor (and its threads) for its services, whose callbacks
-    may wait on what the side node's subscriptions fill in. Topic names are the host's resolved ones, so its
-    namespace and remappings hold. Make every subscription, then start(); close() stops the thread and destroys the
-    node."""
+    nothing else, and its service calls waited on the interpreter lock behind that. A single-threaded executor runs
+    the callbacks in its own thread, without the pool; the host keeps its own executor (and its threads) for its
+    services, whose callbacks may wait on what the side node's subscriptions fill in. (rclpy's EventsExecutor would
+    take the messages from a C++ queue, but adding a subscription to a node it spins hangs on its wake, and it kept a
+    core busy while idle, in rclpy 7 and 9.) Topic names are the host's resolved ones, so its namespace and
+    remappings hold. Make every subscription, then start(); close() stops the thread and destroys the node."""
 
     def __init__(self, host: Node, suffix: str) -> None:
         super().__init__(
@@ -149,12 +150,11 @@ class SideNode(GuardedNode, Node):
         self.host = host
         self._executor = SingleThreadedExecutor(context=host.context)
         self._thread = threading.Thread(
-            target=spin_until_shutdown, args=(self._executor,), name=f"{suffix}-events", daemon=True
+            target=spin_until_shutdown, args=(self._executor,), name=f"{suffix}-spin", daemon=True
         )
 
     def start(self) -> None:
-        """Start spinning, once every subscription is made: adding one to a node the EventsExecutor spins already
-        hangs on the executor's wake (rclpy 7 and 9)."""
+        """Start spinning, once every subscription is made."""
         self._executor.add_node(self)
         self._thread.start()
 
