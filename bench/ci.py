@@ -6,6 +6,7 @@ and parses what it printed. Nothing is shared with this checkout: the clone sets
 
   fresh_clone_ci_s        wall time of `.ci/run` on the fresh clone (setup included); target <= 1500 s
   setup_s, pytest_s       the setup step, and the pytest runs within it (parallel, serial, Jazzy) together
+  setup_again_s, venv_gb  `make setup` once more on the clone with nothing changed; each environment's size
   tests_passed, tests_skipped, tests_failed
   slowest_tests           the 20 slowest test phases, as pytest reports them
   stress_runs_passed / stress_runs   from bench/results/stress_dds.json (tools/stress_dds_tests.py)
@@ -39,6 +40,14 @@ DURATION = re.compile(r"^([\d.]+)s (setup|call|teardown)\s+(\S+)", re.MULTILINE)
 SETUP_READY = re.compile(r"\[setup\] ready in ([\d.]+) s")
 WALL = re.compile(r"wall=([\d.]+)")  # what the --before log ends with: `rc=N wall=S` (.ci/run's exit and seconds)
 WORKERS = re.compile(r"^TEST_WORKERS \?= (\d+)", re.MULTILINE)
+
+
+VENVS = (".venv", ".venv-jazzy", ".venv-vllm", ".venv-libero")
+
+
+def _gigabytes(path: Path) -> float | None:
+    du = subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True)
+    return round(int(du.stdout.split()[0]) / 1e9, 2) if du.returncode == 0 else None
 
 
 def slowest(output: str, n: int = 20) -> list[dict]:
@@ -78,6 +87,10 @@ def main() -> int:
             done = subprocess.run(["./.ci/run"], cwd=clone / "repo", env=env, stdout=log, stderr=subprocess.STDOUT)
         wall = time.monotonic() - t0
         output = (clone / "ci.log").read_text(errors="replace")
+        t0 = time.monotonic()  # the setup again with nothing changed: every step finds its stamp
+        again = subprocess.run(["make", "setup"], cwd=clone / "repo", env=env, capture_output=True, text=True)
+        setup_again_s = time.monotonic() - t0 if again.returncode == 0 else None
+        sizes = {venv: _gigabytes(clone / "repo" / venv) for venv in VENVS}
     finally:
         if not args.keep:
             shutil.rmtree(clone / "repo", ignore_errors=True)
@@ -97,6 +110,8 @@ def main() -> int:
         "tests_failed": found.get("failed", 0) + found.get("error", 0),
         "target_s": TARGET_S,
         "test_workers": int(WORKERS.search((ROOT / "Makefile").read_text()).group(1)),
+        "setup_again_s": None if setup_again_s is None else round(setup_again_s, 1),
+        "venv_gb": sizes,
         "stress_runs_passed": stress.get("passed"),
         "stress_runs": stress.get("runs"),
         "commit": commit,

@@ -13,8 +13,9 @@ rerun skips finished work and resumes at the first step that failed or whose inp
   interfaces  build and install the interface packages (captain_interfaces, ...) into .venv
   project     pip install -e src/captain_ros (captain_ros with its sim bridge, and training)
   verify      import rclpy, the interfaces, colcon and captain_ros inside the venv
-  jazzy       the same steps (venv ... verify) for .venv-jazzy with the ROS 2 Jazzy wheels
+  jazzy-wheels  the same steps (venv ... interfaces) for .venv-jazzy with the ROS 2 Jazzy wheels
               (requirements/jazzy-lock.txt): the nodes' start-up and DDS smoke tests run on both
+  jazzy       then its project and verify steps
   vllm        .venv-vllm with vLLM's CPU build (requirements/vllm-lock.txt, torch pinned to the CPU build;
               torchvision, torchaudio and torchcodec removed): the policy server the agent talks to over HTTP
   libero      .venv-libero with the LIBERO / LIBERO-PRO benchmark (requirements/libero-lock.txt: robosuite 1.4,
@@ -429,21 +430,31 @@ class Setup:
                 f"delete {self.venv.name} and run `make setup` again."
             )
 
-    def jazzy(self, venv: Path) -> None:
-        """The second environment: the same steps for a venv with the ROS 2 Jazzy wheels."""
+    def _jazzy(self, venv: Path) -> Setup:
         force = {"packages", "interfaces", "project", "verify"} if "jazzy" in self.force else set()
-        other = Setup(venv, force, lock=JAZZY_LOCK, distro="jazzy", verify_code=VERIFY_JAZZY)
+        return Setup(venv, force, lock=JAZZY_LOCK, distro="jazzy", verify_code=VERIFY_JAZZY)
+
+    def jazzy_wheels(self, venv: Path) -> None:
+        """The second environment, first part: a venv with the ROS 2 Jazzy wheels and the interface packages built
+        against them. It shares nothing with .venv, so it runs beside the main chain."""
+        other = self._jazzy(venv)
         t0 = time.monotonic()
-        for action in (other.make_venv, other.python_packages, other.cmake_fix, other.interfaces, other.project):
+        for action in (other.make_venv, other.python_packages, other.cmake_fix, other.interfaces):
             action()
-        # importing the three nodes takes seconds (open3d): verify again only when a step above did work
+        if time.monotonic() - t0 > 30:
+            log(f"Jazzy wheels and interfaces in {venv.name} ready in {time.monotonic() - t0:.0f} s")
+
+    def jazzy(self, venv: Path) -> None:
+        """The second environment, second part (after jazzy_wheels and the main chain's own project step, since both
+        install captain_ros from the same source folder): the project, then the import check."""
+        other = self._jazzy(venv)
+        other.project()
+        # importing the three nodes takes seconds (open3d): verify again only when a step did work
         stamps = sorted(p for p in other.stamps.glob("*.stamp") if p.name != "verify.stamp")
         key = hashlib.sha256("".join(f"{p.name}={p.read_text()};" for p in stamps).encode()).hexdigest()
         if not other.done("verify", key):
             other.verify()
             other.mark("verify", key)
-        if time.monotonic() - t0 > 30:
-            log(f"Jazzy environment {venv.name} ready in {time.monotonic() - t0:.0f} s")
 
     def _locked_venv(
         self,
@@ -558,6 +569,7 @@ STEPS = [
     "interfaces",
     "project",
     "verify",
+    "jazzy-wheels",
     "jazzy",
     "vllm",
     "libero",
@@ -597,24 +609,38 @@ def main(argv: list[str] | None = None) -> int:
         "interfaces": setup.interfaces,
         "project": setup.project,
         "verify": setup.verify,
+        "jazzy-wheels": lambda: setup.jazzy_wheels(args.jazzy_venv.resolve()),
         "jazzy": lambda: setup.jazzy(args.jazzy_venv.resolve()),
         "vllm": lambda: setup.vllm(args.vllm_venv.resolve()),
         "libero": lambda: setup.libero(args.libero_venv.resolve()),
     }
-    # The policy server's and LIBERO's venvs touch nothing the others use: they install beside the main chain (pip is
-    # mostly waiting on files and the network, so two at once take little longer than one). Jazzy's venv installs
-    # captain_ros from the same source folder as .venv, so it follows the main chain.
+    # The Jazzy wheels and interfaces, the policy server's venv and LIBERO's touch nothing the main chain uses: they
+    # install beside it, each group in a thread of its own (pip is mostly waiting on files and the network). The
+    # Jazzy venv's project step installs captain_ros from the same source folder as .venv's, so it waits for both.
     failures: list[str] = []
-    beside = threading.Thread(target=_run_steps, args=(BESIDE, actions, failures), name="setup-beside", daemon=True)
+    finished: dict[str, bool] = {}  # group (its first step) -> all of its steps ran
+
+    def run_group(group: tuple[str, ...]) -> None:
+        finished[group[0]] = _run_steps(group, actions, failures)
+
+    beside = [
+        threading.Thread(target=run_group, args=(group,), name=f"setup-{group[0]}", daemon=True) for group in BESIDE
+    ]
+    chain = [s for s in STEPS[STEPS.index("venv") :] if not any(s in group for group in BESIDE)]
     try:
         if _run_steps(STEPS[: STEPS.index("venv")], actions, failures):
-            beside.start()
-            _run_steps([s for s in STEPS[STEPS.index("venv") :] if s not in BESIDE], actions, failures)
+            for thread in beside:
+                thread.start()
+            if _run_steps(chain[: chain.index("jazzy")], actions, failures):
+                beside[0].join()  # the Jazzy wheels
+                if finished.get("jazzy-wheels"):
+                    _run_steps(chain[chain.index("jazzy") :], actions, failures)
     except KeyboardInterrupt:
         print("\n[setup] interrupted; rerun `make setup` to resume.", file=sys.stderr)
         return 130
-    if beside.ident is not None:  # started
-        beside.join()
+    for thread in beside:
+        if thread.ident is not None:  # started
+            thread.join()
     if failures:
         for failure in failures:
             print(f"\n[setup] ERROR: {failure}", file=sys.stderr)
@@ -624,7 +650,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-BESIDE = ("vllm", "libero")  # steps run in a thread of their own, beside the main chain
+BESIDE = (("jazzy-wheels",), ("vllm", "libero"))  # step groups run in threads of their own, beside the main chain
 
 
 def _run_steps(names: list[str] | tuple[str, ...], actions: dict, failures: list[str]) -> bool:

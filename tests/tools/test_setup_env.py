@@ -79,6 +79,7 @@ def test_failure_stops_the_run_and_a_rerun_resumes_at_the_failed_step(tmp_path, 
         ("interfaces", "interfaces"),
         ("project", "project"),
         ("verify", "verify"),
+        ("jazzy_wheels", "jazzy-wheels"),
         ("jazzy", "jazzy"),
         ("vllm", "vllm"),
         ("libero", "libero"),
@@ -88,16 +89,55 @@ def test_failure_stops_the_run_and_a_rerun_resumes_at_the_failed_step(tmp_path, 
     assert setup_env.main(["--venv", str(tmp_path / "v")]) == 1
     err = capsys.readouterr().err
     assert "step 'interfaces' failed" in err and "rerun" in err
-    beside = [name for name in ran if name in setup_env.BESIDE]  # their own thread: done whatever the main chain did
+    beside = {step for group in setup_env.BESIDE for step in group}  # own threads: done whatever the main chain did
     assert [name for name in ran if name not in beside] == [
         "interpreter", "debian", "venv", "packages", "colcon", "cmake-fix", "interfaces"
     ]  # fmt: skip
-    assert beside == ["vllm", "libero"]
+    assert [name for name in ran if name in beside and name != "jazzy-wheels"] == ["vllm", "libero"]
+    assert "jazzy-wheels" in ran and "jazzy" not in ran  # the Jazzy venv's project waits for the main chain's
 
     ran.clear()
     fail.clear()
     assert setup_env.main(["--venv", str(tmp_path / "v")]) == 0
     assert ran == ["interfaces", "project", "verify", "jazzy"], "finished steps must be skipped"
+
+
+def test_the_jazzy_project_step_waits_for_the_jazzy_wheels_beside_the_main_chain(tmp_path, monkeypatch):
+    """The Jazzy wheels build in their own thread from the start; the Jazzy project step runs after both them and
+    the main chain's project (the same source folder), and not at all when the wheels failed."""
+    import threading
+
+    events: list[str] = []
+    wheels_may_finish = threading.Event()
+
+    def step(name):
+        def action(self, *_args):
+            if name == "jazzy-wheels":
+                events.append("wheels started")
+                assert wheels_may_finish.wait(30), "the main chain never got to its project step"
+            if name == "project":
+                wheels_may_finish.set()  # the main chain reached its project while the wheels were still building
+            events.append(name)
+
+        return action
+
+    methods = {"check_python": "interpreter", "debian": "debian", "make_venv": "venv", "python_packages": "packages",
+               "colcon": "colcon", "cmake_fix": "cmake-fix", "interfaces": "interfaces", "project": "project",
+               "verify": "verify", "jazzy_wheels": "jazzy-wheels", "jazzy": "jazzy", "vllm": "vllm",
+               "libero": "libero"}  # fmt: skip
+    for method, name in methods.items():
+        monkeypatch.setattr(setup_env.Setup, method, step(name))
+    assert setup_env.main(["--venv", str(tmp_path / "v")]) == 0
+    assert events.index("wheels started") < events.index("project") < events.index("jazzy-wheels")
+    assert events.index("jazzy-wheels") < events.index("jazzy") and events.index("verify") < events.index("jazzy")
+
+    def failing_wheels(self, *_args):
+        raise setup_env.SetupError("step 'jazzy/packages' failed: no network")
+
+    events.clear()
+    monkeypatch.setattr(setup_env.Setup, "jazzy_wheels", failing_wheels)
+    assert setup_env.main(["--venv", str(tmp_path / "v")]) == 1
+    assert "jazzy" not in events and "verify" in events and "libero" in events
 
 
 def test_a_failure_beside_the_main_chain_is_reported_and_the_chain_still_runs(tmp_path, monkeypatch, capsys):
@@ -112,7 +152,7 @@ def test_a_failure_beside_the_main_chain_is_reported_and_the_chain_still_runs(tm
         return action
 
     for method in ("check_python", "debian", "make_venv", "python_packages", "colcon", "cmake_fix", "interfaces",
-                   "project", "verify", "jazzy", "vllm", "libero"):  # fmt: skip
+                   "project", "verify", "jazzy_wheels", "jazzy", "vllm", "libero"):  # fmt: skip
         monkeypatch.setattr(setup_env.Setup, method, step(method))
     assert setup_env.main(["--venv", str(tmp_path / "v")]) == 1
     assert "step 'vllm/packages' failed: no network" in capsys.readouterr().err
@@ -129,6 +169,7 @@ def test_jazzy_step_runs_the_same_steps_on_its_own_venv_with_the_jazzy_wheels(tm
             lambda self, m=method: calls.append((m, self.venv, self.lock, self.verify_code, frozenset(self.force))),
         )
     main = setup_env.Setup(tmp_path / "main", set())
+    main.jazzy_wheels(tmp_path / "jazzy")
     main.jazzy(tmp_path / "jazzy")
     assert [c[0] for c in calls] == ["make_venv", "python_packages", "cmake_fix", "interfaces", "project", "verify"]
     assert {c[1] for c in calls} == {tmp_path / "jazzy"}, "every Jazzy step works on the Jazzy venv"
@@ -137,7 +178,9 @@ def test_jazzy_step_runs_the_same_steps_on_its_own_venv_with_the_jazzy_wheels(tm
     assert {c[4] for c in calls} == {frozenset()}
 
     calls.clear()
-    setup_env.Setup(tmp_path / "main", {"jazzy"}).jazzy(tmp_path / "jazzy")
+    forced = setup_env.Setup(tmp_path / "main", {"jazzy"})
+    forced.jazzy_wheels(tmp_path / "jazzy")
+    forced.jazzy(tmp_path / "jazzy")
     assert {c[4] for c in calls} == {frozenset({"packages", "interfaces", "project", "verify"})}, "--force redoes them"
 
     calls.clear()
