@@ -28,10 +28,12 @@ check_ratio_to_raw_physics_p50      a check's wall time over the raw work in it:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import replace
 
+os.environ.setdefault("MUJOCO_GL", "egl")  # before mujoco is imported: the harness renders offscreen
 import mujoco
 import numpy as np
 from _common import print_table, write_results

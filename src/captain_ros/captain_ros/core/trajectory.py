@@ -165,6 +165,7 @@ class _Active:
     elapsed_s: float  # how far along the trajectory is, in its own time
     clock_s: float  # the clock time elapsed_s was last brought up to
     knots: _Knots | None = None  # the trajectory from its start state, prepared once
+    ended: bool = False  # past its last point: the setpoint stays there (updates skip the spline)
 
     def __post_init__(self) -> None:
         self.knots = self.trajectory.from_start(self.start_q, self.start_qd, self.start_at_s)
@@ -262,9 +263,11 @@ class TrajectoryFollower:
             if a is None:
                 return self.desired_q.copy()
             self._advance(now_s)
-            q, qd = a.knots.at(a.elapsed_s)
-            self.desired_q = np.minimum(np.maximum(q, self.lower), self.upper)  # np.clip, without its overhead
-            self.desired_qd = qd
+            if not a.ended:
+                q, qd = a.knots.at(a.elapsed_s)
+                self.desired_q = np.minimum(np.maximum(q, self.lower), self.upper)  # np.clip, without its overhead
+                self.desired_qd = qd
+                a.ended = a.elapsed_s >= a.trajectory.duration_s
             return self.desired_q.copy()
 
 

@@ -119,16 +119,16 @@ class SweepPlan:
     peak_speed_mps: float
     notes: list[str] = field(default_factory=list)
 
-    def setpoint(self, t_s: float) -> np.ndarray:
-        """Joint setpoint at time t along a minimum-jerk profile over the waypoint path."""
-        tau = min(max(t_s / self.duration_s, 0.0), 1.0) if self.duration_s > 0 else 1.0
-        s = tau**3 * (10 - 15 * tau + 6 * tau**2)
-        x = s * (len(self.q_waypoints) - 1)
-        i = min(int(x), len(self.q_waypoints) - 2) if len(self.q_waypoints) > 1 else 0
-        if len(self.q_waypoints) == 1:
-            return self.q_waypoints[0].copy()
-        f = x - i
-        return self.q_waypoints[i] + f * (self.q_waypoints[i + 1] - self.q_waypoints[i])
+    def setpoints(self, t_s: np.ndarray) -> np.ndarray:
+        """Joint setpoints (len(t_s), n) at times `t_s` along a minimum-jerk profile over the waypoint path."""
+        q = self.q_waypoints
+        if len(q) == 1:
+            return np.repeat(q[:1], len(t_s), axis=0)
+        tau = np.clip(t_s / self.duration_s, 0.0, 1.0) if self.duration_s > 0 else np.ones(len(t_s))
+        x = tau**3 * (10 - 15 * tau + 6 * tau**2) * (len(q) - 1)
+        i = np.minimum(x.astype(int), len(q) - 2)
+        f = (x - i)[:, None]
+        return q[i] + f * (q[i + 1] - q[i])
 
     def to_trajectory(self, spacing_s: float, joint_names: tuple[str, ...]) -> JointTrajectory:
         """The sweep as the controller takes it: minimum-jerk samples every `spacing_s` with their
@@ -136,8 +136,8 @@ class SweepPlan:
         n = max(1, math.ceil(self.duration_s / spacing_s))
         times = np.linspace(self.duration_s / n, self.duration_s, n) if self.duration_s > 0 else np.array([spacing_s])
         h = 1e-4
-        positions = np.array([self.setpoint(t) for t in times])
-        velocities = np.array([(self.setpoint(t + h) - self.setpoint(t - h)) / (2 * h) for t in times])
+        positions = self.setpoints(times)
+        velocities = (self.setpoints(times + h) - self.setpoints(times - h)) / (2 * h)
         velocities[-1] = 0.0  # a minimum-jerk profile ends at rest (the difference quotient leaves a residue)
         return JointTrajectory(joint_names, times, positions, velocities)
 

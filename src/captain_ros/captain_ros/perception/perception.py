@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -88,11 +89,13 @@ class Perception:
         # owns an MjData and is not shared across threads: the worker has its own (the harness plans with the other).
         self._clouds = ThreadPoolExecutor(max_workers=1, thread_name_prefix="perception-clouds")
         self._cloud_kin = Kinematics(kinematics.config, kinematics.profile)
+        self._last_build: Future | None = None
         self.new_episode()
 
     def new_episode(self) -> None:
         c = self.config
-        self._clouds.submit(lambda: None).result()  # the last episode's clouds are built (FIFO) before it resets
+        if self._last_build is not None:  # the last episode's clouds are built before it resets (one worker, FIFO)
+            futures.wait([self._last_build])
         self.store = ObservationStore(c.max_observations_kept, round(c.max_observations_mb * 1024**2))
         self.detections: dict[str, Detection] = {}
         self._detections_made = 0
@@ -124,10 +127,14 @@ class Perception:
                 obs.cache[key] = entry
         if entry is None:
             try:
-                entry = obs.cache[key] = self._clouds.submit(self._build_cloud, obs.images[camera], obs.q_rad).result()
+                entry = obs.cache[key] = self._submit_build(obs.images[camera], obs.q_rad).result()
             except ValueError as exc:
                 raise PerceptionError(FailureCategory.NO_DEPTH, f"{camera} camera of {obs.handle}: {exc}") from None
         return entry
+
+    def _submit_build(self, image: CameraImage, q_rad: np.ndarray) -> Future:
+        self._last_build = self._clouds.submit(self._build_cloud, image, q_rad)
+        return self._last_build
 
     def _build_cloud(self, image: CameraImage, q_rad: np.ndarray) -> CameraCloud:
         """Runs on the worker thread only."""
@@ -206,7 +213,7 @@ class Perception:
         time_s, images, q, jaw = self.capture(names)
         obs = self.store.add(time_s, images, q, jaw)
         for name in names:  # the clouds are built after the answer, while the policy reads it (_cloud waits)
-            obs.cache[("cloud", name)] = self._clouds.submit(self._build_cloud, images[name], obs.q_rad)
+            obs.cache[("cloud", name)] = self._submit_build(images[name], obs.q_rad)
         value = {
             "observation_handle": obs.handle,
             "cameras": {

@@ -69,7 +69,8 @@ class ForceReflex:
         self.tripped, self.peak_force_n = None, 0.0
 
     def check(self, force_hand_n: np.ndarray, r_hand: np.ndarray, now_s: float) -> ReflexTrip | None:
-        """Feed one physics step; returns the trip when this step crosses the threshold."""
+        """Feed one physics step; returns the trip when this step crosses the threshold. Both arrays are kept (for the
+        rest load): pass copies of anything that changes."""
         self._recent.append((force_hand_n, r_hand))
         if self._baseline is None:
             if len(self._recent) < self._recent.maxlen:
@@ -127,21 +128,22 @@ class TwinControllers:
         reflex after each (and calling `after_step`, an observer's hook). Returns the reflex trip if one happened
         (the arm then holds where it was)."""
         trip = None
-        xmat = twin.data.xmat
+        data, hand = twin.data, self._hand
+        arm, gripper, reflex = self.arm, self.gripper, self.reflex  # looked up once: this loop runs every 2 ms step
         for _ in range(n):
-            now_s = twin.time_s
-            scaling = self.arm.speed_scaling
+            now_s = float(data.time)
+            scaling = arm.speed_scaling
             if scaling != self.speed_scaling_target:
                 step = SPEED_SCALING_SLEW_PER_S * self._dt
                 scaling = float(np.clip(self.speed_scaling_target, scaling - step, scaling + step))
-                self.arm.set_speed_scaling(scaling, now_s)
-            twin.set_arm_command(self.arm.update(now_s))
-            finger = float(self.gripper.update(now_s)[0])
+                arm.set_speed_scaling(scaling, now_s)
+            twin.set_arm_command(arm.update(now_s))
+            finger = float(gripper.update(now_s)[0])
             if finger != self._finger_commanded:  # the jaw's command changes only while it moves or is stopped
                 twin.set_gripper_command(self._profile.jaw_opening_at(finger))
                 self._finger_commanded = finger
             twin.step()
-            tripped = self.reflex.check(twin.wrist_force_n(), xmat[self._hand].reshape(3, 3).copy(), twin.time_s)
+            tripped = reflex.check(twin.wrist_force_n(), data.xmat[hand].reshape(3, 3).copy(), float(data.time))
             if tripped is not None:
                 self.arm.hold(twin.arm_q())
                 trip = tripped

@@ -33,10 +33,12 @@ MAX_ANGULAR_SPEED_RADPS = 150.0
 MAX_JOINT_SPEED = 10.0  # arm rad/s, fingers and drawer m/s
 OPTICAL_FROM_MUJOCO = np.diag([1.0, -1.0, -1.0])  # MuJoCo camera (x right, y up, z back) -> optical frame
 THROUGH_TABLE_M = 0.03
-_DIVERGENCE_WARNINGS = (
-    mujoco.mjtWarning.mjWARN_BADQPOS,
-    mujoco.mjtWarning.mjWARN_BADQVEL,
-    mujoco.mjtWarning.mjWARN_BADQACC,
+_DIVERGENCE_WARNINGS = np.array(
+    [
+        int(mujoco.mjtWarning.mjWARN_BADQPOS),
+        int(mujoco.mjtWarning.mjWARN_BADQVEL),
+        int(mujoco.mjtWarning.mjWARN_BADQACC),
+    ]
 )
 CHECK_EVERY_STEPS = 5  # faults are detected within 10 ms of simulated time
 
@@ -316,7 +318,7 @@ class Twin:
         d = self.data
         if not math.isfinite(float(d.qpos.sum()) + float(d.qvel.sum())):
             raise SimulationFault("simulation state became NaN or infinite")
-        warnings = sum(int(d.warning[w].number) for w in _DIVERGENCE_WARNINGS)
+        warnings = int(d.warning.number[_DIVERGENCE_WARNINGS].sum())
         if warnings > self._warnings:
             raise SimulationFault("MuJoCo reported a diverged state (bad qpos, qvel or qacc)")
         too_fast = np.abs(d.qvel) > self._speed_limit
