@@ -6,7 +6,7 @@ import numpy as np
 
 from captain_ros.core import robot
 from captain_ros.core.kinematics import Kinematics
-from captain_ros.core.wrench import change_frame, external_force_n
+from captain_ros.core.wrench import change_frame, external_force_n, force_beyond_n
 
 PANDA = robot.default_profile()  # the twin's arm
 
@@ -48,3 +48,12 @@ def test_change_frame_round_trips_through_the_arm_links():
     back_f, back_t = change_frame(force_b, torque_b, r_hand.T @ r_base, r_hand.T @ (p_base - p_hand))
     np.testing.assert_allclose(back_f, force_h, atol=1e-12)
     np.testing.assert_allclose(back_t, torque_h, atol=1e-12)
+
+
+def test_the_plain_float_force_beyond_the_load_is_numpys_norm_of_force_minus_rotated_load():
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        r, _ = np.linalg.qr(rng.normal(size=(3, 3)))
+        force, load_base = rng.normal(size=3) * 10, rng.normal(size=3) * 10
+        expected = np.linalg.norm(force - r.T @ load_base)
+        assert math.isclose(force_beyond_n(force.tolist(), r.ravel().tolist(), load_base.tolist()), expected)

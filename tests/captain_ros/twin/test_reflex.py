@@ -90,14 +90,15 @@ def test_free_motion_never_trips_a_low_reflex(kin):
 
 def test_a_trip_lasts_until_the_next_motion_arms_the_reflex_again():
     reflex = ForceReflex(10.0, baseline_steps=2)
-    rest = (np.array([0.0, 0.0, -7.0]), np.eye(3))
+    level = np.eye(3).ravel().tolist()  # the hand's rotation, row by row
+    rest = ([0.0, 0.0, -7.0], level)
     assert reflex.check(*rest, 0.0) is None and reflex.check(*rest, 0.002) is None  # armed at rest
-    pressed = np.array([0.0, 0.0, -19.0])
-    trip = reflex.check(pressed, np.eye(3), 0.004)
+    pressed = [0.0, 0.0, -19.0]
+    trip = reflex.check(pressed, level, 0.004)
     assert trip is not None and trip.force_n == pytest.approx(12.0)
-    assert reflex.check(pressed, np.eye(3), 0.006) is None  # tripped once, not every step
+    assert reflex.check(pressed, level, 0.006) is None  # tripped once, not every step
     reflex.arm()
-    assert reflex.tripped is None and reflex.check(pressed, np.eye(3), 0.008) is None  # re-armed on the load
+    assert reflex.tripped is None and reflex.check(pressed, level, 0.008) is None  # re-armed on the load
 
 
 def test_reflex_threshold_must_be_a_finite_force():

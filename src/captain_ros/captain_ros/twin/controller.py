@@ -50,8 +50,8 @@ class ForceReflex:
         if not (math.isfinite(threshold_n) and threshold_n >= 0):
             raise ValueError(f"reflex threshold must be a finite force >= 0 N, got {threshold_n}")
         self.threshold_n = threshold_n
-        self._recent: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=baseline_steps)
-        self._baseline: np.ndarray | None = None  # the rest load, base frame
+        self._recent: deque[tuple[list[float], list[float]]] = deque(maxlen=baseline_steps)  # (force, rotation)
+        self._baseline: list[float] | None = None  # the rest load, base frame
         self.tripped: ReflexTrip | None = None
         self.external_force_n = 0.0
         self.peak_force_n = 0.0  # largest external force since the reflex was last armed
@@ -65,18 +65,19 @@ class ForceReflex:
         """A motion begins: the load is the mean wrist force of the last steps (the arm was at rest)."""
         if self._recent:
             forces = np.mean([f for f, _ in self._recent], axis=0)
-            self._baseline = self._recent[-1][1] @ forces  # the load in the base frame: it turns with the hand
+            rotation = np.reshape(self._recent[-1][1], (3, 3))
+            self._baseline = (rotation @ forces).tolist()  # the load in the base frame: it turns with the hand
         self.tripped, self.peak_force_n = None, 0.0
 
-    def check(self, force_hand_n: np.ndarray, r_hand: np.ndarray, now_s: float) -> ReflexTrip | None:
-        """Feed one physics step; returns the trip when this step crosses the threshold. Both arrays are kept (for the
-        rest load): pass copies of anything that changes."""
-        self._recent.append((force_hand_n, r_hand))
+    def check(self, force_hand_n: list[float], r_hand_rows: list[float], now_s: float) -> ReflexTrip | None:
+        """Feed one physics step (the wrist force, hand frame, and the hand's rotation, its nine entries row by row);
+        returns the trip when this step crosses the threshold."""
+        self._recent.append((force_hand_n, r_hand_rows))
         if self._baseline is None:
             if len(self._recent) < self._recent.maxlen:
                 return None
             self.arm()  # the first steps after start-up or a reset: the load the arm carries at rest
-        self.external_force_n = force_beyond_n(force_hand_n, r_hand, self._baseline)
+        self.external_force_n = force_beyond_n(force_hand_n, r_hand_rows, self._baseline)
         self.peak_force_n = max(self.peak_force_n, self.external_force_n)
         if self.tripped is None and self.threshold_n > 0 and self.external_force_n > self.threshold_n:
             self.tripped = ReflexTrip(now_s, self.external_force_n, self.threshold_n)
@@ -143,7 +144,7 @@ class TwinControllers:
                 twin.set_gripper_command(self._profile.jaw_opening_at(finger))
                 self._finger_commanded = finger
             twin.step()
-            tripped = reflex.check(twin.wrist_force_n(), data.xmat[hand].reshape(3, 3).copy(), float(data.time))
+            tripped = reflex.check(twin.wrist_force_n(), data.xmat[hand].tolist(), float(data.time))
             if tripped is not None:
                 self.arm.hold(twin.arm_q())
                 trip = tripped

@@ -298,9 +298,9 @@ class Twin:
     def jaw_opening_m(self) -> float:
         return self.reader.jaw_opening()
 
-    def wrist_force_n(self) -> np.ndarray:
-        """The wrist force sensor's reading alone (the reflex's per-step input), hand frame."""
-        return self.data.sensordata[self._force_at].copy()
+    def wrist_force_n(self) -> list[float]:
+        """The wrist force sensor's reading alone (the reflex's per-step input), hand frame, as plain floats."""
+        return self.data.sensordata[self._force_at].tolist()
 
     def wrist_wrench(self) -> Wrench:
         return Wrench(self.data.sensordata[self._force_at].copy(), self.data.sensordata[self._torque_at].copy())
