@@ -13,7 +13,7 @@ and parses what it printed. Nothing is shared with this checkout: the clone sets
 
   python bench/ci.py                      # about 25 minutes on 2 cores
   python bench/ci.py --before LOG         # also keep an earlier run's slowest tests and times (LOG: its output,
-                                          # ending with `rc=N wall=S`) beside
+                                          # ending with `rc=N wall=S`) beside; without it, the last results' stay
 """
 
 from __future__ import annotations
@@ -124,6 +124,11 @@ def main() -> int:
         ended = WALL.search(before)
         metrics["before_ci_s"] = float(ended.group(1)) if ended else None
         metrics["before_ci_min"] = round(metrics["before_ci_s"] / 60, 2) if ended else None
+    elif (RESULTS / "ci.json").is_file():  # the last results' "before" stays the anchor until another is given
+        last = json.loads((RESULTS / "ci.json").read_text())
+        metrics.update({k: v for k, v in last.items() if k.startswith("before_")})
+        if "slowest_tests_before" in last:
+            extra["slowest_tests_before"] = last["slowest_tests_before"]
     rows = [[r["test"][-90:], r["phase"], f"{r['s']:.1f}"] for r in extra["slowest_tests"]]
     print_table("the 20 slowest test phases", ["test", "phase", "s"], rows)
     print_table(
