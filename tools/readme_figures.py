@@ -412,7 +412,7 @@ CI = (
     "(pytest {before_pytest_s:.0f} s); both runs' 20 slowest tests are in the results file. A second `make setup` "
     "with nothing changed: {setup_again_s:.1f} s; `.venv` {venv_gb[.venv]:.1f} GB (torch CPU, open3d, MuJoCo, "
     "transformers, the ROS wheels), `.venv-jazzy` {venv_gb[.venv-jazzy]:.1f} GB, `.venv-vllm` "
-    "{venv_gb[.venv-vllm]:.1f} GB, `.venv-libero` {venv_gb[.venv-libero]:.1f} GB."
+    "{venv_gb[.venv-vllm]:.1f} GB, `.venv-libero` {venv_gb[.venv-libero]:.1f} GB.\n"
 )
 
 BLOCKS = {

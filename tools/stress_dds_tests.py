@@ -9,6 +9,7 @@ run's output beside it) is written to runs/stress_dds/<time>/, and, for a run of
 summary to bench/results/stress_dds.json (the README quotes it).
 
   .venv/bin/python tools/stress_dds_tests.py                 # 20 runs of tests/ros, 2 busy loops
+  .venv/bin/python tools/stress_dds_tests.py --workers 2          # each run on 2 workers, as `make test` runs it
   .venv/bin/python tools/stress_dds_tests.py --runs 5 --busy 3 -- tests/ros/test_motion_node.py
 """
 
@@ -61,10 +62,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=20, help="pytest runs (default 20)")
     parser.add_argument("--busy", type=int, default=os.cpu_count() or 2, help="busy-loop processes (default: cores)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="pytest-xdist workers per run, test files grouped as `make test` groups them (default 1: serial); "
+        "2 with 2 busy loops is four CPU-hungry processes on a 2-core machine, a harder load than CI's",
+    )
     parser.add_argument("--stop-on-failure", action="store_true", help="stop at the first failed run")
     parser.add_argument("pytest_args", nargs="*", help="after --: pytest arguments (default: -m ros tests/ros)")
     args = parser.parse_args(argv)
     pytest_args = args.pytest_args or ["-m", "ros", "tests/ros"]
+    if args.workers > 1:
+        pytest_args = ["-n", str(args.workers), "--dist", "loadgroup", *pytest_args]
     stamp = time.strftime("%Y%m%d-%H%M%S")
     log_dir = ROOT / "runs" / "stress_dds" / stamp
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -92,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "pytest_args": pytest_args,
         "busy_loops": args.busy,
+        "workers": args.workers,
         "cores": os.cpu_count(),
         "runs": runs,
         "passed": passed,
@@ -106,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             {"runs": len(runs), "passed": passed, "longest_passing_streak": longest},
             {
                 "busy_loops": args.busy,
+                "workers": args.workers,
                 "pytest_args": pytest_args,
                 "run_s_max": max(durations, default=0.0),
                 "run_s_median": sorted(durations)[len(durations) // 2] if durations else 0.0,

@@ -32,6 +32,7 @@ from captain_interfaces.action import MoveTo  # noqa: E402
 from captain_interfaces.srv import HarnessCall, ResetEpisode  # noqa: E402
 from captain_ros.core import robot  # noqa: E402
 from captain_ros.core.kinematics import Kinematics  # noqa: E402
+from captain_ros.stack import TWIN_PERCEPTION_LIMITS  # noqa: E402
 from tests.scripted_policy import ScriptedPolicy  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
@@ -59,7 +60,7 @@ def nodes() -> dict[str, NodeProcess]:
         ),
         # a loaded 2-core CI machine can stall a process longer than the production 0.5 s link limit
         "motion": start_node(BIN / "motion_node", ("watchdog", False), ("state_timeout_s", 5.0)),
-        "perception": start_node(BIN / "perception_node"),
+        "perception": start_node(BIN / "perception_node", *TWIN_PERCEPTION_LIMITS),  # as the main job starts it
         "operator": start_node(BIN / "operator_view"),
     }
     yield started
