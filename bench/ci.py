@@ -79,7 +79,10 @@ def main() -> int:
     try:
         subprocess.run(["git", "clone", "-q", str(ROOT), str(clone / "repo")], check=True)
         subprocess.run(["git", "checkout", "-q", commit], cwd=clone / "repo", check=True)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON", "ROS_"))}
+        # nothing of this venv reaches the clone: its ROS wheels' bootstrap (LD_LIBRARY_PATH and the flag that it ran)
+        # would make the clone's Jazzy Python load this venv's Kilted libraries
+        leaks = ("VIRTUAL_ENV", "PYTHON", "ROS_", "_ROS_", "LD_LIBRARY_PATH")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(leaks)}
         env["PYTEST_ADDOPTS"] = "--durations=20 --durations-min=1"
         print(f"running .ci/run on a fresh clone of {commit[:10]} in {clone / 'repo'} (output: {clone / 'ci.log'})")
         t0 = time.monotonic()
