@@ -67,14 +67,17 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=1,
         help="pytest-xdist workers per run, test files grouped as `make test` groups them (default 1: serial); "
-        "2 with 2 busy loops is four CPU-hungry processes on a 2-core machine, a harder load than CI's",
+        "2 with 2 busy loops is four CPU-hungry processes on a 2-core machine, a harder load than CI's; tests marked "
+        "serial (the main job under its own busy loops) are then left out, as make test runs them alone",
     )
     parser.add_argument("--stop-on-failure", action="store_true", help="stop at the first failed run")
     parser.add_argument("pytest_args", nargs="*", help="after --: pytest arguments (default: -m ros tests/ros)")
     args = parser.parse_args(argv)
     pytest_args = args.pytest_args or ["-m", "ros", "tests/ros"]
-    if args.workers > 1:
+    if args.workers > 1:  # tests marked serial bring their own busy loops and never share the machine (make test)
         pytest_args = ["-n", str(args.workers), "--dist", "loadgroup", *pytest_args]
+        if not args.pytest_args:
+            pytest_args = [a if a != "ros" else "ros and not serial" for a in pytest_args]
     stamp = time.strftime("%Y%m%d-%H%M%S")
     log_dir = ROOT / "runs" / "stress_dds" / stamp
     log_dir.mkdir(parents=True, exist_ok=True)
