@@ -128,9 +128,8 @@ PERCEPTION = (
         "",
     ),
     (
-        "`observe_ms_p50`: the `observe` capability as the full bench run measured it (the date below; the "
-        "speed rows that follow are newer): both cameras rendered, both point clouds, table planes, robot masks, "
-        "colour names",
+        "`observe_ms_p50`: the `observe` capability: both cameras rendered and handed to the background build of "
+        "their point clouds (table planes, robot masks, colour names), which the next call on them waits for",
         "{observe_ms_p50:.0f} ms (p90 {observe_ms_p90:.0f}; CPU time {observe_cpu_ms_p50:.0f} ms)",
         "`observe_ratio_to_captain` {observe_ratio_to_captain:.2f} of CaPtain's {observe_anchor_ms:.0f} ms",
     ),
@@ -154,7 +153,8 @@ PERCEPTION = (
         "",
     ),
     (
-        "`e2e_segment_measure_ms_p50`: `segment` + `measure_object_geometry` on a fresh observation (full run)",
+        "`e2e_segment_measure_ms_p50`: `segment` + `measure_object_geometry` right after a fresh `observe` (waiting "
+        "for its clouds included)",
         "{e2e_segment_measure_ms_p50:.0f} ms (p90 {e2e_segment_measure_ms_p90:.0f}; CPU "
         "{e2e_segment_measure_cpu_ms_p50:.0f} ms)",
         "≤ 50 ms",
