@@ -35,7 +35,7 @@ def vllm_python() -> Path:
     return Path(os.environ.get("CAPTAIN_VLLM_PYTHON") or REPO / ".venv-vllm" / "bin" / "python")
 
 
-def vllm_env(dev_mode: bool = False) -> dict[str, str]:
+def vllm_env(dev_mode: bool = False, kv_cache_gib: int = 1) -> dict[str, str]:
     """This process's environment without what belongs to .venv (the ROS wheels' library path), offline."""
     env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH"}}
     env.pop("_ROS_WHEELS_BOOTSTRAP_COMPLETE", None)
@@ -44,7 +44,7 @@ def vllm_env(dev_mode: bool = False) -> dict[str, str]:
         TRANSFORMERS_OFFLINE="1",
         VLLM_NO_USAGE_STATS="1",
         DO_NOT_TRACK="1",
-        VLLM_CPU_KVCACHE_SPACE="1",  # GiB of KV cache: plenty for 8,192-token sequences of the tiny student
+        VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib),  # GiB of KV cache (1: plenty for the tiny model's sequences)
         PATH=f"{vllm_python().parent}{os.pathsep}{os.environ.get('PATH', '')}",
     )
     if dev_mode:
@@ -114,6 +114,7 @@ def start_server(
     dtype: str = "bfloat16",
     max_model_len: int = 8192,
     dev_mode: bool = False,
+    kv_cache_gib: int = 1,
 ) -> PolicyServer:
     """Start vLLM on `model_dir` (not waited for: call `wait_healthy()`; starting early lets it boot while the
     caller does other work). ServerError when the vLLM environment is missing."""
@@ -127,6 +128,11 @@ def start_server(
     cmd += ["--host", "127.0.0.1", "--port", str(port), *server_flags(dtype, max_model_len)]
     with log.open("w") as out:
         proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=vllm_env(dev_mode), cwd=log.parent, start_new_session=True
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=vllm_env(dev_mode, kv_cache_gib),
+            cwd=log.parent,
+            start_new_session=True,
         )
     return PolicyServer(proc, f"http://127.0.0.1:{port}", Path(model_dir), log, python)

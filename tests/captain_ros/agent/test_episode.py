@@ -63,12 +63,32 @@ def link():
     return InProcessLink(load_config())
 
 
-def run(link, policy, tmp_path, config=None, clock=None, **budgets):
+class CellLog:
+    """A recorder that keeps what each request's cells did (the step record's `cells`)."""
+
+    def __init__(self):
+        self.cells: dict[int, list[dict]] = {}
+
+    def started(self, start):
+        pass
+
+    def before_request(self, index):
+        pass
+
+    def after_request(self, index, timing, calls, images, cells):
+        self.cells[index] = cells
+
+    def ended(self, result):
+        pass
+
+
+def run(link, policy, tmp_path, config=None, clock=None, recorder=None, **budgets):
     config = config or load_config()
     if budgets:
         config = replace(config, budgets=replace(config.budgets, **budgets))
     kwargs = {"clock": clock} if clock else {}
     runner = EpisodeRunner(link, policy, config, sandbox_factory=sandbox_factory, runs_dir=tmp_path, **kwargs)
+    runner.recorder = recorder
     return runner.run(TASK, START)
 
 
@@ -203,7 +223,8 @@ def test_malformed_replies_are_explained_and_the_episode_goes_on(link, tmp_path)
     )
     config = load_config()
     config = replace(config, agent=replace(config.agent, end_on_no_tool_call=False))  # asked again instead
-    result = run(link, policy, tmp_path, config=config, requests=10)
+    log = CellLog()
+    result = run(link, policy, tmp_path, config=config, recorder=log, requests=10)
     texts = tool_texts(policy)
     assert "not valid JSON" in texts[0]
     assert "unknown tool 'bash'" in texts[1]
@@ -216,6 +237,25 @@ def test_malformed_replies_are_explained_and_the_episode_goes_on(link, tmp_path)
     assert "segment: FAILED" in texts[8] and "obs-999" in texts[8]
     assert result.outcome is Outcome.BUDGET_EXHAUSTED and result.requests == 10
     assert result.actions == 0  # the NaN pose moved nothing (refused before the action counted)
+    # what the step records keep of each cell: how the reply carried it, its status, the error's last line
+    statuses = [[(c["source"], c["status"]) for c in log.cells[t]] for t in range(1, 11)]
+    assert statuses == [
+        [("tool_call", "not_run")],
+        [("tool_call", "not_run")],
+        [("tool_call", "not_run")],
+        [],  # no tool call, no fenced block: no cell
+        [("tool_call", "error")],
+        [("tool_call", "error")],
+        [("tool_call", "crashed")],
+        [("tool_call", "error")],
+        [("tool_call", "ok")],  # the robot call failed; the cell did not raise
+        [("tool_call", "ok")],
+    ]
+    assert log.cells[1][0]["error"].startswith("the tool arguments are not valid JSON")
+    assert log.cells[2][0]["error"].startswith("unknown tool 'bash'")
+    assert log.cells[5][0]["error"].startswith("SyntaxError")
+    assert log.cells[6][0]["error"] == "RuntimeError: my bug"
+    assert log.cells[8][0]["error"] == "NameError: name 'y' is not defined"
 
 
 # ------------------------------------------------------------------------------------ infrastructure

@@ -63,9 +63,20 @@ class Recorder(Protocol):
 
     def before_request(self, index: int) -> None: ...
 
-    def after_request(self, index: int, timing: RequestTiming, calls: list[dict], images: list[tuple]) -> None: ...
+    def after_request(
+        self, index: int, timing: RequestTiming, calls: list[dict], images: list[tuple], cells: list[dict]
+    ) -> None: ...
 
     def ended(self, result: EpisodeResult) -> None: ...
+
+
+def error_line(error: str, limit: int = 200) -> str:
+    """The last line of a traceback (`NameError: name 'x' is not defined`), or the first of another message."""
+    lines = [line.strip() for line in (error or "").strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    line = lines[-1] if lines[0].startswith(("Traceback", 'File "')) else lines[0]  # a traceback ends in its error
+    return line[:limit]
 
 
 def request_headers(episode_id: str, index: int) -> dict[str, str]:
@@ -208,6 +219,7 @@ class _Episode:
         self._cell: _Cell | None = None  # the cell running now (its robot calls land here)
         self._request_calls: list[dict] = []  # every robot call of the request running now
         self._request_images: list[tuple[str, dict]] = []  # (label, image part) shown after it
+        self._request_cells: list[dict] = []  # each cell of the request: source, status, error line (step record)
         self._sensing_calls = 0  # perception and measurement calls of the request running now
         self.sandbox_start_s = 0.0
         self.t0 = runner.clock()
@@ -282,6 +294,7 @@ class _Episode:
             context.measured(messages, (getattr(completion, "usage", None) or {}).get("prompt_tokens"))
             self.requests = index
             self._request_calls, self._request_images, self._sensing_calls = [], [], 0
+            self._request_cells = []
             self.link.note_request()
             turn = self._turn(completion)
             context.add(turn)
@@ -294,7 +307,7 @@ class _Episode:
             self.timings.append(timing)
             if self.transcript:
                 self.transcript.request(self.requests, completion, turn, timing, self.budget_line())
-            self._record("after_request", index, timing, self._request_calls, self._request_images)
+            self._record("after_request", index, timing, self._request_calls, self._request_images, self._request_cells)
             if self.infrastructure:
                 return self._end(Outcome.INFRASTRUCTURE, self.infrastructure)
             if self.finished:
@@ -331,7 +344,7 @@ class _Episode:
         fenced = fenced_python(content) if not calls and self.cfg.accept_fenced_code else None
         if fenced is not None:  # a small local model that answers in a code block instead of a tool call
             turn.fenced_code = fenced
-            text, cell = self._run(fenced)
+            text, cell = self._run(fenced, source="fenced")
             # its output comes back as a user message, the form a chat template renders after a plain reply
             turn.replies.append({"role": "user", "content": f"[output of your python block]\n{text}"})
             if cell is not None:
@@ -378,19 +391,25 @@ class _Episode:
         """Run one tool call; returns the tool message text and what the cell did (None if nothing ran)."""
         function = call.get("function") or {}
         name, raw = function.get("name"), function.get("arguments")
+        problem = ""
         if name != "python":
-            return f'[error] unknown tool {name!r}: the only tool is `python` with {{"code": ...}}', None
-        try:
-            arguments = json.loads(raw) if isinstance(raw, str) else raw
-        except json.JSONDecodeError as exc:
-            return f'[error] the tool arguments are not valid JSON ({exc}); send {{"code": "..."}}', None
-        code = arguments.get("code") if isinstance(arguments, dict) else None
-        if not isinstance(code, str) or not code.strip():
-            return "[error] the python tool needs a non-empty string argument `code`", None
+            problem = f'unknown tool {name!r}: the only tool is `python` with {{"code": ...}}'
+        else:
+            try:
+                arguments = json.loads(raw) if isinstance(raw, str) else raw
+            except json.JSONDecodeError as exc:
+                arguments, problem = None, f'the tool arguments are not valid JSON ({exc}); send {{"code": "..."}}'
+            code = arguments.get("code") if isinstance(arguments, dict) else None
+            if not problem and (not isinstance(code, str) or not code.strip()):
+                problem = "the python tool needs a non-empty string argument `code`"
+        if problem:
+            self._request_cells.append({"source": "tool_call", "status": "not_run", "error": problem})
+            return f"[error] {problem}", None
         return self._run(code)
 
-    def _run(self, code: str) -> tuple[str, _Cell | None]:
-        """Run one cell; returns the text that goes back to the model and what the cell did (None: nothing ran)."""
+    def _run(self, code: str, source: str = "tool_call") -> tuple[str, _Cell | None]:
+        """Run one cell; returns the text that goes back to the model and what the cell did (None: nothing ran).
+        `source`: how the reply carried the cell (a tool call, or a fenced block), recorded with its status."""
         cell = _Cell()
         self._cell = cell
         self.event("cell", request=self.requests, code=code)
@@ -401,6 +420,7 @@ class _Episode:
             return f"[error] {self.infrastructure}", None
         finally:
             self._cell = None
+        self._request_cells.append({"source": source, "status": result.status, "error": error_line(result.error)})
         if self.cfg.send_images:
             self._attach_images(cell)
         parts = [cut_text(result.output.rstrip(), round(self.cfg.tool_output_max_tokens * self.cfg.chars_per_token))]

@@ -67,6 +67,13 @@ def add_rollout_arguments(parser: argparse.ArgumentParser, split: str = "train",
     parser.add_argument("--policy-url", default="", help="OpenAI-compatible policy server; empty: the scripted expert")
     parser.add_argument("--policy", default="", help="label recorded with each episode (default: expert or the URL)")
     parser.add_argument("--policy-version", type=int, default=0, help="the served policy's version, recorded")
+    parser.add_argument("--no-images", action="store_true", help="no camera images in requests (text-only models)")
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=0, help="sampled tokens per request at most (default: harness.yaml's)"
+    )
+    parser.add_argument(
+        "--requests", type=int, default=0, help="the requests budget of an episode (default: harness.yaml's, 60)"
+    )
     parser.add_argument("--ship", default="", help="the trainer's receiver, tcp://HOST:PORT (default: a local one)")
     parser.add_argument("--no-ship", action="store_true", help="keep the episodes in this host's store only")
     parser.add_argument("--engine", default="local", choices=["local", "ray"], help="local processes or Ray actors")
@@ -129,7 +136,13 @@ def rollout(args: argparse.Namespace, kind: str = "rollout", ship: bool = True) 
         ray_address=args.ray_address,
         backend=args.backend,
         segmentation=args.segmentation,
+        send_images=not args.no_images,
+        max_new_tokens=args.max_new_tokens,
+        requests_budget=args.requests,
     )
+    for name in ("max_new_tokens", "requests"):
+        if getattr(args, name) < 0:
+            raise SystemExit(f"--{name.replace('_', '-')} must be 0 (the harness's) or more, got {getattr(args, name)}")
     on = "the twin" if args.backend == "twin" else f"LIBERO ({args.segmentation} segmentation)"
     print(f"{len(jobs)} episodes on {on} ({args.attempts} per start state), {args.workers} workers; records: {run_dir}")
     with RolloutHost(options) as host:

@@ -36,6 +36,10 @@ class HostOptions:
     harness_path: Path | None = None  # the workers' harness.yaml (None: config/harness.yaml)
     backend: str = "twin"  # twin | libero
     segmentation: str = "appearance"  # LIBERO only: how perception names objects (libero.link.SEGMENTATIONS)
+    send_images: bool = True  # False for text-only policy models
+    max_new_tokens: int = 0  # 0: the harness's
+    requests_budget: int = 0  # 0: the harness's
+    context_limit_tokens: int = 0  # 0: the harness's
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
 
@@ -112,6 +116,10 @@ class RolloutHost:
             backend=self.o.backend,
             segmentation=self.o.segmentation,
             log_dir=self.logs,
+            send_images=self.o.send_images,
+            max_new_tokens=self.o.max_new_tokens,
+            requests_budget=self.o.requests_budget,
+            context_limit_tokens=self.o.context_limit_tokens,
         )
 
     # ------------------------------------------------------------------------------------------ rollout

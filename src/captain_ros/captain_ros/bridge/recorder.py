@@ -161,7 +161,9 @@ class EpisodeRecorder:
             self.first_solved = index
         self.record_s += self._snapshot_s
 
-    def after_request(self, index: int, timing: Any, calls: list[dict], images: list[tuple]) -> None:
+    def after_request(
+        self, index: int, timing: Any, calls: list[dict], images: list[tuple], cells: list[dict] | None = None
+    ) -> None:
         t0 = time.perf_counter()
         solved_before = self.first_solved is not None and index >= self.first_solved
         physical = [c for c in calls if c.get("capability") in PHYSICAL_CAPABILITIES]
@@ -193,6 +195,7 @@ class EpisodeRecorder:
                     for c in calls
                 ],
                 "images": shown,
+                "cells": list(cells or []),  # per cell of the reply: source, status, the error's last line
                 "timing": {
                     "started_unix_s": self._started_unix_s,
                     "total_s": timing.total_s,

@@ -60,11 +60,32 @@ class RolloutConfig:
     backend: str = "twin"  # twin | libero (the benchmark's scenes in a LIBERO server per worker)
     segmentation: str = "appearance"  # LIBERO only: a key of libero.link.SEGMENTATIONS ("oracle" is labelled)
     log_dir: Path | None = None  # the LIBERO servers' logs (None: a temporary folder each)
+    send_images: bool = True  # False for a text-only policy model: no camera images in requests
+    max_new_tokens: int = 0  # sampled tokens per request at most (0: the harness's agent.max_new_tokens)
+    requests_budget: int = 0  # requests per episode (0: the harness's budgets.requests)
+    context_limit_tokens: int = 0  # the policy model's context (0: the harness's); history is compacted before it
 
     @property
     def backend_label(self) -> str:
         """The simulator as recorded with each episode: `twin`, `libero/appearance`, `libero/oracle` ..."""
         return self.backend if self.backend == "twin" else f"{self.backend}/{self.segmentation}"
+
+
+def with_overrides(harness: Any, config: RolloutConfig) -> Any:
+    """The harness with the rollout's overrides: images, tokens per request, requests per episode, context."""
+    agent = replace(
+        harness.agent,
+        send_images=harness.agent.send_images and config.send_images,
+        max_new_tokens=config.max_new_tokens or harness.agent.max_new_tokens,
+    )
+    if config.context_limit_tokens:  # compaction keeps the same headroom below the limit as harness.yaml's
+        headroom = harness.agent.context_limit_tokens - harness.agent.compaction_at_tokens
+        limit = config.context_limit_tokens
+        agent = replace(
+            agent, context_limit_tokens=limit, compaction_at_tokens=limit - max(headroom, agent.max_new_tokens)
+        )
+    budgets = replace(harness.budgets, requests=config.requests_budget or harness.budgets.requests)
+    return replace(harness, agent=agent, budgets=budgets)
 
 
 def plan_groups(
@@ -144,7 +165,7 @@ class RolloutWorker:
         from captain_ros.core.config import load_config
 
         self.config, self.name = config, name
-        harness = load_config(harness_path=self.config.harness_path)
+        harness = with_overrides(load_config(harness_path=self.config.harness_path), config)
         limits = SandboxLimits(cell_timeout_s=harness.agent.cell_timeout_s)
 
         def sandbox(scratch, on_call, allowed):
