@@ -1,0 +1,169 @@
+"""The real student (Qwen2.5-Coder-0.5B-Instruct) on held-out twin starts: zero-shot, then after SFT on the expert.
+
+  .venv/bin/python bench/student.py                 # run what is missing and can run here, then report
+  .venv/bin/python bench/student.py --report-only   # report on what is there
+
+Stages, each resumable and skipped when its output is complete (training.student_eval):
+  zero-shot  the student `make setup` built, served by vLLM's CPU build (.venv-vllm), drives the 65 held-out
+             episodes of training.student_eval.EvalPlan (13 tasks, 4 families) through the stack's loop, sandbox,
+             harness and recorder (runs/student/zero_shot/); about 30 minutes on 2 cores
+  sft        the fine-tuned folder runs/student/sft/model, made on a GPU host by `python -m training.rl sft`
+             (docs/gpu_host_without_network.md) and brought back as a LoRA adapter merged here
+             (`python -m training.student merge`); its run record runs/student/sft/sft_run.json says where it ran
+             and at what speed. Not made here: without it the SFT figures are reported missing, with the command.
+  sft-eval   the fine-tuned student on the same episodes (runs/student/sft_eval/); about an hour on 2 cores
+
+Writes bench/results/student.json (student_zero_shot_strict, student_sft_strict, student_sft_host, student_episodes,
+95% intervals, sft_vs_zero_shot_mcnemar_p on the paired starts, prompt_gate_pass_rate over every recorded request,
+requests and output tokens per episode, SFT tokens/s and where SFT ran) and bench/results/student.png (success by
+family, zero-shot vs SFT, Wilson 95% bars). The headline rates are the twin's host and strict success on held-out
+starts the student never trained on; nothing in the student's path reads simulator state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import RESULTS, print_table, write_results
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = ROOT / "runs" / "student"
+TARGET_SFT_STRICT = 0.5  # CaPtain-4B: 0% -> 55.4% with SFT on LIBERO
+
+
+def _rate(summary: dict, metric: str) -> tuple[float | None, list]:
+    r = summary["success"]["overall"]["rates"][metric]
+    return r["rate"], [r["ci_low"], r["ci_high"]]
+
+
+def _sft_record(sft_dir: Path) -> dict:
+    path = sft_dir / "sft_run.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=Path, default=RUNS, help="where the evaluations and the SFT model live")
+    parser.add_argument("--report-only", action="store_true", help="run nothing; report on what is there")
+    args = parser.parse_args(argv)
+
+    from training import student_eval as ev
+    from training.student import check_model_folder, default_folder
+
+    plan = ev.EvalPlan()
+    base = default_folder()
+    sft_dir = args.runs / "sft"
+    sft_model = sft_dir / "model"
+    folders = {"zero_shot": (base, args.runs / "zero_shot"), "sft": (sft_model, args.runs / "sft_eval")}
+    if not args.report_only:
+        ev.evaluate(base, "student-zero-shot", folders["zero_shot"][1], plan)
+        if (sft_model / "config.json").is_file():
+            ev.evaluate(sft_model, "student-sft", folders["sft"][1], plan)
+    tokenizer = check_model_folder(base)  # the fine-tuned folder carries the same tokenizer and template
+    summaries = {
+        name: ev.summary(out, tokenizer) for name, (_, out) in folders.items() if ev.stores(out) and ev.rows_of(out)
+    }
+    if "zero_shot" not in summaries:
+        print("no zero-shot evaluation yet: run without --report-only", file=sys.stderr)
+        return 1
+    zs = summaries["zero_shot"]
+    sft = summaries.get("sft")
+    record = _sft_record(sft_dir)
+    metrics: dict = {
+        "student_zero_shot_strict": _rate(zs, "strict")[0],
+        "student_zero_shot_strict_ci95": _rate(zs, "strict")[1],
+        "student_zero_shot_host": _rate(zs, "host")[0],
+        "student_zero_shot_host_ci95": _rate(zs, "host")[1],
+        "student_sft_strict": _rate(sft, "strict")[0] if sft else None,
+        "student_sft_strict_ci95": _rate(sft, "strict")[1] if sft else None,
+        "student_sft_host": _rate(sft, "host")[0] if sft else None,
+        "student_sft_host_ci95": _rate(sft, "host")[1] if sft else None,
+        "student_episodes": zs["success"]["overall"]["valid"],
+        "student_sft_episodes": sft["success"]["overall"]["valid"] if sft else None,
+        "sft_tokens_per_s": record.get("tokens_per_s"),
+        "sft_ran_on": record.get("machine"),
+    }
+    gates = [s["prompt_gate"] for s in summaries.values()]
+    checked = sum(g["requests_checked"] for g in gates)
+    passed = sum(round(g["pass_rate"] * g["requests_checked"]) for g in gates if g["pass_rate"] is not None)
+    metrics["prompt_gate_pass_rate"] = passed / checked if checked else None
+    metrics["prompt_gate_requests"] = checked
+    for name, s in summaries.items():
+        b = s["behaviour"]
+        metrics[f"{name}_requests_per_episode"] = b["requests_per_episode"]
+        metrics[f"{name}_output_tokens_per_episode"] = b["output_tokens_per_episode"]
+        metrics[f"{name}_tool_call_parse_rate"] = b["tool_call_parse_rate"]
+        metrics[f"{name}_cell_raise_rate"] = b["cell_raise_rate"]
+    if sft:
+        pair = ev.compare(ev.rows_of(folders["zero_shot"][1]), ev.rows_of(folders["sft"][1]), "strict")
+        metrics["sft_vs_zero_shot_mcnemar_p"] = pair["mcnemar_p"]
+        metrics["paired_starts"] = pair["pairs"]
+    else:
+        metrics["sft_vs_zero_shot_mcnemar_p"] = None
+    missing = None
+    if not sft:
+        missing = (
+            f"no fine-tuned student at {sft_model}: train it on a GPU host (docs/gpu_host_without_network.md), "
+            "bring back the adapter and `python -m training.student merge`, then run this again"
+        )
+        print(missing, file=sys.stderr)
+
+    rows = []
+    for name, s in summaries.items():
+        o, b = s["success"]["overall"], s["behaviour"]
+        rows.append(
+            [
+                name,
+                o["valid"],
+                f"{o['rates']['strict']['rate']:.1%}",
+                f"{o['rates']['host']['rate']:.1%}",
+                f"{b['requests_per_episode']:.1f}",
+                f"{b['output_tokens_per_episode']:.0f}",
+                "-" if b["tool_call_parse_rate"] is None else f"{b['tool_call_parse_rate']:.0%}",
+                "-" if b["cell_raise_rate"] is None else f"{b['cell_raise_rate']:.0%}",
+                f"{s['prompt_gate']['pass_rate']:.0%}" if s["prompt_gate"]["pass_rate"] is not None else "-",
+            ]
+        )
+    print_table(
+        f"Student on {plan.starts_per_task} held-out starts x 13 tasks (target SFT strict >= {TARGET_SFT_STRICT:.0%})",
+        [
+            "policy",
+            "episodes",
+            "strict",
+            "host",
+            "requests/ep",
+            "out tokens/ep",
+            "tool-call parse",
+            "cells raise",
+            "gate",
+        ],
+        rows,
+    )
+    from captain_ros.bridge.evaluation import plot_success
+
+    plot = plot_success({name: s["success"] for name, s in summaries.items()}, RESULTS / "student.png")
+    write_results(
+        "student",
+        metrics,
+        {
+            "plan": asdict(plan),
+            "by_family": {n: s["success"]["by_family"] for n, s in summaries.items()},
+            "behaviour": {n: s["behaviour"] for n, s in summaries.items()},
+            "prompt_gate": {n: s["prompt_gate"] for n, s in summaries.items()},
+            "sft_run": record or None,
+            "missing": missing,
+            "plot": str(plot.relative_to(ROOT)),
+            "generation": "vLLM CPU build (.venv-vllm) on this machine, through the stack's recording proxy",
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

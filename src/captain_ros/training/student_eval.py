@@ -1,0 +1,249 @@
+"""A model folder evaluated as the stack's policy on held-out twin starts, and what its episodes say about it.
+
+`evaluate` serves the folder with vLLM (`.venv-vllm`: the CPU build here, any vLLM on a GPU host), puts the recording
+proxy in front (every request's prompt ids, sampled ids and logprobs are recorded) and runs the plan's episodes
+through the same agent loop, sandbox and harness a deployment uses (captain_ros.bridge.host). It resumes: episodes
+of the plan already complete and valid in `out` are not run again, so a long evaluation can be stopped and
+continued; an infrastructure failure (a dead server, say) is left out of every rate and run again next time.
+
+`summarize` reads the stores back: strict and host success with Wilson 95% intervals, overall and per family;
+what the model did with the harness (tool-call parse rate, fenced blocks, cells that raise, the API misuse seen:
+robot-call failure categories and the error types of raising cells); requests and output tokens per episode; and
+the prompt gate over every recorded request (the served prompt ids equal the trainer's rendering of the recorded
+messages with the folder's tokenizer). `compare` pairs two evaluations on their common starts (exact McNemar).
+
+The plan (EvalPlan) is the same for every model compared: the twin's held-out (`eval` split) start states, 5 per
+task over all 13 tasks (65 episodes, four families), one attempt each, text only (the student reads no images), at
+most `requests_budget` requests of at most `max_new_tokens` tokens each, with the harness's sampling temperature.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from captain_ros.bridge.evaluation import EvalRow, load_rows, mcnemar_exact, summarize, wilson
+
+VLLM_START_LIMIT_S = 1800.0  # a 0.5B model starts in about 2 minutes on 2 idle cores; a loaded host is slower
+
+
+@dataclass(frozen=True)
+class EvalPlan:
+    """Which held-out episodes, and the budgets every evaluated model gets."""
+
+    tasks: str = "all"  # 'all' or comma-separated twin task names
+    starts_per_task: int = 5  # held-out start states per task (13 tasks: 65 episodes)
+    attempts: int = 1
+    seed: int = 0  # of the start-state draw: the same starts for every model
+    requests_budget: int = 16  # requests per episode (the expert needs 8.5 on average)
+    max_new_tokens: int = 768  # sampled tokens per request
+    context_limit_tokens: int = 32768  # the student's context; the agent compacts history before it
+    workers: int = 4  # episodes at once (the server batches their requests)
+    kv_cache_gib: int = 2  # vLLM CPU KV cache
+
+
+def plan_jobs(plan: EvalPlan) -> list[Any]:
+    """The plan's episodes: held-out start states drawn with the plan's seed, the same for every model."""
+    from captain_ros.bridge.rollout import plan_groups
+    from captain_ros.twin.tasks import default_suite
+
+    suite = default_suite()
+    tasks = list(suite) if plan.tasks == "all" else [t.strip() for t in plan.tasks.split(",") if t.strip()]
+    unknown = [t for t in tasks if t not in suite]
+    if unknown:
+        raise ValueError(f"unknown task(s) {', '.join(unknown)}; known: {', '.join(suite)}")
+    return plan_groups(tasks, plan.starts_per_task, plan.attempts, "eval", plan.seed)
+
+
+def stores(out: Path) -> list[Path]:
+    """Every episode store of an evaluation folder (one per resumed run), oldest first."""
+    return sorted(Path(out).glob("*/rollout.sqlite"))
+
+
+def rows_of(out: Path) -> list[EvalRow]:
+    """One row per (task, start, attempt): the first valid episode of it in the folder's stores, else its last."""
+    chosen: dict[tuple, EvalRow] = {}
+    for store in stores(out):
+        for row in load_rows(store):
+            if row.key not in chosen or (row.valid and not chosen[row.key].valid):
+                chosen[row.key] = row
+    return list(chosen.values())
+
+
+def evaluate(model: Path, label: str, out: Path, plan: EvalPlan = EvalPlan(), progress: bool = True) -> Path:
+    """Run the plan's episodes that `out` does not hold yet (complete and valid); returns `out`."""
+    from captain_ros.bridge.host import HostOptions, RolloutHost, write_summary
+    from training import serve
+    from training.student import check_model_folder
+
+    out = Path(out)
+    done = {r.key for r in rows_of(out) if r.valid}
+    todo = [j for j in plan_jobs(plan) if (j.task, j.start_id, j.attempt) not in done]
+    if not todo:
+        print(f"[eval] {out}: every episode of the plan is there")
+        return out
+    check_model_folder(model)
+    run_dir = out / time.strftime("%Y%m%d-%H%M%S")
+    print(f"[eval] {label}: {len(todo)} episodes to run ({len(done)} already done) -> {run_dir}", flush=True)
+    server = serve.start_server(
+        model, run_dir / "logs" / "vllm.log", max_model_len=plan.context_limit_tokens, kv_cache_gib=plan.kv_cache_gib
+    )
+    try:
+        print(f"[eval] vLLM serving {model} (healthy after {server.wait_healthy(VLLM_START_LIMIT_S):.0f} s)")
+        options = HostOptions(
+            run_dir,
+            workers=plan.workers,
+            policy_url=server.base_url,
+            policy=label,
+            ship=False,
+            progress=progress,
+            send_images=False,
+            max_new_tokens=plan.max_new_tokens,
+            requests_budget=plan.requests_budget,
+            context_limit_tokens=plan.context_limit_tokens,
+        )
+        with RolloutHost(options) as host:
+            report = host.run(todo)
+        write_summary(run_dir / "summary.json", report, {"plan": asdict(plan), "model": str(model), "label": label})
+    finally:
+        server.stop()
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ behaviour
+def _python_call(call: dict) -> bool:
+    """A well-formed call of the `python` tool: JSON arguments with a non-empty string `code`."""
+    import json
+
+    function = call.get("function") or {}
+    if function.get("name") != "python":
+        return False
+    raw = function.get("arguments")
+    try:
+        arguments = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        return False
+    return isinstance(arguments, dict) and isinstance(arguments.get("code"), str) and bool(arguments["code"].strip())
+
+
+def behaviour(episodes: Iterable[Any]) -> dict[str, Any]:
+    """What a model did with the harness over valid episodes (EpisodeReader episodes)."""
+    requests = tool_calls = parsed = fenced = neither = cells = raised = 0
+    output_tokens: list[int] = []
+    per_episode_requests: list[int] = []
+    misuse: Counter[str] = Counter()
+    errors: Counter[str] = Counter()
+    for episode in episodes:
+        tokens = 0
+        per_episode_requests.append(len(episode.requests))
+        for req in episode.requests:
+            call = req.model_call or {}
+            response = call.get("response") or {}
+            tokens += len(call.get("token_ids") or [])
+            requests += 1
+            calls = response.get("tool_calls") or []
+            step_cells = (req.step or {}).get("cells") or []
+            if calls:
+                tool_calls += 1
+                parsed += all(_python_call(c) for c in calls)
+            elif any(c.get("source") == "fenced" for c in step_cells):
+                fenced += 1
+            else:
+                neither += 1
+            for cell in step_cells:
+                cells += 1
+                if cell.get("status") not in ("ok", "not_run"):
+                    raised += 1
+                    errors[str(cell.get("error", "")).split(":", 1)[0] or cell.get("status")] += 1
+            for robot_call in (req.step or {}).get("calls") or []:
+                if robot_call.get("failure_category"):
+                    misuse[f"{robot_call.get('capability')}: {robot_call['failure_category']}"] += 1
+        output_tokens.append(tokens)
+    n = len(per_episode_requests)
+    return {
+        "episodes": n,
+        "requests": requests,
+        "requests_per_episode": requests / n if n else None,
+        "output_tokens_per_episode": sum(output_tokens) / n if n else None,
+        "tool_call_parse_rate": parsed / tool_calls if tool_calls else None,
+        "replies_with_tool_call": tool_calls,
+        "replies_with_fenced_block_only": fenced,
+        "replies_with_neither": neither,
+        "cells": cells,
+        "cells_raised": raised,
+        "cell_raise_rate": raised / cells if cells else None,
+        "cell_error_types": dict(errors.most_common(10)),
+        "robot_call_failures": dict(misuse.most_common(15)),
+    }
+
+
+def gate_report(out: Path, tokenizer: Any) -> dict[str, Any]:
+    """The prompt gate over every recorded request of the folder's valid episodes."""
+    from captain_ros.bridge.store import EpisodeReader
+    from training.gate import gate_episodes
+
+    passed = failed = not_gateable = 0
+    examples: list[str] = []
+    for store in stores(out):
+        reader = EpisodeReader(store)
+        try:
+            report = gate_episodes(tokenizer, reader)
+        finally:
+            reader.close()
+        passed, failed, not_gateable = (
+            passed + report.passed,
+            failed + report.failed,
+            not_gateable + report.not_gateable,
+        )
+        examples += [str(m) for m in report.mismatches[:3]]
+    checked = passed + failed
+    return {
+        "requests_checked": checked,
+        "pass_rate": passed / checked if checked else None,
+        "failed": failed,
+        "not_gateable": not_gateable,
+        "examples": examples[:5],
+    }
+
+
+def summary(out: Path, tokenizer: Any | None = None) -> dict[str, Any]:
+    """Success (overall, by family, Wilson 95%), behaviour and, given the tokenizer, the prompt gate."""
+    from captain_ros.bridge.store import EpisodeReader
+
+    rows = rows_of(out)
+    chosen = {r.episode_id for r in rows}
+    episodes = []
+    for store in stores(out):
+        reader = EpisodeReader(store)
+        try:
+            episodes += [reader.load(e) for e in reader.episode_ids() if e in chosen]
+        finally:
+            reader.close()
+    result = {"success": summarize(rows), "behaviour": behaviour(episodes)}
+    if tokenizer is not None:
+        result["prompt_gate"] = gate_report(out, tokenizer)
+    return result
+
+
+def compare(a: Sequence[EvalRow], b: Sequence[EvalRow], metric: str = "strict") -> dict[str, Any]:
+    """Paired comparison on the (task, start, attempt) keys both ran validly: exact McNemar on the discordant pairs."""
+    first = {r.key: r for r in a if r.valid}
+    pairs = [(first[r.key], r) for r in b if r.valid and r.key in first]
+    won = [getattr(x, f"{metric}_success") for x, _ in pairs], [getattr(y, f"{metric}_success") for _, y in pairs]
+    only_a = sum(x and not y for x, y in zip(*won, strict=True))
+    only_b = sum(y and not x for x, y in zip(*won, strict=True))
+    n = len(pairs)
+    return {
+        "pairs": n,
+        "a_rate": sum(won[0]) / n if n else None,
+        "b_rate": sum(won[1]) / n if n else None,
+        "a_only": only_a,
+        "b_only": only_b,
+        "mcnemar_p": mcnemar_exact(only_a, only_b),
+        "a_ci95": wilson(sum(won[0]), n),
+        "b_ci95": wilson(sum(won[1]), n),
+    }

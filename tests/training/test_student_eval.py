@@ -1,0 +1,124 @@
+"""The student's evaluation read-back: behaviour counted from recorded model calls and step records, paired
+comparison by hand, one row per start when a run was resumed, and the plan's held-out starts."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from captain_ros.bridge.evaluation import EvalRow
+from captain_ros.bridge.store import Episode, RequestData
+from captain_ros.twin.tasks import default_suite
+from training import student_eval as ev
+
+
+def _call(tool_calls=None, content="", tokens=10):
+    return {"response": {"content": content, "tool_calls": tool_calls or []}, "token_ids": list(range(tokens))}
+
+
+def _python(code="print(1)", name="python", raw=None):
+    arguments = raw if raw is not None else json.dumps({"code": code})
+    return {"id": "c", "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _step(cells=(), calls=()):
+    return {"cells": list(cells), "calls": list(calls)}
+
+
+def test_behaviour_counts_parses_fenced_blocks_raising_cells_and_misuse_by_hand():
+    one = Episode(
+        "e1",
+        {},
+        {"valid": True},
+        [
+            RequestData(
+                1, _call([_python()], tokens=30), _step([{"source": "tool_call", "status": "ok", "error": ""}])
+            ),
+            RequestData(
+                2,
+                _call([_python(raw="{code: 1")], tokens=20),
+                _step([{"source": "tool_call", "status": "not_run", "error": "the tool arguments are not valid JSON"}]),
+            ),
+            RequestData(
+                3,
+                _call(content="```python\nrobot.move()\n```", tokens=50),
+                _step(
+                    [{"source": "fenced", "status": "error", "error": "AttributeError: no attribute 'move'"}],
+                    [{"capability": "segment", "failure_category": "invalid_argument"}],
+                ),
+            ),
+        ],
+    )
+    two = Episode(
+        "e2",
+        {},
+        {"valid": True},
+        [RequestData(1, _call(content="I am done.", tokens=100), _step())],
+    )
+    b = ev.behaviour([one, two])
+    assert (b["episodes"], b["requests"]) == (2, 4)
+    assert b["requests_per_episode"] == 2.0  # (3 + 1) / 2
+    assert b["output_tokens_per_episode"] == 100.0  # (30 + 20 + 50 + 100) / 2
+    assert b["replies_with_tool_call"] == 2 and b["tool_call_parse_rate"] == 0.5  # request 2's JSON is broken
+    assert (b["replies_with_fenced_block_only"], b["replies_with_neither"]) == (1, 1)
+    assert (b["cells"], b["cells_raised"]) == (3, 1) and b["cell_raise_rate"] == pytest.approx(1 / 3)
+    assert b["cell_error_types"] == {"AttributeError": 1}
+    assert b["robot_call_failures"] == {"segment: invalid_argument": 1}
+
+
+def _row(task, start, strict, valid=True, episode_id="x"):
+    return EvalRow(
+        policy="p",
+        task=task,
+        family="f",
+        start_id=start,
+        attempt=0,
+        outcome="success" if strict else "failure",
+        host_success=strict,
+        strict_success=strict,
+        finished=strict,
+        requests=1,
+        actions=0,
+        wall_time_s=1.0,
+        valid=valid,
+        episode_id=episode_id,
+    )
+
+
+def test_compare_pairs_common_valid_starts_and_counts_discordant_pairs_by_hand():
+    a = [_row("t", "s1", True), _row("t", "s2", False), _row("t", "s3", False), _row("t", "s4", True, valid=False)]
+    b = [_row("t", "s1", True), _row("t", "s2", True), _row("t", "s3", True), _row("t", "s4", True)]
+    pair = ev.compare(a, b)
+    assert pair["pairs"] == 3  # s4 is invalid in A
+    assert (pair["a_only"], pair["b_only"]) == (0, 2)
+    assert pair["a_rate"] == pytest.approx(1 / 3) and pair["b_rate"] == 1.0
+    assert pair["mcnemar_p"] == 0.5  # two discordant pairs, both one way: 2 x (1/2)^2
+
+
+def test_a_resumed_evaluation_counts_each_start_once_preferring_its_valid_episode(tmp_path, monkeypatch):
+    runs = {
+        tmp_path / "run1" / "rollout.sqlite": [
+            _row("t", "s1", False, valid=False, episode_id="a"),
+            _row("t", "s2", True),
+        ],
+        tmp_path / "run2" / "rollout.sqlite": [_row("t", "s1", True, episode_id="b")],
+    }
+    for path in runs:
+        path.parent.mkdir()
+        path.touch()
+    monkeypatch.setattr(ev, "load_rows", lambda store: runs[store])
+    rows = {r.start_id: r for r in ev.rows_of(tmp_path)}
+    assert len(rows) == 2 and rows["s1"].valid and rows["s1"].episode_id == "b"
+
+
+def test_the_plan_covers_every_task_and_family_on_held_out_starts_the_same_way_each_time():
+    jobs = ev.plan_jobs(ev.EvalPlan())
+    suite = default_suite()
+    assert len(jobs) == 5 * len(suite) >= 64
+    assert Counter(suite[j.task].family for j in jobs).keys() == {suite[t].family for t in suite}
+    assert all(j.split == "eval" for j in jobs)
+    assert [j.start_id for j in jobs] == [j.start_id for j in ev.plan_jobs(ev.EvalPlan())]
+    with pytest.raises(ValueError, match="unknown task"):
+        ev.plan_jobs(ev.EvalPlan(tasks="fly_to_the_moon"))
