@@ -16,9 +16,11 @@ summary to bench/results/stress_dds.json (the README quotes it).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -35,15 +37,32 @@ def busy_loops(n: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
 
+TEARDOWN_S = 120.0  # an interrupted run's pytest gets this long to tear its fixtures (the nodes) down
+
+
 def one_run(pytest_args: list[str], log_dir: Path, index: int) -> dict:
+    """One pytest run in a process group of its own. Interrupted, pytest is sent SIGINT (its fixtures stop the nodes
+    they started), then the group is killed: nothing a run started outlives it."""
     t0 = time.monotonic()
-    proc = subprocess.run(
+    with subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args],
         cwd=ROOT,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-    )
-    out = proc.stdout + proc.stderr
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, _ = proc.communicate()
+        except KeyboardInterrupt:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.communicate(timeout=TEARDOWN_S)
+            except subprocess.TimeoutExpired:
+                pass
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            raise
     (log_dir / f"run-{index:02d}.log").write_text(out)
     summary = next(
         (line for line in reversed(out.splitlines()) if re.search(r"\d+ (passed|failed|error).* in [\d.]+s", line)), ""
