@@ -100,12 +100,28 @@ def main(argv: list[str] | None = None) -> int:
         metrics[f"{name}_output_tokens_per_episode"] = b["output_tokens_per_episode"]
         metrics[f"{name}_tool_call_parse_rate"] = b["tool_call_parse_rate"]
         metrics[f"{name}_cell_raise_rate"] = b["cell_raise_rate"]
+        metrics[f"{name}_tool_calls"] = b["replies_with_tool_call"]
+        metrics[f"{name}_fenced_replies"] = b["replies_with_fenced_block_only"]
+        metrics[f"{name}_replies"] = b["requests"]
+        metrics[f"{name}_cell_errors"] = ", ".join(f"{k} {v}" for k, v in b["cell_error_types"].items()) or "none"
     if sft:
         pair = ev.compare(ev.rows_of(folders["zero_shot"][1]), ev.rows_of(folders["sft"][1]), "strict")
         metrics["sft_vs_zero_shot_mcnemar_p"] = pair["mcnemar_p"]
         metrics["paired_starts"] = pair["pairs"]
     else:
         metrics["sft_vs_zero_shot_mcnemar_p"] = None
+    if sft:
+        metrics["sft_summary"] = (
+            f"after SFT {metrics['student_sft_strict']:.1%} strict (95% CI {metrics['student_sft_strict_ci95'][0]:.1%}"
+            f"-{metrics['student_sft_strict_ci95'][1]:.1%}), {metrics['student_sft_host']:.1%} host on the same "
+            f"{metrics['paired_starts']} paired starts (exact McNemar p = "
+            f"{metrics['sft_vs_zero_shot_mcnemar_p']:.2g}); "
+            f"SFT ran at {metrics['sft_tokens_per_s'] or float('nan'):,.0f} tokens/s on {record.get('machine')}"
+        )
+    else:
+        metrics["sft_summary"] = (
+            "the SFT figures are not measured yet: no fine-tuned student has come back from a GPU host"
+        )
     missing = None
     if not sft:
         missing = (
@@ -156,6 +172,23 @@ def main(argv: list[str] | None = None) -> int:
             "by_family": {n: s["success"]["by_family"] for n, s in summaries.items()},
             "behaviour": {n: s["behaviour"] for n, s in summaries.items()},
             "prompt_gate": {n: s["prompt_gate"] for n, s in summaries.items()},
+            "episodes": {  # every evaluated start, for pairing and audit without the stores
+                name: [
+                    {
+                        "task": r.task,
+                        "family": r.family,
+                        "start_id": r.start_id,
+                        "attempt": r.attempt,
+                        "outcome": r.outcome,
+                        "strict": r.strict_success,
+                        "host": r.host_success,
+                        "valid": r.valid,
+                    }
+                    for r in sorted(ev.rows_of(out), key=lambda r: r.key)
+                ]
+                for name, (_, out) in folders.items()
+                if name in summaries
+            },
             "sft_run": record or None,
             "missing": missing,
             "plot": str(plot.relative_to(ROOT)),

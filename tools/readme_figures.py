@@ -25,6 +25,21 @@ RESULTS = ROOT / "bench" / "results"
 BLOCK = re.compile(r"(<!-- figures: ([\w-]+) -->\n)(.*?)(<!-- /figures -->)", re.DOTALL)
 
 
+STUDENT = (
+    "Zero-shot on {student_episodes} held-out twin episodes (5 start states x 13 tasks, all four families), served by "
+    "vLLM's CPU build through the recording proxy: {student_zero_shot_strict:.1%} strict and "
+    "{student_zero_shot_host:.1%} host success (95% CI up to {student_zero_shot_strict_ci95[1]:.1%}), as expected of "
+    "an untrained 0.5B model (CaPtain reports 0% for an untrained 4B). Of its {zero_shot_replies} replies "
+    "({zero_shot_requests_per_episode:.1f} per episode, {zero_shot_output_tokens_per_episode:.0f} output tokens), "
+    "{zero_shot_tool_calls} called the `python` tool and {zero_shot_fenced_replies} carried a ```` ```python ```` "
+    "block, taken as the cell; {zero_shot_cell_raise_rate:.0%} of those cells raised ({zero_shot_cell_errors}). "
+    "The prompt gate passed "
+    "{prompt_gate_pass_rate:.0%} of {prompt_gate_requests} recorded requests: the served prompt ids are the trainer's "
+    "rendering of the recorded messages. SFT: {sft_summary}. (`python bench/student.py`, "
+    "`bench/results/student.json`, success by family in `bench/results/student.png`, {machine[date_utc]}.)\n"
+)
+
+
 @dataclass(frozen=True)
 class Block:
     results: str  # bench/results/<results>.json, written by `python bench/<results>.py`
@@ -431,6 +446,7 @@ BLOCKS = {
     "libero": Block("libero", rows=LIBERO),
     "shadow": Block("shadow", rows=SHADOW),
     "ci": Block("ci", text=CI),
+    "student": Block("student", text=STUDENT),
 }
 
 

@@ -40,7 +40,7 @@ class EvalPlan:
     attempts: int = 1
     seed: int = 0  # of the start-state draw: the same starts for every model
     requests_budget: int = 16  # requests per episode (the expert needs 8.5 on average)
-    max_new_tokens: int = 768  # sampled tokens per request
+    max_new_tokens: int = 4096  # sampled tokens per request (the expert's longest cell is 3.3k tokens)
     context_limit_tokens: int = 32768  # the student's context; the agent compacts history before it
     workers: int = 4  # episodes at once (the server batches their requests)
     kv_cache_gib: int = 2  # vLLM CPU KV cache
