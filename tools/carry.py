@@ -385,29 +385,16 @@ def earlier_parts(out: Path, name: str, force: bool) -> list[Path]:
 
 def pack(args: argparse.Namespace) -> int:
     out: Path = args.out
-    max_bytes = int(args.max_mib * MIB)
-    if max_bytes <= 0:
-        raise CarryError("--max-mib must be more than 0")
-    if not args.paths and not args.project:
-        raise CarryError("nothing to pack: give files or folders, or --project")
+    max_bytes = limit_of(args)
     sources = collect(args.paths, out)
-    alone = Path(os.path.abspath(args.paths[0])).name if len(args.paths) == 1 else ""
-    name = args.name or alone or ("carry" if args.paths else "project")
-    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")
-    if not name:
-        raise CarryError("--name must hold letters or digits")
+    name = pack_name(args)
     old = earlier_parts(out, name, args.force)
     flat = args.flat
     tool = b"" if flat else Path(__file__).read_bytes()
     staging: list[Path] = []
     workdir = Path(tempfile.mkdtemp(prefix=".carry-work-", dir=out))
     try:
-        project = None
-        if args.project:
-            tar, project = project_archive(args.repo, workdir)
-            if project["file"] in {s.rel for s in sources}:
-                raise CarryError(f"an input is already named {project['file']}")
-            sources.append(Source(tar, project["file"], tar.stat().st_size, False))
+        project = add_project(args.repo, sources, workdir) if args.project else None
         meta = {
             "format": FORMAT,
             "id": uuid.uuid4().hex[:16],
@@ -419,17 +406,11 @@ def pack(args: argparse.Namespace) -> int:
         }
         pieces, nparts = fit(meta, sources, len(tool) + SMALL_FILES, max_bytes)
         for old_path in old:
-            if old_path.is_dir():
-                shutil.rmtree(old_path)
-            else:
-                old_path.unlink()
+            remove(old_path)
         staging = [out / f".{folder_name(name, i, nparts)}.tmp" for i in range(1, nparts + 1)]
         for d in staging:
             remove(d)
-            if flat:
-                d.write_bytes(b"")
-            else:
-                (d / PIECES).mkdir(parents=True)
+            d.write_bytes(b"") if flat else (d / PIECES).mkdir(parents=True)
         write_parts(staging, sources, pieces, args.quiet, flat)
         manifest = manifest_of(meta, sources, pieces, nparts)
         finals = [out / folder_name(name, i, nparts) for i in range(1, nparts + 1)]
@@ -437,30 +418,62 @@ def pack(args: argparse.Namespace) -> int:
             body = render(manifest)
             if len(body) > max_bytes:
                 raise CarryError(f"the manifest ({len(body):,} bytes) is over --max-mib {args.max_mib:g}: raise it")
-            for d, final in zip(staging, finals, strict=True):
-                d.rename(final)
-            staging = []
-            tmp = out / f".{name}{FLAT_MANIFEST}.tmp"
-            tmp.write_bytes(body)
-            tmp.rename(out / f"{name}{FLAT_MANIFEST}")  # last: a manifest beside the parts means they are whole
-            pack_summary(manifest, finals, args)
-            return 0
-        for i, d in enumerate(staging, start=1):
-            (d / MANIFEST).write_bytes(render(manifest))
-            (d / TOOL).write_bytes(tool)
-            (d / PART_FILE).write_text(json.dumps({"id": meta["id"], "name": name, "part": i, "of": nparts}) + "\n")
-            (d / README).write_bytes(part_readme(manifest, i))
-            if folder_bytes(d) > max_bytes:  # pragma: no cover - fit() keeps every part under the limit
-                raise CarryError(f"internal error: {d.name} holds {folder_bytes(d):,} bytes, over {max_bytes:,}")
+        else:
+            for i, d in enumerate(staging, start=1):
+                fill_folder(d, manifest, i, tool)
+                if folder_bytes(d) > max_bytes:  # pragma: no cover - fit() keeps every part under the limit
+                    raise CarryError(f"internal error: {d.name} holds {folder_bytes(d):,} bytes, over {max_bytes:,}")
         for d, final in zip(staging, finals, strict=True):
             d.rename(final)
         staging = []
+        if flat:  # last: a manifest beside the part files means they are whole
+            tmp = out / f".{name}{FLAT_MANIFEST}.tmp"
+            tmp.write_bytes(body)
+            tmp.rename(out / f"{name}{FLAT_MANIFEST}")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         for d in staging:
             remove(d)
     pack_summary(manifest, finals, args)
     return 0
+
+
+def limit_of(args: argparse.Namespace) -> int:
+    """--max-mib in bytes (fractions allowed), once the arguments make sense."""
+    max_bytes = int(args.max_mib * MIB)
+    if max_bytes <= 0:
+        raise CarryError("--max-mib must be more than 0")
+    if not args.paths and not args.project:
+        raise CarryError("nothing to pack: give files or folders, or --project")
+    return max_bytes
+
+
+def pack_name(args: argparse.Namespace) -> str:
+    """--name, else the one PATH's name, else 'carry' (several PATHs) or 'project' (--project alone)."""
+    alone = Path(os.path.abspath(args.paths[0])).name if len(args.paths) == 1 else ""
+    name = args.name or alone or ("carry" if args.paths else "project")
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")
+    if not name:
+        raise CarryError("--name must hold letters or digits")
+    return name
+
+
+def add_project(repo: Path, sources: list[Source], workdir: Path) -> dict:
+    """The committed tree as one more source (a tar in `workdir`); its note for the manifest."""
+    tar, project = project_archive(repo, workdir)
+    if project["file"] in {s.rel for s in sources}:
+        raise CarryError(f"an input is already named {project['file']}")
+    sources.append(Source(tar, project["file"], tar.stat().st_size, False))
+    return project
+
+
+def fill_folder(d: Path, manifest: dict, part: int, tool: bytes) -> None:
+    """The small files of a part folder: the manifest, this script, which part it is, a README."""
+    (d / MANIFEST).write_bytes(render(manifest))
+    (d / TOOL).write_bytes(tool)
+    info = {"id": manifest["id"], "name": manifest["name"], "part": part, "of": len(manifest["parts"])}
+    (d / PART_FILE).write_text(json.dumps(info) + "\n")
+    (d / README).write_bytes(part_readme(manifest, part))
 
 
 def remove(path: Path) -> None:
@@ -658,17 +671,7 @@ def gather(dirs: list[Path]) -> tuple[list[Carry], Report]:
     damaged_manifests: dict[Path, str] = {}
     placed: dict[str, dict[int, Path]] = {}
     folders, flat = find_parts(dirs)
-    for path in flat:
-        try:
-            manifest = load_manifest(path)
-        except CarryError as exc:
-            report.damaged.append(str(exc))
-            continue
-        manifests.setdefault(manifest["id"], manifest)
-        here = placed.setdefault(manifest["id"], {})
-        for part in manifest["parts"]:
-            if (path.parent / part["folder"]).is_file():
-                here.setdefault(int(part["part"]), path.parent / part["folder"])
+    gather_flat(flat, manifests, placed, report)
     for folder in folders:
         info = None
         try:
@@ -700,8 +703,28 @@ def gather(dirs: list[Path]) -> tuple[list[Carry], Report]:
             report.damaged.append(f"no intact {MANIFEST} in {names}: copy one of them again")
             continue
         carries.append(Carry(manifests[carry_id], dict(sorted(present.items()))))
-    for message in damaged_manifests.values():  # another folder's copy of the manifest serves
-        report.notes.append(message)
+    report.notes += damaged_manifests.values()  # another folder's copy of the manifest serves
+    refuse_mixed(carries)
+    return sorted(carries, key=lambda c: c.name), report
+
+
+def gather_flat(paths: list[Path], manifests: dict, placed: dict, report: Report) -> None:
+    """Flat manifests and the part files present beside them."""
+    for path in paths:
+        try:
+            manifest = load_manifest(path)
+        except CarryError as exc:
+            report.damaged.append(str(exc))
+            continue
+        manifests.setdefault(manifest["id"], manifest)
+        here = placed.setdefault(manifest["id"], {})
+        for part in manifest["parts"]:
+            if (path.parent / part["folder"]).is_file():
+                here.setdefault(int(part["part"]), path.parent / part["folder"])
+
+
+def refuse_mixed(carries: list[Carry]) -> None:
+    """Parts of two packs of one name in one place: an old pack left behind; which is meant is not ours to guess."""
     by_name: dict[str, list[Carry]] = {}
     for c in carries:
         by_name.setdefault(c.name, []).append(c)
@@ -714,7 +737,6 @@ def gather(dirs: list[Path]) -> tuple[list[Carry], Report]:
             raise CarryError(
                 f"parts of {len(same)} different packs named '{name}' are here: {listed}; remove the old ones"
             )
-    return sorted(carries, key=lambda c: c.name), report
 
 
 def piece_problem(carry: Carry, f: dict, p: dict) -> str | None:
@@ -772,7 +794,7 @@ def verify(args: argparse.Namespace) -> int:
     for carry in carries:
         pieces = [(f, p) for f in carry.manifest["files"] for p in f["pieces"] if carry.part_of(p) in carry.present]
         total = sum(p["size"] for _, p in pieces)
-        say(f"{carry.name} (id {carry.manifest['id']}): {len(carry.present)} of {carry.nparts} part folders here")
+        say(f"{carry.name} (id {carry.manifest['id']}): {len(carry.present)} of {carry.nparts} parts here")
         progress = Progress("hashing", total, args.quiet)
         bad = []
         for f, p in pieces:
@@ -888,16 +910,11 @@ def extract_project(carry: Carry, dest: Path, tar_entry: dict) -> tuple[str | No
     return f"project: commit {project['commit'][:12]} ({short(project['subject'])}) unpacked into {folder}", None
 
 
-def unpack_carry(carry: Carry, dest: Path, args: argparse.Namespace, report: Report) -> None:
-    m = carry.manifest
-    say(
-        f"{carry.name} (id {m['id']}): {len(m['files'])} files, {m['total_bytes']:,} bytes; "
-        f"{len(carry.present)} of {carry.nparts} part folders here; into {dest}"
-    )
-    state = State(dest, carry)
+def sort_files(carry: Carry, dest: Path, state: State, report: Report) -> tuple[list[dict], dict, int]:
+    """The files to assemble now, those waiting for part folders (by part), and how many are done already."""
     waiting: dict[int, list[str]] = {}
-    todo, skipped, done = [], 0, 0
-    for f in m["files"]:
+    todo, skipped = [], 0
+    for f in carry.manifest["files"]:
         if state.fresh(dest / f["path"], f):
             skipped += 1
             continue
@@ -909,6 +926,18 @@ def unpack_carry(carry: Carry, dest: Path, args: argparse.Namespace, report: Rep
         else:  # say now what else must be copied again for it (sizes only: the hashes are checked when it is whole)
             here = [q for p in f["pieces"] if carry.part_of(p) not in absent and (q := piece_problem(carry, f, p))]
             report.damaged += here
+    return todo, waiting, skipped
+
+
+def unpack_carry(carry: Carry, dest: Path, args: argparse.Namespace, report: Report) -> None:
+    m = carry.manifest
+    say(
+        f"{carry.name} (id {m['id']}): {len(m['files'])} files, {m['total_bytes']:,} bytes; "
+        f"{len(carry.present)} of {carry.nparts} parts here; into {dest}"
+    )
+    state = State(dest, carry)
+    todo, waiting, skipped = sort_files(carry, dest, state, report)
+    done = 0
     progress = Progress("checking and copying", sum(f["size"] for f in todo), args.quiet)
     for f in todo:
         target = dest / f["path"]
