@@ -16,8 +16,10 @@ Stages, each announced and timed:
   4. eval_sft  the SFT student on held-out (evaluation split) start states, through its own recording proxy;
   5. rl        K rounds: the served policy's rollouts (the proxy records prompt ids, sampled ids and log-probs
                with the policy version) -> training.rounds -> RLTrainer.update (CaPtain objective; the critic
-               warm-started on the expert's episodes, co-trained after each round) -> weight sync into the running
-               server, which bumps the rollout proxy's policy version -> the next round samples the new policy.
+               warm-started on the expert's episodes, an earlier policy's as in CaPtain App. A.2, which live in
+               their own store and are never in a round (checked per round); co-trained after each round) ->
+               weight sync into the running server, which bumps the rollout proxy's policy version -> the next
+               round samples the new policy.
                The server, the proxy and the receiver are never restarted (their pids are recorded per round);
   6. eval_rl   the RL student on the same held-out start states.
 
@@ -265,7 +267,7 @@ def served_tokenizer(model_dir: Path) -> Any:
 def sft_stage(config: RunConfig, store: Path, tokenizer: Any, progress: bool) -> tuple[Any, dict[str, Any]]:
     """The gate, SFT examples that fit the context, packed rows, train_sft (CaPtain Eq. 2)."""
     from captain_ros.bridge.store import EpisodeReader
-    from training.data import DataConfig, collate, pack_examples, sft_examples
+    from training.data import DataConfig, MicroBatches, pack_examples, sft_examples
     from training.gate import gate_episodes
     from training.sft import SFTConfig, train_sft
     from training.tiny import tiny_model
@@ -275,7 +277,8 @@ def sft_stage(config: RunConfig, store: Path, tokenizer: Any, progress: bool) ->
     try:
         gate = gate_episodes(tokenizer, reader)
         print(gate, flush=True)
-        examples = sft_examples(tokenizer, reader, config=DataConfig(seed=config.seed), gate=gate)
+        data = DataConfig(seed=config.seed, max_trajectory_tokens=config.context_tokens)  # longer: per request
+        examples = sft_examples(tokenizer, reader, config=data, gate=gate)
     finally:
         reader.close()
     rows, too_long = pack_examples(examples, config.context_tokens)
@@ -288,7 +291,7 @@ def sft_stage(config: RunConfig, store: Path, tokenizer: Any, progress: bool) ->
         raise RuntimeError("no SFT example fits the context: raise --context-tokens")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     n = config.sft_rows_per_step_n
-    batches = [collate(rows[i : i + n], pad, mask=False) for i in range(0, len(rows), n)]
+    batches = MicroBatches(rows, n, pad, mask=False)
     sft = SFTConfig(
         max_steps=config.sft_steps_n,
         learning_rate=config.sft_learning_rate,
@@ -365,6 +368,7 @@ def rl_stage(
         expert = [reader.load(eid) for eid in reader.episode_ids()]
     finally:
         reader.close()
+    warm_ids = {e.episode_id for e in expert}  # the critic's warm start: no round may train on these
     critic = Critic(CriticConfig(tasks=tasks, seed=config.seed))
     warm = critic.fit(states_from_episodes(expert, tasks))
     groups_per_round = config.rl_starts_per_task_n * len(tasks)
@@ -414,6 +418,8 @@ def rl_stage(
             with contextlib.closing(EpisodeReader(host.trainer_store)) as store:
                 round_ = trainer.build_round(store, round_config)
             print(round_.report, flush=True)
+            if warm_ids & {e.episode_id for e in round_.episodes}:
+                raise RuntimeError("a round holds episodes of the critic's warm start (the expert store)")
             row = trainer.update(round_, step=True)
             t_update = time.perf_counter()
             synced = sync.sync(trainer.model, trainer.policy_version)

@@ -79,6 +79,7 @@ def test_failure_stops_the_run_and_a_rerun_resumes_at_the_failed_step(tmp_path, 
         ("interfaces", "interfaces"),
         ("project", "project"),
         ("verify", "verify"),
+        ("student", "student"),
         ("jazzy_wheels", "jazzy-wheels"),
         ("jazzy", "jazzy"),
         ("vllm", "vllm"),
@@ -99,7 +100,7 @@ def test_failure_stops_the_run_and_a_rerun_resumes_at_the_failed_step(tmp_path, 
     ran.clear()
     fail.clear()
     assert setup_env.main(["--venv", str(tmp_path / "v")]) == 0
-    assert ran == ["interfaces", "project", "verify", "jazzy"], "finished steps must be skipped"
+    assert ran == ["interfaces", "project", "verify", "student", "jazzy"], "finished steps must be skipped"
 
 
 def test_the_jazzy_project_step_waits_for_the_jazzy_wheels_beside_the_main_chain(tmp_path, monkeypatch):
@@ -123,8 +124,8 @@ def test_the_jazzy_project_step_waits_for_the_jazzy_wheels_beside_the_main_chain
 
     methods = {"check_python": "interpreter", "debian": "debian", "make_venv": "venv", "python_packages": "packages",
                "colcon": "colcon", "cmake_fix": "cmake-fix", "interfaces": "interfaces", "project": "project",
-               "verify": "verify", "jazzy_wheels": "jazzy-wheels", "jazzy": "jazzy", "vllm": "vllm",
-               "libero": "libero"}  # fmt: skip
+               "verify": "verify", "student": "student", "jazzy_wheels": "jazzy-wheels", "jazzy": "jazzy",
+               "vllm": "vllm", "libero": "libero"}  # fmt: skip
     for method, name in methods.items():
         monkeypatch.setattr(setup_env.Setup, method, step(name))
     assert setup_env.main(["--venv", str(tmp_path / "v")]) == 0
@@ -152,7 +153,7 @@ def test_a_failure_beside_the_main_chain_is_reported_and_the_chain_still_runs(tm
         return action
 
     for method in ("check_python", "debian", "make_venv", "python_packages", "colcon", "cmake_fix", "interfaces",
-                   "project", "verify", "jazzy_wheels", "jazzy", "vllm", "libero"):  # fmt: skip
+                   "project", "verify", "student", "jazzy_wheels", "jazzy", "vllm", "libero"):  # fmt: skip
         monkeypatch.setattr(setup_env.Setup, method, step(method))
     assert setup_env.main(["--venv", str(tmp_path / "v")]) == 1
     assert "step 'vllm/packages' failed: no network" in capsys.readouterr().err

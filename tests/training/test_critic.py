@@ -185,6 +185,45 @@ def test_untrained_critic_refuses_to_guess_a_normalisation():
         Critic(CriticConfig(tasks=()))
 
 
+def test_eq3_mean_of_member_logits_and_eq4_bce_by_hand():
+    """A hand-set ensemble of K = 2 one-hidden-unit MLPs on the input [x; t / 60; onehot(task)] (x normalised with
+    mean 0, std 1, so x is the raw feature; t at input 36):
+      f_1 = 2 relu(x_0) - 1            f_2 = relu(1 - x_0 + 6 t / 60) - 2
+    states (x_0, t, y):  A (1, 10, 1)  B (0, 10, 0)  C (2, 30, 1)
+      f_1 = [2 - 1, 0 - 1, 4 - 1] = [1, -1, 3];  f_2 = [relu(1) - 2, relu(2) - 2, relu(2) - 2] = [-1, 0, 0]
+      mean logit (Eq. 3) = [0, -0.5, 1.5];  V = sigmoid = [0.5, 0.3775407, 0.8175745]
+      (a mean of the members' sigmoids would give C (sigmoid(3) + sigmoid(0)) / 2 = 0.7262871)
+    Eq. 4 (mean over states): -[log 0.5 + log(1 - 0.3775407) + log 0.8175745] / 3
+      = [0.6931472 + log(1 + e^-0.5) + log(1 + e^-1.5)] / 3 = [0.6931472 + 0.4740770 + 0.2014133] / 3 = 0.4562125
+    d loss / d (output bias of member k) = mean_i (V_i - y_i) / K = (-0.5 + 0.3775407 - 0.1824255) / 3 / 2
+      = -0.0508141 for each member (each member's logit enters the mean with weight 1/K)."""
+    critic = Critic(CriticConfig(tasks=("only",), members=2, hidden=1, layers=1))
+    w1, w2 = critic.model.weights
+    b1, b2 = critic.model.biases
+    with torch.no_grad():
+        for p in critic.model.parameters():
+            p.zero_()
+        w1[0, 0, 0], b1[0, 0, 0], w2[0, 0, 0], b2[0, 0, 0] = 1.0, 0.0, 2.0, -1.0  # f_1
+        w1[1, 0, 0], w1[1, N_FEAT, 0], b1[1, 0, 0], w2[1, 0, 0], b2[1, 0, 0] = -1.0, 6.0, 1.0, 1.0, -2.0  # f_2
+    critic.set_normalisation(torch.tensor([[-1.0] * N_FEAT, [1.0] * N_FEAT]))  # mean 0, std 1
+    features = torch.zeros(3, N_FEAT)
+    features[:, 0] = torch.tensor([1.0, 0.0, 2.0])
+    task = torch.zeros(3, dtype=torch.int64)
+    states = CriticStates(
+        features, torch.tensor([10.0, 10.0, 30.0]), task, torch.ones(3, 1), torch.tensor([1.0, 0.0, 1.0]),
+        torch.arange(3), torch.zeros(3, dtype=torch.int64), ["g"],
+    )  # fmt: skip
+    x = critic.inputs(states.features, states.t, states.task)
+    torch.testing.assert_close(critic.model.member_logits(x), torch.tensor([[1.0, -1.0, 3.0], [-1.0, 0.0, 0.0]]))
+    assert critic.model(x).tolist() == pytest.approx([0.0, -0.5, 1.5], abs=1e-6)
+    assert critic.values(states).tolist() == pytest.approx([0.5, 0.3775407, 0.8175745], abs=1e-6)
+    loss = critic.loss(states)
+    assert loss.item() == pytest.approx(0.4562125, abs=1e-6)
+    loss.backward()
+    assert b2.grad[:, 0, 0].tolist() == pytest.approx([-0.0508141, -0.0508141], abs=1e-6)
+    assert critic.co_train(states, steps=1) == pytest.approx([0.4562125], abs=1e-6)  # co-training's Eq. 4
+
+
 # ---------------------------------------------------------------------- metrics against hand values
 def test_auc_hand_values():
     # positives 0.35, 0.8; negatives 0.1, 0.4. Pairs won by the positive: (0.35>0.1), (0.8>0.1), (0.8>0.4);

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ from captain_ros.bridge.store import EpisodeReader, EpisodeStore
 from training import data
 from training.data import IGNORE, MASK_TEXT, DataConfig, Example
 from training.gate import GateReport, render_prompt_ids
-from training.tiny import tiny_tokenizer, tool_module
+from training.tiny import GENERATION_TEMPLATE, tiny_tokenizer, tool_module
 
 TOOLS = [
     {
@@ -257,7 +258,7 @@ def test_expert_examples_render_images_as_text_and_carry_turn_weights(store, tok
 def test_gate_rejection_zeroes_a_request_and_vqa_rows_weigh_half(store, tokenizer):
     reader, _ = store
     gate = GateReport(weights={("ep-policy", 2): 0.0, ("ep-policy", 4): 1.0})
-    examples = data.sft_examples(tokenizer, reader, ["ep-policy"], DataConfig(), gate)
+    examples = data.sft_examples(tokenizer, reader, ["ep-policy"], DataConfig(whole_episodes=False), gate)
     assert [ex.request for ex in examples] == [1, 4, 5]  # 2: gate, 3: repeated failure
     vqa = data.vqa_example(
         tokenizer, [{"role": "user", "content": "Which object is left of the bowl?"}], "The red cube."
@@ -317,3 +318,252 @@ def test_collate_pads_as_its_own_document_and_builds_the_block_causal_mask():
     assert torch.equal(allowed, expected)
     assert batch["attention_mask"].shape == (1, 1, 5, 5)
     assert float(batch["attention_mask"].min()) == torch.finfo(torch.float32).min
+
+
+# ------------------------------------------------------------------------------------------------ whole trajectories
+class Edited:
+    """An EpisodeReader whose loaded episodes pass through `edit` (a compaction, another outcome, a truncation)."""
+
+    def __init__(self, reader, edit):
+        self.reader, self.edit = reader, edit
+
+    def load(self, episode_id):
+        import copy
+
+        episode = copy.deepcopy(self.reader.load(episode_id))
+        self.edit(episode)
+        return episode
+
+    def restore_messages(self, messages):
+        return self.reader.restore_messages(messages)
+
+    def episode_ids(self):
+        return self.reader.episode_ids()
+
+
+def first_requests(n):
+    def edit(episode):
+        episode.requests = episode.requests[:n]
+
+    return edit
+
+
+def compact_from_request_4(episode):
+    """From request 4 on, the history lacks request 2's turn and its tool reply (as a context compaction does)."""
+    for request in episode.requests[3:]:
+        del request.model_call["messages"][len(HEAD) + 2 : len(HEAD) + 4]
+
+
+def targets_of(example):
+    return [i for i, m in zip(example.input_ids, example.response_mask, strict=True) if m]
+
+
+NO_MASK = DataConfig(mark_point_mask_prob=0.0)
+PER_REQUEST = DataConfig(mark_point_mask_prob=0.0, whole_episodes=False)
+
+
+def test_a_growing_three_request_episode_is_one_example_with_every_turn_as_target(store, tokenizer):
+    reader, sent = store
+    three = Edited(reader, first_requests(3))  # the expert's first three turns: all weight 1, images in the history
+    stats = data.TrajectoryStats()
+    (whole,) = data.sft_examples(tokenizer, three, ["ep-expert"], NO_MASK, stats=stats)
+    per_request = data.sft_examples(tokenizer, three, ["ep-expert"], PER_REQUEST)
+    assert [ex.request for ex in per_request] == [1, 2, 3]
+    assert (stats.whole, stats.segmented, stats.segments, stats.prompt_mismatches) == (1, 0, 1, 0)
+    assert stats.requests == {data.TARGET: 3}
+    assert whole.source == "trajectory" and [s.request for s in whole.spans] == [1, 2, 3]
+    for span, single, messages in zip(whole.spans, per_request, sent["ep-expert"], strict=False):
+        # the tokens before each span are the request's gated prompt ids; the span is what it answered
+        gated = render_prompt_ids(tokenizer, reader.restore_messages(messages), TOOLS)
+        assert whole.input_ids[: span.start] == gated == single.input_ids[: single.prompt_len]
+        assert whole.input_ids[span.start : span.end] == targets_of(single)
+    # the targets are exactly the three turns' tokens, and the example is the last request's example
+    assert targets_of(whole) == [t for ex in per_request for t in targets_of(ex)]
+    assert whole.input_ids == per_request[-1].input_ids and whole.prompt_len == whole.spans[0].start
+    assert whole.token_weights == [1.0 if m else 0.0 for m in whole.response_mask]
+
+
+def test_failed_and_gate_rejected_turns_weigh_zero_inside_the_episode(store, tokenizer):
+    reader, _ = store
+    gate = GateReport(weights={("ep-policy", 2): 0.0})  # the gate rejected request 2's prompt
+    keep = DataConfig(mark_point_mask_prob=0.0, drop_zero_weight=False)
+    (whole,) = data.sft_examples(tokenizer, reader, ["ep-policy"], keep, gate)
+    # request 3 re-runs request 2's failed cell (w = 0), request 2 is gate-rejected
+    assert [(s.request, s.weight) for s in whole.spans] == [(1, 1.0), (2, 0.0), (3, 0.0), (4, 1.0), (5, 1.0)]
+    (row,), _ = data.pack_examples([whole], 100_000)
+    weighted = {s.request: s.end - s.start for s in whole.spans if s.weight > 0}
+    assert sum(w > 0 for w in row.token_weights) == sum(weighted.values())  # the loss denominator
+    # by default the weight-0 turns are context only: no target at all
+    stats = data.TrajectoryStats()
+    (dropped,) = data.sft_examples(tokenizer, reader, ["ep-policy"], NO_MASK, gate, stats=stats)
+    assert [s.request for s in dropped.spans] == [1, 4, 5] and dropped.input_ids == whole.input_ids
+    assert dropped.response_tokens == sum(weighted.values())
+    assert stats.requests == {data.TARGET: 3, data.ZERO_WEIGHT: 2}
+    (expert,) = data.sft_examples(tokenizer, reader, ["ep-expert"], keep)
+    assert [s.weight for s in expert.spans] == [1, 1, 1, 0, 1, 1]  # request 4: the third failure in a row
+
+
+def test_the_whole_episode_loss_equals_the_per_request_losses(store, tokenizer):
+    """Eq. 2 is unchanged: each span's tokens see exactly their request's prompt, so the one-document loss and
+    gradients equal those of the per-request examples, for a fraction of the tokens."""
+    from training import sft
+    from training.sft import SFTConfig
+    from training.tiny import tiny_model
+
+    reader, _ = store
+    (whole,) = data.sft_examples(tokenizer, reader, ["ep-expert"], NO_MASK)
+    singles = data.sft_examples(tokenizer, reader, ["ep-expert"], PER_REQUEST)
+    assert len(singles) == 5 and len(whole.input_ids) < sum(len(ex.input_ids) for ex in singles) / 2
+    one = [data.collate(data.pack_examples([whole], 100_000)[0], 0)]
+    many = [data.collate(data.pack_examples([ex], 100_000)[0], 0) for ex in singles]
+    denominator = sft.token_denominator(one)
+    assert denominator == sft.token_denominator(many) == sum(ex.response_tokens for ex in singles)
+    model, config = tiny_model(), SFTConfig()
+    results = []
+    for batches in (one, many):
+        model.zero_grad(set_to_none=True)
+        loss = sum(sft.micro_batch_loss(model, b, denominator, config) for b in batches)
+        loss.backward()
+        results.append((loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (loss_one, grads_one), (loss_many, grads_many) = results
+    assert loss_one == pytest.approx(loss_many, rel=1e-5)
+    for name, grad in grads_one.items():
+        torch.testing.assert_close(grad, grads_many[name], atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_a_history_that_stops_growing_is_cut_into_segments(store, tokenizer):
+    reader, _ = store
+    compacted = Edited(reader, compact_from_request_4)
+    stats = data.TrajectoryStats()
+    keep = DataConfig(mark_point_mask_prob=0.0, drop_zero_weight=False)
+    first, second = data.sft_examples(tokenizer, compacted, ["ep-policy"], keep, stats=stats)
+    assert (stats.whole, stats.segmented, stats.segments) == (0, 1, 2)
+    assert [s.request for s in first.spans] == [1, 2, 3] and [s.request for s in second.spans] == [4, 5]
+    singles = {ex.request: ex for ex in data.sft_examples(tokenizer, compacted, ["ep-policy"], PER_REQUEST)}
+    assert sorted(singles) == [1, 2, 4, 5]  # 3 re-runs a failed cell
+    # every weighted turn is supervised once, on exactly its per-request tokens and prompt
+    for example in (first, second):
+        for span in example.spans:
+            if span.weight > 0:
+                single = singles[span.request]
+                assert example.input_ids[: span.start] == single.input_ids[: single.prompt_len]
+                assert example.input_ids[span.start : span.end] == targets_of(single)
+    assert second.input_ids == singles[5].input_ids  # the compacted segment starts from request 4's own prompt
+    # the split points, on token ids: the run continues while the prompt begins with the previous prompt + turn
+    turn = lambda index, prompt, answer: data.Turn(index, [], {}, None, prompt, answer, 1.0)  # noqa: E731
+    turns = [turn(1, [1, 2], [3]), turn(2, [1, 2, 3, 4], [5]), turn(3, [1, 9], [6]), None, turn(5, [7], [8])]
+    assert [[t.index for t in s] for s in data.split_segments(turns)] == [[1, 2], [3], [5]]
+
+
+def test_the_episode_form_keeps_every_request_that_fits_the_token_limit(store, tokenizer):
+    reader, _ = store
+    singles = data.sft_examples(tokenizer, reader, ["ep-policy"], PER_REQUEST)
+    limit = len(singles[-2].input_ids)  # request 4 fits, request 5 (the longest) does not
+    stats = data.TrajectoryStats()
+    (whole,) = data.sft_examples(
+        tokenizer, reader, ["ep-policy"], replace(NO_MASK, max_trajectory_tokens=limit), stats=stats
+    )
+    assert [s.request for s in whole.spans] == [1, 2, 4] and len(whole.input_ids) == limit
+    assert (stats.whole, stats.segmented) == (0, 1)  # one example, but not of every request
+    assert stats.too_long == stats.requests[data.TOO_LONG] == 1 and "max_trajectory_tokens" in stats.problems[0][2]
+
+
+def test_spans_whose_prompt_differs_from_the_gated_ids_are_not_used(store, tokenizer):
+    reader, _ = store
+    # a template that writes the whole conversation differently from a prompt: the gate (which renders prompts)
+    # accepts every request, but no span of the one-document rendering follows its gated prompt ids
+    odd = tiny_tokenizer(
+        chat_template="{%- if not add_generation_prompt %}{{- 'FULL ' }}{%- endif %}" + GENERATION_TEMPLATE
+    )
+    stats = data.TrajectoryStats()
+    assert data.sft_examples(odd, reader, ["ep-policy"], NO_MASK, stats=stats) == []
+    assert stats.prompt_mismatches == 5 and stats.requests == {data.UNVERIFIED: 5}
+    assert stats.problems[0][:2] == ("ep-policy", 1) and "gated prompt ids at token 0" in stats.problems[0][2]
+    assert "5 spans not matching their gated prompt" in str(stats)
+    # the per-request form renders each prompt on its own and is not affected
+    assert len(data.sft_examples(odd, reader, ["ep-policy"], PER_REQUEST)) == 4
+
+
+def test_only_successful_episodes_are_imitated(store, tokenizer):
+    reader, _ = store
+
+    def ended(**end):
+        return Edited(reader, lambda episode: episode.end.update(end))
+
+    false_finish = ended(outcome="false_finish", host_success=False, reward=-0.3)
+    stats = data.TrajectoryStats()
+    assert data.sft_examples(tokenizer, false_finish, ["ep-policy", "ep-expert"], NO_MASK, stats=stats) == []
+    assert (stats.episodes, stats.unsuccessful_skipped) == (2, 2)
+    assert len(data.sft_examples(tokenizer, false_finish, ["ep-policy"], replace(NO_MASK, successful_only=False))) == 1
+    # host success is what counts: a missed finish (solved, no finish()) is kept unless strict_success
+    missed = ended(outcome="missed_finish", host_success=True, finished=False, reward=0.25)
+    assert len(data.sft_examples(tokenizer, missed, ["ep-policy"], NO_MASK)) == 1
+    assert data.sft_examples(tokenizer, missed, ["ep-policy"], replace(NO_MASK, strict_success=True)) == []
+    invalid = ended(valid=False, invalid_reason="abandoned: worker died")
+    assert data.sft_examples(tokenizer, invalid, ["ep-policy"], NO_MASK) == []
+    assert data.successful({"valid": True, "host_success": None}) is False  # no label: not a success
+
+
+def test_mark_point_masking_in_an_episode_never_touches_a_target(store, tokenizer):
+    reader, _ = store
+    config = DataConfig(mark_point_mask_prob=1.0)
+    stats = data.TrajectoryStats()
+    examples = data.sft_examples(tokenizer, reader, ["ep-policy"], config, stats=stats)
+    whole, *extras = examples
+    # turns 1 and 4 call mark_point: masked in the episode's history, they are supervised by their own examples
+    assert whole.source == "trajectory" and [s.request for s in whole.spans] == [2, 5]
+    assert [(ex.source, ex.request, ex.masked_points) for ex in extras] == [
+        ("masked_turn", 1, 0),
+        ("masked_turn", 4, 1),
+    ]
+    assert whole.masked_points == 2 and tokenizer.decode(whole.input_ids).count(MASK_TEXT) == 4  # u and v, twice
+    singles = {ex.request: ex for ex in data.sft_examples(tokenizer, reader, ["ep-policy"], PER_REQUEST)}
+    for example in examples:
+        assert MASK_TEXT not in tokenizer.decode(targets_of(example))
+    for span in whole.spans:  # the unmasked turns keep exactly their tokens
+        assert whole.input_ids[span.start : span.end] == targets_of(singles[span.request])
+    for extra in extras:
+        assert targets_of(extra) == targets_of(singles[extra.request])
+    assert "u=0.5, v=-0.25" in tokenizer.decode(targets_of(extras[1]))
+    assert MASK_TEXT in tokenizer.decode(extras[1].input_ids[: extras[1].prompt_len])
+    assert (stats.masked_turn_examples, stats.masked_points) == (2, 3)
+    # every weighted turn is supervised exactly once; the draws do not depend on build order
+    assert sorted([s.request for s in whole.spans] + [ex.request for ex in extras]) == [1, 2, 4, 5]
+    again = data.sft_examples(tokenizer, reader, ["ep-policy"], config)
+    assert [ex.input_ids for ex in again] == [ex.input_ids for ex in examples]
+    # without masking there are no extra examples
+    assert [ex.source for ex in data.sft_examples(tokenizer, reader, ["ep-policy"], NO_MASK)] == ["trajectory"]
+
+
+def test_whole_episodes_cost_the_tokens_of_their_last_request(store, tokenizer):
+    reader, _ = store
+    whole = data.sft_examples(tokenizer, reader, None, NO_MASK)
+    singles = data.sft_examples(tokenizer, reader, None, replace(PER_REQUEST, drop_zero_weight=False))
+    last = {ex.episode_id: len(ex.input_ids) for ex in singles}  # the last request of each episode, in order
+    assert [len(ex.input_ids) for ex in whole] == [last["ep-policy"], last["ep-expert"]]
+    assert sum(len(ex.input_ids) for ex in singles) > 2.5 * sum(last.values())
+
+
+def test_micro_batches_are_collated_when_used_never_all_at_once(monkeypatch):
+    from training.sft import SFTConfig, train_sft
+    from training.tiny import tiny_model
+
+    rows = [data.PackedRow() for _ in range(5)]
+    for k, row in enumerate(rows):
+        row.add(Example([1, 2, 3 + k], [False, True, True], 1.0, 1), k)
+    calls = []
+    real = data.collate
+    monkeypatch.setattr(data, "collate", lambda r, pad, **kw: calls.append(len(r)) or real(r, pad, **kw))
+    batches = data.MicroBatches(rows, 2, pad_id=0)
+    assert len(batches) == 3 and calls == []  # nothing collated, no mask built, up front
+    assert not any(isinstance(v, torch.Tensor) for v in vars(batches).values())  # the data set holds rows only
+    assert batches[2]["input_ids"].shape == (1, 3) and batches[-1]["attention_mask"].shape == (1, 1, 3, 3)
+    assert batches[0]["input_ids"].shape == (2, 3)
+    assert calls == [1, 1, 2]
+    with pytest.raises(IndexError):
+        batches[3]
+    # the trainer collates one micro-batch per use: 2 steps x 2 accumulated micro-batches
+    calls.clear()
+    config = SFTConfig(max_steps=2, grad_accum_steps=2, shuffle=False, progress=False)
+    train_sft(tiny_model(), batches, config)
+    assert calls == [2, 2, 1, 2]

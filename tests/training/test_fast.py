@@ -226,3 +226,33 @@ def test_fast_loss_and_gradients_equal_sft_reference(model, attention, fused):
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, ref_grads[name], rtol=1e-4, atol=1e-6, msg=name)
     model.zero_grad(set_to_none=True)
+
+
+# ------------------------------------------------------------------------------------------------ where it applies
+def test_the_fast_path_applies_to_qwen2_only_and_the_cli_sft_takes_it_there(monkeypatch):
+    """training.fast re-implements a Qwen2 layer: it applies to the tiny Qwen2, not to a sliding-window Qwen2 (its
+    forward raises) nor to another architecture (Llama here); the command-line SFT (training.rl) takes it for full
+    fine-tuning on a GPU where it applies, and the transformers forward otherwise."""
+    import argparse
+
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    from training.rl import _fast_applies
+
+    qwen = tiny_model()
+    small = {"vocab_size": 64, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1}
+    heads = {"num_attention_heads": 2, "num_key_value_heads": 1}
+    sliding = Qwen2ForCausalLM(Qwen2Config(**small, **heads, use_sliding_window=True, sliding_window=8))
+    llama = LlamaForCausalLM(LlamaConfig(**small, **heads))
+    assert fast.unsupported_reason(qwen) is None
+    assert "sliding-window" in fast.unsupported_reason(sliding)
+    assert "'llama'" in fast.unsupported_reason(llama)
+    with pytest.raises(NotImplementedError, match="sliding-window"):  # what the check keeps the CLI from
+        fast.packed_hidden(sliding, torch.zeros(1, 4, dtype=torch.long), torch.arange(4)[None], torch.tensor([0, 4]), 4)
+
+    full, lora = argparse.Namespace(lora_rank=0), argparse.Namespace(lora_rank=4)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # only consulted, nothing runs on a GPU
+    assert _fast_applies(qwen, full)
+    assert not _fast_applies(qwen, lora) and not _fast_applies(sliding, full) and not _fast_applies(llama, full)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not _fast_applies(qwen, full)

@@ -25,6 +25,7 @@ import copy
 import json
 import math
 from dataclasses import replace
+from types import SimpleNamespace
 
 import httpx
 import numpy as np
@@ -35,7 +36,7 @@ from captain_ros.bridge.store import Episode, RequestData
 from tests.training.test_rounds import FakeReader, synthetic_episode
 from tests.training.test_weight_sync import start_dev_server
 from training import serve
-from training.critic import Critic, CriticConfig, evaluate, states_from_episodes
+from training.critic import FEATURE_NAMES, Critic, CriticConfig, evaluate, states_from_episodes
 from training.policy_loss import ObjectiveConfig, episode_rng, policy_loss, sample_requests
 from training.rl import (
     RLConfig,
@@ -51,6 +52,8 @@ from training.rl import (
     sampled_token_logprobs,
     select_items,
     token_advantage_stats,
+    warm_start_critic,
+    warm_start_split,
 )
 from training.rounds import RoundConfig, build_round
 from training.sft import SFTConfig
@@ -109,17 +112,53 @@ def test_teacher_forced_logprobs_on_packed_rows_equal_one_by_one_passes(attentio
 
 
 def test_captain_sampling_draws_at_most_8_eligible_requests_with_weight_n_over_k():
-    episode = synthetic_episode("e", "g", n=12, solved_from=11)  # requests 11, 12 post-success: 10 eligible
+    episode = synthetic_episode("e", "g", n=12, solved_from=11)  # requests 11, 12 post-success: still eligible
     round_ = build_round(FakeReader([episode]), 0, config=RoundConfig(group_size_n=1))
     round_.episodes[0].requests[1].gate_weight = 0.5  # request 2: a partial gate weight multiplies in
     advantages = {"e": np.arange(12, dtype=float) / 10}  # A_t = (t - 1) / 10
     items = select_items(round_, advantages, ObjectiveConfig())
-    sample = sample_requests(10, 8, episode_rng(0, "e"))  # the same seeded draw
+    sample = sample_requests(12, 8, episode_rng(0, "e"))  # the same seeded draw, over all 12 requests
     assert [it.request for it in items] == [i + 1 for i in sample.indices]
-    assert len(items) == 8 and sample.inclusion_weight == 10 / 8
+    assert len(items) == 8 and sample.inclusion_weight == 12 / 8  # n / k = 1.5
     for it in items:
-        assert it.weight == pytest.approx(1.25 * (0.5 if it.request == 2 else 1.0))
+        assert it.weight == pytest.approx(1.5 * (0.5 if it.request == 2 else 1.0))
         assert it.advantage == pytest.approx((it.request - 1) / 10)
+
+
+def test_post_success_requests_keep_gradient_and_costs_under_captain_only():
+    """Both attempts succeed and make one request, after the scene was solved (solved_before); the only difference
+    is attempt "a"'s post-success cost c_1 = -0.005 (CaPtain App. E). With V = 0.5 everywhere (a critic whose
+    weights are all zero: sigmoid(0)):
+      delta_1 = c_1 + R - V(s_1, 1): a: -0.005 + 1 - 0.5 = 0.495, b: 0 + 1 - 0.5 = 0.5; one request, so the centred
+      GAE term is 0. G = R + sum c: a 0.995, b 1.0, group mean 0.9975 -> raw A: a -0.0025, b +0.0025.
+      Running std of the first round: mean 0, E[A^2] = 0.0025^2 -> std 0.0025 -> A: a -1, b +1.
+    Under CaPtain both requests are trained with these advantages (the cost alone ranks "a" below "b"); under
+    AgenticRoboRL they are filtered, so nothing is trained."""
+    model = tiny_model()
+    episodes = [
+        on_policy(synthetic_episode(eid, "g", i, n=1, solved_from=1, costs=[cost], seed=i), model)
+        for i, (eid, cost) in enumerate([("a", -0.005), ("b", 0.0)])
+    ]
+    critic = Critic(CriticConfig(tasks=(TASK,), hidden=2, layers=1, members=1))
+    with torch.no_grad():
+        for p in critic.model.parameters():
+            p.zero_()
+    critic.set_normalisation(torch.zeros(2, len(FEATURE_NAMES)))
+    for objective in ("captain", "agenticroborl"):
+        trainer = RLTrainer(
+            model,
+            copy.deepcopy(model),
+            copy.deepcopy(critic),
+            objective=ObjectiveConfig(objective=objective, episodes_per_step_n=2),
+        )
+        row = trainer.update(trainer.build_round(FakeReader(episodes), RoundConfig(group_size_n=2)), step=False)
+        if objective == "captain":
+            assert {it.episode_id: it.advantage for it in trainer.last_items} == pytest.approx(
+                {"a": -1.0, "b": 1.0}, abs=1e-6
+            )
+            assert [it.request for it in trainer.last_items] == [1, 1] and row["trained_episodes"] == 2
+        else:
+            assert trainer.last_items == [] and row["trained_episodes"] == 0
 
 
 def test_agenticroborl_weights_are_one_over_k_times_length():
@@ -134,21 +173,26 @@ def test_agenticroborl_weights_are_one_over_k_times_length():
     assert [it.advantage for it in items] == pytest.approx([0.7] * 3)
 
 
-def test_agenticroborl_advantages_are_leave_one_out_per_group():
+def test_agenticroborl_advantages_are_leave_one_out_of_the_binary_reward_per_group():
+    """AgenticRoboRL's R_i = 1[task success], whatever CaPtain's shaped return (Eq. 7) stored in end["reward"]."""
     episodes = [
-        synthetic_episode("a", "g", 0, reward=1.0),
-        synthetic_episode("b", "g", 1, reward=0.0),
-        synthetic_episode("c", "g", 2, reward=0.25),
+        synthetic_episode("a", "g", 0, reward=1.0, success=True),  # success with finish()
+        synthetic_episode("b", "g", 1, reward=-0.3, success=False),  # false finish
+        synthetic_episode("c", "g", 2, reward=0.25, success=True),  # success without finish()
+        synthetic_episode("d", "g", 3, reward=-0.1, success=False),  # budget exhausted
         synthetic_episode("alone", "h", 0, reward=1.0),  # no other valid attempt: not trained
     ]
     round_ = build_round(FakeReader(episodes), 0, config=RoundConfig(group_size_n=1, min_valid_attempts_n=1))
-    advantages, _ = agenticroborl_advantages(round_, ObjectiveConfig(objective="agenticroborl"))
-    # A_i = R_i - mean of the others: 1 - 0.125, 0 - 0.625, 0.25 - 0.5
+    advantages, stats = agenticroborl_advantages(round_, ObjectiveConfig(objective="agenticroborl"))
+    # R = [1, 0, 1, 0]; A_i = R_i - mean of the other three: a, c: 1 - 1/3 = 2/3; b, d: 0 - 2/3 = -2/3
+    # (the shaped rewards would give a: 1 - (-0.3 + 0.25 - 0.1) / 3 = 1.05)
     assert {k: v.tolist() for k, v in advantages.items()} == {
-        "a": pytest.approx([0.875] * 3),
-        "b": pytest.approx([-0.625] * 3),
-        "c": pytest.approx([-0.25] * 3),
+        "a": pytest.approx([2 / 3] * 3),
+        "b": pytest.approx([-2 / 3] * 3),
+        "c": pytest.approx([2 / 3] * 3),
+        "d": pytest.approx([-2 / 3] * 3),
     }
+    assert stats["adv_mean"] == pytest.approx(0.0) and stats["adv_std"] == pytest.approx(2 / 3)
 
 
 def test_micro_batch_metrics_combine_by_tokens():
@@ -209,8 +253,14 @@ def _sgd(trainer: RLTrainer) -> RLTrainer:
 
 def test_the_step_gradient_does_not_depend_on_how_it_is_cut_and_matches_the_hand_loss():
     base = tiny_model()
-    g1 = [synthetic_episode(f"a{i}", "g1", i, n=2, reward=r, seed=i) for i, r in enumerate((1.0, 0.0, 0.25))]
-    g2 = [synthetic_episode(f"b{i}", "g2", i, n=2, reward=r, seed=10 + i) for i, r in enumerate((1.0, -0.1))]
+    g1 = [
+        synthetic_episode(f"a{i}", "g1", i, n=2, reward=r, success=r > 0, seed=i)
+        for i, r in enumerate((1.0, 0.0, 0.25))
+    ]
+    g2 = [
+        synthetic_episode(f"b{i}", "g2", i, n=2, reward=r, success=r > 0, seed=10 + i)
+        for i, r in enumerate((1.0, -0.1))
+    ]
     episodes = [on_policy(e, base, shift=0.3 * (k % 3 - 1)) for k, e in enumerate(g1 + g2)]  # ratios e^0, e^+-0.3
     objective = ObjectiveConfig(objective="agenticroborl")
     config = RLConfig(max_grad_norm=None)
@@ -246,17 +296,86 @@ def test_the_step_gradient_does_not_depend_on_how_it_is_cut_and_matches_the_hand
         rollout += it.logprobs
         adv += [it.advantage] * len(it.token_ids)
         weight += [it.weight] * len(it.token_ids)
+    # binary R: g1 [1, 0, 1] -> A = [1 - 1/2, 0 - 1, 1 - 1/2]; g2 [1, 0] -> A = [1, -1]
+    assert sorted({it.advantage for it in a.last_items}) == pytest.approx([-1.0, 0.5, 1.0])
     loss, _ = policy_loss(
         objective,
         torch.cat(logp),
         torch.tensor(rollout),
         torch.tensor(adv),
+        logp_prox=torch.cat(logp).detach(),  # b: the pre-update policy, which is `hand` before its backward
         token_weight=torch.tensor(weight),
         normaliser=1 / 5,
     )
     loss.backward()
     for (name, p0), p_hand, pa in zip(base.named_parameters(), hand.parameters(), a.model.parameters(), strict=True):
         torch.testing.assert_close(p0 - p_hand.grad, pa, atol=1e-6, rtol=1e-5, msg=name)
+
+
+class _ConstantHidden(torch.nn.Module):
+    def forward(self, input_ids, **_):
+        return SimpleNamespace(last_hidden_state=torch.ones(*input_ids.shape, 1))
+
+
+class ContextFreeLM(torch.nn.Module):
+    """A language model whose next-token distribution is softmax(z) whatever the context: the decoder's hidden state
+    is the constant 1 and the [V, 1] output embedding holds z, so every log-prob is log softmax(z)[y], by hand."""
+
+    def __init__(self, probs: list[float]):
+        super().__init__()
+        self.decoder = _ConstantHidden()
+        self.lm_head = torch.nn.Linear(1, len(probs), bias=False)
+        with torch.no_grad():
+            self.lm_head.weight.copy_(torch.log(torch.tensor(probs))[:, None])
+
+    def get_decoder(self):
+        return self.decoder
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+
+def test_agenticroborl_is_weight_divides_by_the_pre_update_policy_not_by_the_current_forward():
+    """AgenticRoboRL's w = sg[min(q / b, 2)] with q the recorded sampling probability and b the trainer's
+    pre-update probability, computed once before the update's gradient and kept; rho = pi_theta / q.
+
+    pi = softmax(z) = [0.1, 0.2, 0.3, 0.4] in every context. Group of two one-token episodes (binary R: A = +-1):
+      won:  token 2, b = 0.3, q = 0.25: rho = 1.2 (inside [0.8, 1.28]), w = 0.25 / 0.3 = 5/6, l_DC = -1.2
+      lost: token 1, b = 0.2, q = 0.5:  rho = 0.4, w = min(2.5, 2) = 2 (truncated), l_DC = max(0.4, 0.8) = 0.8
+    loss = 1/2 (episodes) x (5/6 x -1.2 + 2 x 0.8) = 1/2 x (-1 + 1.6) = 0.3; is_weight_mean = (5/6 + 2) / 2 = 17/12.
+    Gradient (lost is clipped: none): d loss / d log pi_won = 1/2 x 5/6 x (-1) x 1.2 = -0.5, so d loss / d z =
+    -0.5 (e_2 - pi) = [0.05, 0.1, -0.35, 0.2]; SGD at lr 1: z' = z - that, pi' proportional to pi x e^-grad:
+      [0.1 e^-0.05, 0.2 e^-0.1, 0.3 e^0.35, 0.4 e^-0.2] = [0.0951229, 0.1809675, 0.4257203, 0.3274923] / 1.0293030
+      pi'_2 = 0.4136005, pi'_1 = 0.1758156.
+    After the step, the same items: rho = [0.4136005 / 0.25, 0.1758156 / 0.5] = [1.654402, 0.351631], mean
+    1.003017; w still [5/6, 2] (b is the pre-update policy): loss = 1/2 (5/6 x -1.28 + 2 x 0.8) = 4/15. A b taken
+    from the current forward would give w = [0.25 / 0.4136005, 2] = [0.604448, 2], mean 1.302224."""
+    probs = [0.1, 0.2, 0.3, 0.4]
+    model = ContextFreeLM(probs)
+
+    def one_token(eid, attempt, token, q, success):
+        episode = synthetic_episode(eid, "g", attempt, n=1, success=success, reward=float(success))
+        (r,) = episode.requests
+        call = {**r.model_call, "prompt_token_ids": [0, 1], "token_ids": [token], "logprobs": [math.log(q)]}
+        return replace(episode, requests=[RequestData(r.index, call, r.step)])
+
+    episodes = [one_token("won", 0, 2, 0.25, True), one_token("lost", 1, 1, 0.5, False)]
+    objective = ObjectiveConfig(objective="agenticroborl", episodes_per_step_n=2)
+    trainer = _sgd(RLTrainer(model, config=RLConfig(max_grad_norm=None), objective=objective))
+    row = trainer.update(trainer.build_round(FakeReader(episodes), RoundConfig(group_size_n=2)), step=True)
+    items = {it.episode_id: it for it in trainer.last_items}
+    assert (items["won"].advantage, items["lost"].advantage) == (1.0, -1.0)
+    assert items["won"].prox_logprobs == pytest.approx([math.log(0.3)])  # b, before the step
+    assert items["lost"].prox_logprobs == pytest.approx([math.log(0.2)])
+    assert row["loss"] == pytest.approx(0.3, abs=1e-6)
+    assert row["is_weight_mean"] == pytest.approx(17 / 12, abs=1e-6) and row["is_truncated_frac"] == 0.5
+    assert row["ratio_mean"] == pytest.approx((1.2 + 0.4) / 2, abs=1e-6) and row["stepped"] == 1.0
+    after = torch.softmax(model.lm_head.weight[:, 0].detach(), 0)
+    assert after.tolist() == pytest.approx([0.0924149, 0.1758156, 0.4136005, 0.3181690], abs=1e-6)
+    again = trainer.evaluate(trainer.last_items)
+    assert again["is_weight_mean"] == pytest.approx(17 / 12, abs=1e-6)  # not (0.604448 + 2) / 2 = 1.302224
+    assert again["ratio_mean"] == pytest.approx(1.003017, abs=1e-6)
+    assert again["loss"] == pytest.approx(4 / 15, abs=1e-6)
 
 
 def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path):
@@ -377,6 +496,39 @@ def test_metrics_log_is_strict_json_and_plots(tmp_path):
     assert (first["episodes"], first["requests"], first["sampled_requests"]) == (2, 4, 4)
     png = plot_metrics(tmp_path / "rl.jsonl", tmp_path / "rl.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_the_critic_warm_start_is_held_apart_from_every_round():
+    """Four groups of two attempts; group k's states all have features k. sha256 order of the group ids:
+    g3 (3921871a...) < g2 (4d2f4b66...) < g1 (711430f6...) < g0 (f21b0ef8...). A fraction 0.25 holds ceil(0.25 x 4)
+    = 1 group apart: g3, so the critic's frozen feature mean is 3.0 (it saw only g3's states), and the first round
+    trains on g0, g1, g2 only."""
+    episodes = [
+        synthetic_episode(f"{g}{i}", g, i, success=i == 0, features=[[float(g[1])] * len(FEATURE_NAMES)] * 3)
+        for g in ("g0", "g1", "g2", "g3")
+        for i in range(2)
+    ]
+    warm, rest = warm_start_split(episodes, 0.25)
+    assert [e.episode_id for e in warm] == ["g30", "g31"]
+    assert [e.episode_id for e in rest] == ["g00", "g01", "g10", "g11", "g20", "g21"]
+    assert [e.episode_id for e in warm_start_split(episodes, 0.5)[0]] == ["g20", "g21", "g30", "g31"]  # 2 groups
+    with pytest.raises(SystemExit, match="warm start"):
+        warm_start_split(episodes[:2], 0.25)  # one group: none would be left for RL
+
+    critic, held_apart = warm_start_critic(FakeReader(episodes), fraction=0.25)
+    assert held_apart == {"g30", "g31"}
+    assert critic.feature_mean.tolist() == [3.0] * len(FEATURE_NAMES)
+    trainer = RLTrainer(tiny_model(), None, critic, objective=ObjectiveConfig(objective="agenticroborl"))
+    trainer.used.update(held_apart)  # what cmd_rl does
+    first = trainer.build_round(FakeReader(episodes), RoundConfig(group_size_n=2))
+    ids = {e.episode_id for e in first.episodes}
+    assert ids == {"g00", "g01", "g10", "g11", "g20", "g21"} and not ids & held_apart
+    assert first.report.episodes_already_used == 2
+
+    # an earlier policy's store: all of it warms the critic; an id the RL store also holds is never trained on
+    earlier = [synthetic_episode("old0", "o", 0, success=True), synthetic_episode("g00", "o", 1, success=False)]
+    critic, held_apart = warm_start_critic(FakeReader(episodes), warm_reader=FakeReader(earlier))
+    assert held_apart == {"g00"} and critic.tasks == (TASK,)
 
 
 def test_cli_help(capsys):
@@ -562,10 +714,24 @@ def test_cli_sft_then_rl_on_the_expert_store(recorded, tmp_path, capsys):
     assert main(["sft", *common, "--out", str(out), "--steps", "1", "--lr", "1e-3"]) == 0
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (out / "model").iterdir()}
     assert json.loads((out / "sft_metrics.jsonl").read_text().splitlines()[0])["tokens"] > 0
-    # the expert's records have no token ids: RL drops every episode as untrainable and says so
+    # LoRA for a number of epochs: the adapter alone (what comes back from a GPU host), the merged folder, the record
+    lora = tmp_path / "lora"
+    assert main(["sft", *common, "--out", str(lora), "--epochs", "1", "--lora-rank", "4", "--lr", "1e-3"]) == 0
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in (lora / "adapter").iterdir()}
+    assert (lora / "model" / "model.safetensors").is_file()
+    run = json.loads((lora / "sft_run.json").read_text())
+    assert run["lora_rank"] == 4 and run["fast_path"] is False and run["tokens_per_s"] > 0
+    # the expert's trajectories (about 24k tokens) do not fit an 8,192-token row: cut into segments that do, and
+    # requests longer than a row on their own are left out
+    assert run["whole_trajectories"] == 0 and run["segmented_episodes"] > 0
+    assert run["requests"]["target"] > 0 and run["requests"]["too_long"] > 0
+    assert run["steps"] == run["rows"]  # one row per micro-batch, one epoch
+    # the critic warm-starts on ceil(0.25 x 2) = 1 of the 2 groups, which RL never sees; the expert's records have
+    # no token ids: RL drops the other group's 2 episodes as untrainable and says so
     assert main(["rl", *common, "--out", str(tmp_path / "rl"), "--group-size", "2"]) == 0
     err = capsys.readouterr().err
-    assert "dropped 4 episodes as untrainable" in err and "no prompt_token_ids recorded" in err
+    assert "critic warm start on 2 episodes" in err and "1 of the store's 2 start-state groups, never trained" in err
+    assert "dropped 2 episodes as untrainable" in err and "no prompt_token_ids recorded" in err
     # an --out that holds an earlier run's checkpoint is refused unless --resume says to continue it
     (tmp_path / "rl").mkdir(exist_ok=True)  # this run stepped nowhere, so it wrote no checkpoint of its own
     (tmp_path / "rl" / "rl_checkpoint.pt").write_bytes(b"an earlier run")

@@ -129,11 +129,38 @@ def test_a_ready_group_is_used_with_tokens_logprobs_gate_weight_and_post_success
     assert first.requests[0].logprobs == pytest.approx([-1.0, -1.1, -1.2])
     assert [r.post_success for r in first.requests] == [False, False, True, True]
     assert [r.gate_weight for r in first.requests] == [1.0] * 4  # no tokenizer: the gate is not run
-    assert first.eligible == [0, 1]  # post-success requests carry no policy gradient (CaPtain App. E)
+    assert first.eligible == [0, 1, 2, 3]  # CaPtain (the default objective) has no post-success filter
     report = round_.report
     assert (report.groups_used, report.episodes_used, report.episodes_dropped) == (1, 2, 0)
-    assert (report.requests, report.requests_eligible, report.requests_post_success) == (6, 4, 2)
+    assert (report.requests, report.requests_eligible, report.requests_post_success) == (6, 6, 2)
+    assert report.requests_post_success_filtered == 0
     assert report.tokens == 6 * 3 and report.version_lag == {0: 2}
+
+
+@pytest.mark.parametrize(
+    ("objective", "override", "eligible_a", "eligible_n", "filtered"),
+    [
+        # a: requests 3 and 4 come after the scene was solved; b: 2 requests, none post-success
+        ("captain", None, [0, 1, 2, 3], 4 + 2, 0),  # CaPtain: post-success costs need these requests' gradient
+        ("agenticroborl", None, [0, 1], 2 + 2, 2),  # AgenticRoboRL's eligibility: post-success filter
+        ("captain", True, [0, 1], 2 + 2, 2),  # RoundConfig.filter_post_success overrides the objective
+        ("agenticroborl", False, [0, 1, 2, 3], 4 + 2, 0),
+    ],
+)
+def test_post_success_requests_are_filtered_only_under_agenticroborl(
+    objective, override, eligible_a, eligible_n, filtered
+):
+    a = synthetic_episode("a", "g", 0, n=4, solved_from=3)
+    b = synthetic_episode("b", "g", 1, n=2)
+    config = RoundConfig(group_size_n=2, filter_post_success=override)
+    round_ = build_round(FakeReader([a, b]), 0, config=config, objective=ObjectiveConfig(objective=objective))
+    first = round_.episodes[0]
+    assert [r.post_success for r in first.requests] == [False, False, True, True]  # flagged either way
+    assert first.eligible == eligible_a
+    report = round_.report
+    assert (report.requests, report.requests_eligible, report.requests_post_success) == (6, eligible_n, 2)
+    assert report.requests_post_success_filtered == filtered
+    assert (f"{filtered} post-success" in str(report)) == bool(filtered)
 
 
 def test_every_check_drops_with_its_reason_and_an_example():

@@ -25,7 +25,8 @@ def examples(tmp_path_factory) -> list[Example]:
     build_store(path)
     reader = EpisodeReader(path)
     try:
-        return data.sft_examples(tiny_tokenizer(), reader, config=data.DataConfig(mark_point_mask_prob=0.0))
+        config = data.DataConfig(mark_point_mask_prob=0.0, whole_episodes=False)  # many short documents to pack
+        return data.sft_examples(tiny_tokenizer(), reader, config=config)
     finally:
         reader.close()
 

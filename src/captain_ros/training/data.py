@@ -1,31 +1,57 @@
 """SFT examples from recorded episodes, their turn weights, and sequence packing (CaPtain §3.2, Eq. 2; App. C).
 
-One example per request t of a valid episode: the prompt is the restored messages request t sent (rendered with
-training.gate.render_prompt_ids, so its ids are the ones the gate compared), the target is the assistant turn
-that answered it: reasoning/content, the `<tool_call>` code blocks and the end token, i.e. the tokens inside the
-template's `{% generation %}` span. The assistant message is taken from the next request's messages when that
-request's history extends this prompt with it (then it is exactly what later prompts show), else from the
-recorded response (content + tool_calls).
+Which episodes (`DataConfig.successful_only`, on by default): valid episodes whose `episode_end.host_success` is
+true, i.e. the host judged the scene solved (outcome success or missed_finish; the critic's label and
+bridge.evaluation's host rate read the same field); `strict_success` also needs outcome "success" (finish()
+accepted). The others are counted (`TrajectoryStats.unsuccessful_skipped`) and never imitated.
 
-Turn weights w_t (CaPtain Eq. 2: 0 masks "repeated execution failures or recovery loops"), from the step records:
+Each request t has a prompt p_t (its restored messages rendered by training.gate.render_prompt_ids: the ids the
+gate compared) and an assistant turn a_t (the tokens of the template's `{% generation %}` span: reasoning/content,
+the `<tool_call>` blocks and the end token). Its assistant message is taken from the next request's history when
+that history extends request t's messages with it (then it is exactly what later prompts show), else from the
+recorded response. Two forms:
+  * whole episodes (`whole_episodes`, the default; CaPtain trains on whole trajectories): while each p_{t+1}
+    begins with p_t + a_t (the conversation only grows) the requests form one segment, and a segment is ONE
+    example: its last request's messages plus that request's assistant message, rendered once with the assistant
+    mask, ending at the last target's end token, with the loss on every assistant span at that request's weight
+    (`token_weights`, `spans`). A span is used only if the example's tokens before it equal the request's gated
+    prompt ids p_t and the span equals a_t, so each target token is conditioned on exactly the prompt the gate
+    accepted; otherwise it stays context without a loss (counted in `prompt_mismatches`, with the reason).
+    Where p_{t+1} does not extend p_t + a_t (context compaction rewrote the history, an observation was dropped,
+    the tool schema changed) a new segment starts, so an episode gives one example per segment and one that never
+    extends gives exactly the per-request examples. A request whose template raises, or whose own prompt + turn
+    exceeds `max_trajectory_tokens`, is left out and ends its segment; as a segment's example is no longer than its last
+    request's per-request example, this form loses no request that the per-request form keeps.
+  * per request (`whole_episodes=False`, `episode_examples`): prompt p_t, target a_t; the older form.
+A whole episode of T requests costs about the tokens of its last request instead of the sum over all T prompts.
+
+Weights (CaPtain Eq. 2: w_t = 0 masks "repeated execution failures or recovery loops"), from the step records:
   * a turn fails when one of its robot calls failed (`step.calls[i].success` is false);
   * repeated failure: the turn's code is the previous turn's code (whitespace-normalised) and that turn
     failed: re-running a failed cell unchanged is not behaviour to imitate, whatever it returned;
   * recovery loop: a failing turn that is the `max_failure_streak`-th (default 3rd) or later consecutive
     failing turn; the turn that breaks the streak keeps w_t = 1 (the recovery is worth learning).
 Row weights: an episode turn has weight 1, a visual-QA row 0.5 (`ROW_WEIGHTS`; no VQA data is recorded yet,
-`vqa_example` builds one). A request the prompt gate rejected has weight 0.
+`vqa_example` builds one). A request the prompt gate rejected has weight 0. A request's weight is w_t x row x gate;
+with `drop_zero_weight` a weight-0 turn carries no target (a weight-0 per-request example is left out).
 
-Pixel masking (CaPtain §3.2 "Forcing the model to look", App. C): in the history of a prompt (never in the
-target), the literal u, v of each earlier `mark_point(...)` call are replaced by `<masked>` with probability 0.2,
-independently per call, from an RNG seeded by (seed, episode, request), so an example is the same whatever order
-it is built in. A masked prompt no longer equals the gated ids: that is the augmentation, applied after the gate.
+Pixel masking (CaPtain §3.2 "Forcing the model to look", App. C): in the history, never in a target, the literal
+u, v of each earlier `mark_point(...)` call are replaced by `<masked>` with probability 0.2, independently per call,
+from an RNG seeded by (seed, episode, request or segment), so examples do not depend on build order. Per request,
+the prompt's history is masked. In a whole-episode segment a history turn is also a target, so the segment's
+conversation is masked once (one draw per call, the last turn excepted); a target turn whose own call was masked
+is shown masked, as context only, and is supervised instead by an extra per-request example (source
+"masked_turn") whose history gets its own draws. Every turn is then supervised once and sees each earlier call
+masked with probability 0.2, as in the per-request form; the extras cost about 0.2 prompts per turn with a
+mark_point call. Masking comes after the prompt check: a masked prompt differs from the gated ids by design.
 
 Packing: examples are placed first-fit into rows of at most `max_tokens`; `position_ids` restart at 0 for each
 document, `doc_ids` name each token's document (padding is a document of its own), and `cu_seqlens` are the
 document boundaries for varlen kernels. `block_causal_mask` turns doc ids into the additive 4D mask for
 SDPA/eager attention, so no token attends across documents. Targets are shifted per document before packing,
-so the last token of one document never predicts the first of the next.
+so the last token of one document never predicts the first of the next. The 4D mask is O(row length^2): `collate`
+builds it for one micro-batch, and `MicroBatches` keeps only the packed rows and collates a micro-batch when the
+trainer indexes it, so no mask (no tensor at all) is held for the whole data set.
 """
 
 from __future__ import annotations
@@ -34,17 +60,28 @@ import ast
 import itertools
 import json
 import random
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from training.gate import GateReport, RenderConfig, content_format, render_prompt_ids, template_messages
+from training.gate import (
+    GateReport,
+    RenderConfig,
+    content_format,
+    first_difference,
+    render_prompt_ids,
+    template_messages,
+)
 
 IGNORE = -100  # target id of positions without a loss (prompt, padding, the last token of a document)
 ROW_WEIGHTS = {"turn": 1.0, "vqa": 0.5}  # CaPtain Eq. 2: visual-QA examples at weight 0.5
 MASK_TEXT = "<masked>"
 MARK_POINT_PIXEL_POSITIONS = (2, 3)  # mark_point(observation_handle, camera, u, v, ...)
 MARK_POINT_PIXEL_KEYWORDS = ("u", "v")
+# what became of a request (TrajectoryStats.requests)
+TARGET, ZERO_WEIGHT, UNVERIFIED = "target", "zero_weight", "unverified"
+RENDER_ERROR, TOO_LONG = "render_error", "too_long"
 
 
 @dataclass(frozen=True)
@@ -52,27 +89,49 @@ class DataConfig:
     mark_point_mask_prob: float = 0.2  # CaPtain §3.2 / App. C
     max_failure_streak: int = 3  # the k-th consecutive failing turn and later ones get w_t = 0
     seed: int = 0  # of the mark_point masking
-    drop_zero_weight: bool = True  # w = 0 examples contribute nothing: leave them out of the batches
+    drop_zero_weight: bool = True  # a w = 0 turn carries no target (a w = 0 per-request example is left out)
+    whole_episodes: bool = True  # one example per segment where the history only grows (else one per request)
+    successful_only: bool = True  # SFT imitates successful episodes only (valid, host_success)
+    strict_success: bool = False  # and only those whose finish() was accepted (outcome "success")
+    # a request whose own prompt + turn is longer is left out, ending its segment (0: no limit); so no whole-episode
+    # example is longer (it is as long as its last request's per-request example)
+    max_trajectory_tokens: int = 0
     render: RenderConfig = field(default_factory=RenderConfig)
+
+
+@dataclass(frozen=True)
+class Span:
+    """One request's assistant turn inside an example: input_ids[start:end], with the loss at `weight`."""
+
+    request: int
+    start: int
+    end: int
+    weight: float
 
 
 @dataclass
 class Example:
-    """One supervised row: `input_ids` = prompt + response, `response_mask` True on the response tokens."""
+    """One supervised row: `input_ids` = prompt + response(s), `response_mask` True on the target tokens."""
 
     input_ids: list[int]
     response_mask: list[bool]
-    weight: float  # turn weight x row weight x gate weight
-    prompt_len: int
+    weight: float  # turn weight x row weight x gate weight (a trajectory: its largest span weight)
+    prompt_len: int  # tokens before the first target
     row_type: str = "turn"
     episode_id: str = ""
-    request: int = 0
-    source: str = ""  # where the assistant turn came from: "next_request" | "response" | "vqa"
-    masked_points: int = 0  # mark_point calls whose pixels were masked in the prompt
+    request: int = 0  # the (last) request it answers
+    source: str = ""  # "next_request" | "response" (the turn's origin) | "vqa" | "trajectory" | "masked_turn"
+    masked_points: int = 0  # mark_point calls whose pixels were masked in the history
+    token_weights: list[float] | None = None  # per token (a trajectory's spans differ); None: `weight` everywhere
+    spans: list[Span] = field(default_factory=list)  # a trajectory's target spans, in order
 
     @property
     def response_tokens(self) -> int:
         return sum(self.response_mask)
+
+    def token_weight(self, i: int) -> float:
+        """The loss weight of token i (when it is a target)."""
+        return self.weight if self.token_weights is None else self.token_weights[i]
 
 
 # ------------------------------------------------------------------------------------------------ turn weights
@@ -191,33 +250,45 @@ def mask_mark_points(messages: list[dict], rng: random.Random, prob: float) -> t
     return out, masked
 
 
-def example_rng(seed: int, episode_id: str, request: int) -> random.Random:
-    """An RNG that depends only on (seed, episode, request): examples do not depend on build order."""
+def example_rng(seed: int, episode_id: str, request: int | str) -> random.Random:
+    """An RNG that depends only on (seed, episode, request or segment): examples do not depend on build order."""
     return random.Random(f"{seed}/{episode_id}/{request}")
 
 
 # ------------------------------------------------------------------------------------------------ tokenisation
-def response_ids(
-    tokenizer: Any, prompt_messages: list[dict], assistant: dict, tools: list[dict] | None, render: RenderConfig
-) -> list[int]:
-    """The ids of the assistant turn: the tokens in the template's generation span, i.e. content/reasoning,
-    tool-call code and the end token (not the newline the template writes after it)."""
+class NoGenerationMarks(ValueError):
+    """The chat template marks no assistant tokens: no response mask can be built."""
+
+
+def render_conversation(
+    tokenizer: Any, messages: list[dict], tools: list[dict] | None, render: RenderConfig = RenderConfig()
+) -> tuple[list[int], list[tuple[int, int]]]:
+    """A conversation through the chat template once: (ids, [start, end) of each assistant span in order), the
+    spans being the template's `{% generation %}` parts (content/reasoning, tool calls, end token)."""
     fmt = content_format(tokenizer, render)
     full = tokenizer.apply_chat_template(
-        template_messages([*prompt_messages, assistant], fmt, render.image_text),
+        template_messages(messages, fmt, render.image_text),
         tools=tools or None,
         tokenize=True,
         return_dict=True,
         return_assistant_tokens_mask=True,
     )
-    ids, mask = list(full["input_ids"]), list(full["assistant_masks"])
-    last = max((i for i, m in enumerate(mask) if m), default=-1)
-    if last < 0:
-        raise ValueError("the chat template marks no assistant tokens: it needs {% generation %} blocks")
-    first = last
-    while first > 0 and mask[first - 1]:
-        first -= 1
-    return ids[first : last + 1]
+    ids, mask = list(full["input_ids"]), [bool(m) for m in full["assistant_masks"]]
+    starts = [i for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1])]
+    ends = [i + 1 for i, m in enumerate(mask) if m and (i + 1 == len(mask) or not mask[i + 1])]
+    if not starts and any(m.get("role") == "assistant" for m in messages):
+        raise NoGenerationMarks("the chat template marks no assistant tokens: it needs {% generation %} blocks")
+    return ids, list(zip(starts, ends, strict=True))
+
+
+def response_ids(
+    tokenizer: Any, prompt_messages: list[dict], assistant: dict, tools: list[dict] | None, render: RenderConfig
+) -> list[int]:
+    """The ids of the assistant turn: the tokens in the template's generation span, i.e. content/reasoning,
+    tool-call code and the end token (not the newline the template writes after it)."""
+    ids, spans = render_conversation(tokenizer, [*prompt_messages, assistant], tools, render)
+    start, end = spans[-1]
+    return ids[start:end]
 
 
 def build_example(
@@ -270,22 +341,40 @@ def assistant_turn(requests: Sequence[Any], position: int, prompt: list[dict]) -
     return message, "response"
 
 
+def request_weights(
+    episode_id: str, requests: Sequence[Any], config: DataConfig = DataConfig(), gate: GateReport | None = None
+) -> list[float]:
+    """Each request's weight: w_t (Eq. 2) x the turn row weight x the gate's weight (0 if rejected)."""
+    turns = [assistant_turn(requests, i, r.model_call["messages"]) for i, r in enumerate(requests)]
+    w = turn_weights(
+        [cell_code(message) for message, _ in turns], [failed_turn(r.step) for r in requests], config.max_failure_streak
+    )
+    return [
+        w_t * ROW_WEIGHTS["turn"] * (gate.weight(episode_id, r.index) if gate else 1.0)
+        for r, w_t in zip(requests, w, strict=True)
+    ]
+
+
 def episode_examples(
-    tokenizer: Any, reader: Any, episode_id: str, config: DataConfig = DataConfig(), gate: GateReport | None = None
+    tokenizer: Any,
+    reader: Any,
+    episode_id: str,
+    config: DataConfig = DataConfig(),
+    gate: GateReport | None = None,
+    *,
+    stats: TrajectoryStats | None = None,
 ) -> list[Example]:
-    """One example per request of an episode, weighted by w_t (Eq. 2) and the gate (weight 0 if rejected)."""
+    """One example per request of an episode (the per-request form), weighted by w_t (Eq. 2) and the gate (weight
+    0 if rejected). Every episode it is given, successful or not: `sft_examples` applies the filters."""
     episode = reader.load(episode_id)
     requests = [r for r in episode.requests if r.model_call and r.model_call.get("messages")]
     turns = [assistant_turn(requests, i, r.model_call["messages"]) for i, r in enumerate(requests)]
-    weights = turn_weights(
-        [cell_code(message) for message, _ in turns],
-        [failed_turn(r.step) for r in requests],
-        config.max_failure_streak,
-    )
+    weights = request_weights(episode_id, requests, config, gate)
     examples = []
-    for req, (assistant, source), w_t in zip(requests, turns, weights, strict=True):
-        weight = w_t * ROW_WEIGHTS["turn"] * (gate.weight(episode_id, req.index) if gate else 1.0)
+    for req, (assistant, source), weight in zip(requests, turns, weights, strict=True):
         if weight == 0.0 and config.drop_zero_weight:
+            if stats is not None:
+                stats.request(episode_id, req.index, ZERO_WEIGHT)
             continue
         prompt = reader.restore_messages(req.model_call["messages"])
         rng = example_rng(config.seed, episode_id, req.index)
@@ -302,8 +391,276 @@ def episode_examples(
             source=source,
         )
         example.masked_points = masked
+        if stats is not None:
+            stats.request(episode_id, req.index, TARGET if weight > 0 else ZERO_WEIGHT)
+            stats.masked_points += masked
         examples.append(example)
     return examples
+
+
+# ------------------------------------------------------------------------------------------------ whole episodes
+@dataclass
+class TrajectoryStats:
+    """How an SFT data set was built (module doc): episodes used and skipped, segments, each request's fate
+    (`requests`: TARGET, ZERO_WEIGHT, UNVERIFIED, RENDER_ERROR, TOO_LONG) and the first few problems."""
+
+    episodes: int = 0
+    unsuccessful_skipped: int = 0
+    whole: int = 0  # episodes that became one example of every request (their history only grows)
+    segmented: int = 0  # episodes cut into segments (the history stopped growing, or a request was left out)
+    per_request: int = 0  # episodes built per request (DataConfig.whole_episodes off)
+    segments: int = 0  # examples of the episode form
+    prompt_mismatches: int = 0  # spans left out: not preceded by the gated prompt ids, or not the request's turn
+    too_long: int = 0  # requests left out: their own prompt + turn exceed max_trajectory_tokens
+    masked_turn_examples: int = 0  # per-request examples of target turns that were masked in their segment
+    mask_skipped: int = 0  # segments left unmasked: their assistant messages and spans could not be matched
+    masked_points: int = 0  # mark_point calls masked, over all examples
+    requests: Counter = field(default_factory=Counter)
+    problems: list[tuple[str, int, str]] = field(default_factory=list)  # (episode, request, why), the first few
+    max_problems: int = 20
+
+    def request(self, episode_id: str, request: int, status: str, why: str = "") -> None:
+        self.requests[status] += 1
+        if why and len(self.problems) < self.max_problems:
+            self.problems.append((episode_id, request, why))
+
+    def __str__(self) -> str:
+        requests = ", ".join(f"{n} {status}" for status, n in sorted(self.requests.items())) or "none"
+        lines = [
+            f"SFT data: {self.episodes} episodes, {self.unsuccessful_skipped} unsuccessful left out; {self.whole} "
+            f"whole, {self.segmented} cut into segments, {self.per_request} per request ({self.segments} segment "
+            f"examples, {self.masked_turn_examples} masked-turn examples)",
+            f"  requests: {requests}; {self.prompt_mismatches} spans not matching their gated prompt or turn left "
+            f"out; {self.masked_points} mark_point calls masked, {self.mask_skipped} segments left unmasked",
+        ]
+        lines += [f"  {eid} request {t}: {why}" for eid, t, why in self.problems]
+        return "\n".join(lines)
+
+
+@dataclass
+class Turn:
+    """One request, rendered for the episode form: its restored messages, tools and assistant message, its prompt
+    ids (the gate's rendering, p_t) and its turn's ids (the generation span, a_t), and its weight."""
+
+    index: int
+    messages: list[dict]
+    assistant: dict
+    tools: list[dict] | None
+    prompt: list[int]
+    turn: list[int]
+    weight: float
+
+
+def render_turns(
+    tokenizer: Any,
+    reader: Any,
+    episode_id: str,
+    requests: Sequence[Any],
+    *,
+    weights: Sequence[float],
+    config: DataConfig,
+    stats: TrajectoryStats,
+) -> list[Turn | None]:
+    """Each request as a Turn, or None (counted) when its template raised or its own prompt + turn exceed
+    `max_trajectory_tokens`."""
+    out: list[Turn | None] = []
+    for position, (req, weight) in enumerate(zip(requests, weights, strict=True)):
+        messages = reader.restore_messages(req.model_call["messages"])
+        assistant = reader.restore_messages([assistant_turn(requests, position, req.model_call["messages"])[0]])[0]
+        tools = req.model_call.get("tools")
+        try:
+            prompt = render_prompt_ids(tokenizer, messages, tools, config.render)
+            turn = response_ids(tokenizer, messages, assistant, tools, config.render)
+        except NoGenerationMarks:
+            raise
+        except Exception as exc:  # the template raised: this request cannot be trained on (the gate rejects it too)
+            stats.request(episode_id, req.index, RENDER_ERROR, f"the template failed: {type(exc).__name__}: {exc}")
+            out.append(None)
+            continue
+        if 0 < config.max_trajectory_tokens < len(prompt) + len(turn):
+            why = f"{len(prompt) + len(turn)} tokens > max_trajectory_tokens {config.max_trajectory_tokens}"
+            stats.too_long += 1
+            stats.request(episode_id, req.index, TOO_LONG, why)
+            out.append(None)
+            continue
+        out.append(Turn(req.index, messages, assistant, tools, prompt, turn, weight))
+    return out
+
+
+def split_segments(turns: Sequence[Turn | None]) -> list[list[Turn]]:
+    """Maximal runs of consecutive turns each of whose prompt begins with the previous prompt + turn (the history
+    only grows); a None (a request left out) ends a run."""
+    segments: list[list[Turn]] = []
+    current: list[Turn] = []
+    for turn in turns:
+        if current and (turn is None or turn.prompt[: len(current[-1].prompt) + len(current[-1].turn)]
+                        != current[-1].prompt + current[-1].turn):  # fmt: skip
+            segments.append(current)
+            current = []
+        if turn is not None:
+            current.append(turn)
+    if current:
+        segments.append(current)
+    return segments
+
+
+def masked_turn_example(tokenizer: Any, episode_id: str, turn: Turn, config: DataConfig) -> Example:
+    """The per-request example of a turn masked in its segment (module doc): its history with its own draws."""
+    rng = example_rng(config.seed, episode_id, turn.index)
+    prompt, masked = mask_mark_points(turn.messages, rng, config.mark_point_mask_prob)
+    example = build_example(
+        tokenizer, prompt, turn.assistant, turn.tools, weight=turn.weight, render=config.render,
+        episode_id=episode_id, request=turn.index, source="masked_turn",
+    )  # fmt: skip
+    example.masked_points = masked
+    return example
+
+
+def verified_targets(
+    episode_id: str,
+    segment: Sequence[Turn],
+    ids: list[int],
+    spans: list[tuple[int, int]],
+    *,
+    config: DataConfig,
+    stats: TrajectoryStats,
+) -> dict[int, Turn]:
+    """{span index: the request it answers} for each request whose span may carry a loss: the example's tokens
+    before the span are the request's gated prompt ids and the span is its turn (else UNVERIFIED, counted)."""
+    span_at = {start: k for k, (start, _) in enumerate(spans)}
+    targets: dict[int, Turn] = {}
+    for turn in segment:
+        k, n = span_at.get(len(turn.prompt)), len(turn.prompt)
+        why = ""
+        if ids[:n] != turn.prompt:
+            at = first_difference(ids[:n], turn.prompt)
+            why = f"the episode example differs from the request's gated prompt ids at token {at}"
+        elif k is None or ids[spans[k][0] : spans[k][1]] != turn.turn:
+            why = "the episode example's assistant span after the prompt is not the request's turn"
+        if why:
+            stats.prompt_mismatches += 1
+            stats.request(episode_id, turn.index, UNVERIFIED, why)
+        elif turn.weight == 0.0 and config.drop_zero_weight:
+            stats.request(episode_id, turn.index, ZERO_WEIGHT)
+        else:
+            targets[k] = turn
+    return targets
+
+
+def mask_segment(
+    tokenizer: Any,
+    episode_id: str,
+    segment: Sequence[Turn],
+    rendered: tuple[list[int], list[tuple[int, int]]],
+    *,
+    targets: dict[int, Turn],
+    config: DataConfig,
+    stats: TrajectoryStats,
+) -> tuple[list[int], list[tuple[int, int]], int, list[Example]]:
+    """The segment's mark_point masking (module doc): (ids, spans, calls masked, per-request examples of the
+    target turns whose own code was masked); those turns and any span the masking changed leave `targets`."""
+    ids, spans = rendered
+    last = segment[-1]
+    messages = [*last.messages, last.assistant]
+    rng = example_rng(config.seed, episode_id, f"segment/{segment[0].index}-{last.index}")
+    masked, n = mask_mark_points(messages[:-1], rng, config.mark_point_mask_prob)
+    if not n:
+        return ids, spans, 0, []
+    before = [m for m in messages[:-1] if m.get("role") == "assistant"]
+    after = [m for m in masked if m.get("role") == "assistant"]
+    changed = {k for k, (a, b) in enumerate(zip(before, after, strict=True)) if a != b}
+    masked_ids, masked_spans = render_conversation(tokenizer, [*masked, messages[-1]], last.tools, config.render)
+    if len(spans) != len(before) + 1 or len(masked_spans) != len(spans):
+        stats.mask_skipped += 1  # the spans cannot be matched to the messages: the segment stays unmasked
+        return ids, spans, 0, []
+    extras = []
+    for k in sorted(targets):
+        (a, b), (c, d) = spans[k], masked_spans[k]
+        if k in changed:  # its own code was masked: supervised by a per-request example instead
+            extras.append(masked_turn_example(tokenizer, episode_id, targets.pop(k), config))
+        elif masked_ids[c:d] != ids[a:b]:
+            stats.prompt_mismatches += 1
+            stats.request(episode_id, targets.pop(k).index, UNVERIFIED, "masking another turn changed its tokens")
+    return masked_ids, masked_spans, n, extras
+
+
+def segment_examples(
+    tokenizer: Any, episode_id: str, segment: Sequence[Turn], config: DataConfig, stats: TrajectoryStats
+) -> list[Example]:
+    """A segment's example: the last request's messages and turn rendered once, the loss on every verified span
+    at its request's weight; then the per-request examples of target turns its mark_point masking hid."""
+    last = segment[-1]
+    ids, spans = render_conversation(tokenizer, [*last.messages, last.assistant], last.tools, config.render)
+    targets = verified_targets(episode_id, segment, ids, spans, config=config, stats=stats)
+    masked_points, extras = 0, []
+    if targets and config.mark_point_mask_prob > 0:
+        ids, spans, masked_points, extras = mask_segment(
+            tokenizer, episode_id, segment, (ids, spans), targets=targets, config=config, stats=stats
+        )
+    examples = []
+    if targets:
+        order = sorted(targets)
+        end = spans[order[-1]][1]  # up to the last target's end token (not the newline after it)
+        response, token_weights, kept = [False] * end, [0.0] * end, []
+        for k in order:
+            (a, b), turn = spans[k], targets[k]
+            response[a:b] = [True] * (b - a)
+            token_weights[a:b] = [turn.weight] * (b - a)
+            kept.append(Span(turn.index, a, b, turn.weight))
+            stats.request(episode_id, turn.index, TARGET if turn.weight > 0 else ZERO_WEIGHT)
+        examples.append(
+            Example(
+                input_ids=ids[:end],
+                response_mask=response,
+                weight=max(s.weight for s in kept),
+                prompt_len=spans[order[0]][0],
+                episode_id=episode_id,
+                request=kept[-1].request,
+                source="trajectory",
+                masked_points=masked_points,
+                token_weights=token_weights,
+                spans=kept,
+            )
+        )
+        stats.segments += 1
+    for extra in extras:
+        stats.request(episode_id, extra.request, TARGET if extra.weight > 0 else ZERO_WEIGHT)
+        stats.masked_points += extra.masked_points
+    stats.masked_points += masked_points
+    stats.masked_turn_examples += len(extras)
+    return examples + extras
+
+
+def trajectory_examples(
+    tokenizer: Any,
+    reader: Any,
+    episode: Any,
+    config: DataConfig = DataConfig(),
+    gate: GateReport | None = None,
+    *,
+    stats: TrajectoryStats | None = None,
+) -> list[Example]:
+    """The episode form (module doc) of one loaded episode: one example per segment where the history only grows,
+    in request order, each followed by the per-request examples of its masked target turns."""
+    stats = stats if stats is not None else TrajectoryStats()
+    eid = episode.episode_id
+    requests = [r for r in episode.requests if r.model_call and r.model_call.get("messages")]
+    weights = request_weights(eid, requests, config, gate)
+    turns = render_turns(tokenizer, reader, eid, requests, weights=weights, config=config, stats=stats)
+    segments = split_segments(turns)
+    if len(segments) == 1 and None not in turns:
+        stats.whole += 1
+    elif segments:
+        stats.segmented += 1
+    return [ex for segment in segments for ex in segment_examples(tokenizer, eid, segment, config, stats)]
+
+
+def successful(end: dict | None, strict: bool = False) -> bool:
+    """A valid episode whose scene the host judged solved (host_success; the critic's label too), and with
+    `strict` also finished (outcome "success": finish() accepted)."""
+    end = end or {}
+    ok = bool(end.get("valid")) and end.get("host_success") is True
+    return ok and (not strict or end.get("outcome") == "success")
 
 
 def sft_examples(
@@ -312,10 +669,44 @@ def sft_examples(
     episode_ids: Iterable[str] | None = None,
     config: DataConfig = DataConfig(),
     gate: GateReport | None = None,
+    *,
+    stats: TrajectoryStats | None = None,
 ) -> list[Example]:
-    """All examples of the given (default: every complete, valid) episodes, in episode order."""
-    ids = reader.episode_ids() if episode_ids is None else episode_ids
-    return [ex for eid in ids for ex in episode_examples(tokenizer, reader, eid, config, gate)]
+    """All examples of the given (default: every complete, valid) episodes, in episode order: successful ones only
+    (`successful_only`), in the episode form (`whole_episodes`) or per request. `stats` counts what happened."""
+    stats = stats if stats is not None else TrajectoryStats()
+    examples: list[Example] = []
+    for eid in reader.episode_ids() if episode_ids is None else episode_ids:
+        stats.episodes += 1
+        episode = reader.load(eid)
+        if config.successful_only and not successful(episode.end, config.strict_success):
+            stats.unsuccessful_skipped += 1
+            continue
+        if config.whole_episodes:
+            examples += trajectory_examples(tokenizer, reader, episode, config, gate, stats=stats)
+        else:
+            stats.per_request += 1
+            examples += episode_examples(tokenizer, reader, eid, config, gate, stats=stats)
+    return examples
+
+
+class MicroBatches(Sequence):
+    """Packed rows grouped `rows_per_batch` at a time, each group collated only when it is used: the O(L^2)
+    attention masks of a data set never sit in memory together (the object holds the rows, no tensor)."""
+
+    def __init__(self, rows: Sequence[PackedRow], rows_per_batch: int, pad_id: int, mask: bool = True):
+        if rows_per_batch < 1:
+            raise ValueError("rows_per_batch must be at least 1")
+        self.rows, self.n, self.pad_id, self.mask = list(rows), rows_per_batch, pad_id, mask
+
+    def __len__(self) -> int:
+        return (len(self.rows) + self.n - 1) // self.n
+
+    def __getitem__(self, index: int) -> dict[str, Any]:  # type: ignore[override]
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        index %= len(self)
+        return collate(self.rows[index * self.n : (index + 1) * self.n], self.pad_id, mask=self.mask)
 
 
 # ------------------------------------------------------------------------------------------------ packing
@@ -347,7 +738,7 @@ class PackedRow:
         for i in range(n):  # shifted inside the document: the next token, if it is a response token
             target = i + 1 < n and example.response_mask[i + 1]
             self.targets.append(example.input_ids[i + 1] if target else IGNORE)
-            self.token_weights.append(example.weight if target else 0.0)
+            self.token_weights.append(example.token_weight(i + 1) if target else 0.0)
         self.examples.append(index)
 
 

@@ -496,6 +496,21 @@ def packed_hidden(
     return rms_norm(x, core.norm.weight, eps)
 
 
+def unsupported_reason(model: Any) -> str | None:
+    """Why this path cannot stand in for the transformers forward of `model`, or None when it can: it re-implements a
+    Qwen2 decoder layer op for op (no q/k norms as in Qwen3, no sliding window; `packed_hidden`) on the base model's
+    own weights (not through LoRA adapters: training.sft refuses that combination too)."""
+    if hasattr(model, "peft_config"):
+        return "LoRA adapters (the fast path reads the base weights directly)"
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type != "qwen2":
+        return f"model type {model_type!r}: the fast path implements Qwen2 only"
+    if getattr(config, "use_sliding_window", False):
+        return "sliding-window attention is not implemented by the fast path"
+    return None
+
+
 def _autocast(model: Any, config: FastConfig) -> torch.autocast:
     device = next(model.parameters()).device
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda" and config.bf16)

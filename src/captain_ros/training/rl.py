@@ -7,13 +7,17 @@ metrics log, and the trainer's command line (`python -m training.rl {sft,rl,plot
      advantages use the critic before that round's update"), and the snapshot's AUC on this round's states, which
      it has never been trained on;
   2. advantages: CaPtain Eq. 9-10 through training.credit (per request, divided by the running std), or
-     AgenticRoboRL's leave-one-out A_i over the group's valid attempts (per episode);
+     AgenticRoboRL's leave-one-out A_i over the group's valid attempts (per episode) of its binary reward
+     R_i = 1[host success] (not CaPtain's shaped return of Eq. 7);
   3. per episode, at most 8 requests (CaPtain) or 16 responses (AgenticRoboRL) drawn uniformly from the requests
-     eligible for a policy gradient (prompt gate passed, scene not already solved: App. E), with CaPtain's
-     inclusion weight n/k or AgenticRoboRL's 1/(K L_s); every token of request t shares A_{i,t} (§3.3);
+     eligible for a policy gradient (prompt gate passed, fits the context; AgenticRoboRL also drops requests made
+     after the scene was solved, CaPtain keeps them: training.rounds), with CaPtain's inclusion weight n/k or
+     AgenticRoboRL's 1/(K L_s); every token of request t shares A_{i,t} (§3.3);
   4. the student's log-probability of each sampled token, teacher-forced (prompt ids + sampled ids -> logits ->
      log-softmax at the sampled id), on packed rows without cross-document attention (training.data packing,
-     training.sft's forward), and the frozen SFT model's for the k3 KL;
+     training.sft's forward), and the frozen SFT model's for the k3 KL (CaPtain); for AgenticRoboRL, first, once
+     per update and without gradient, the pre-update (proximal) log-probability b of every sampled token, which its
+     truncated IS weight w = sg[min(q / b, 2)] compares with the recorded sampling probability q;
   5. the loss of training.policy_loss and its backward pass, micro-batch by micro-batch, all scaled by one
      normaliser 1 / `episodes_per_step_n` (CaPtain accumulates 1,024 episodes per optimizer step: K = 4 rounds
      of 256). When the step is taken with a different number of trained episodes, the accumulated gradient is
@@ -30,6 +34,7 @@ AUC, episodes, requests, tokens, ...); `plot_metrics` draws it.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -91,6 +96,8 @@ class TrainItem:
     logprobs: list[float]  # pi_rollout, recorded by the proxy
     advantage: float  # A_{i,t} (CaPtain Eq. 10) or A_i (AgenticRoboRL), shared by every token
     weight: float  # per-token weight: n/k x gate (CaPtain) or 1/(K L_s) x gate (AgenticRoboRL)
+    # AgenticRoboRL's b: the trainer's pre-update log-probs of the tokens (RLTrainer.set_proximal_logprobs)
+    prox_logprobs: list[float] | None = None
 
 
 def captain_advantages(round_: Round, critic: Any, running_std: Any, credit_config: Any) -> tuple[dict, dict]:
@@ -105,11 +112,15 @@ def captain_advantages(round_: Round, critic: Any, running_std: Any, credit_conf
 
 def agenticroborl_advantages(round_: Round, objective: ObjectiveConfig) -> tuple[dict, dict]:
     """AgenticRoboRL A_i = R_i - mean of the other valid attempts' R, one value for all of an episode's
-    responses (policy_loss.leave_one_out_by_group); episodes of groups too small get no entry."""
+    responses (policy_loss.leave_one_out_by_group); episodes of groups too small get no entry.
+
+    R_i is the paper's binary reward 1[task success] (the host's success predicate, the critic's label too), not
+    the stored end["reward"]: that is CaPtain's shaped return (Eq. 7: 0.25 for a success without finish(), -0.1
+    budget exhausted, -0.3 false finish, sub-goal rewards), which the AgenticRoboRL objective does not use."""
     episodes = round_.episodes
     adv = leave_one_out_by_group(
         [e.group_id for e in episodes],
-        [e.reward for e in episodes],
+        [1.0 if e.success else 0.0 for e in episodes],
         [True] * len(episodes),
         objective.min_valid_attempts_n,
     )
@@ -168,6 +179,7 @@ class MicroBatch:
     advantages: torch.Tensor
     weights: torch.Tensor
     items: list[int]  # indices into the item list
+    logp_prox: torch.Tensor | None = None  # AgenticRoboRL's b, when every item of the row has it
 
     @property
     def tokens(self) -> int:
@@ -192,12 +204,13 @@ def micro_batches(
     rows, too_long = pack_examples(examples, max_tokens)
     out = []
     for row in rows:
-        logp, adv, weight = [], [], []
+        logp, adv, weight, prox = [], [], [], []
         for index in row.examples:
             item, n = items[index], len(items[index].token_ids)
             logp += item.logprobs
             adv += [item.advantage] * n
             weight += [item.weight] * n
+            prox = None if prox is None or item.prox_logprobs is None else prox + list(item.prox_logprobs)
         out.append(
             MicroBatch(
                 collate([row], pad_id, mask=mask),
@@ -205,6 +218,7 @@ def micro_batches(
                 torch.tensor(adv, dtype=torch.float32),
                 torch.tensor(weight, dtype=torch.float32),
                 list(row.examples),
+                None if prox is None else torch.tensor(prox, dtype=torch.float32),
             )
         )
     return out, too_long
@@ -394,7 +408,9 @@ class RLTrainer:
 
     def micro_batch_loss(self, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """policy_loss of one micro-batch: the student's log-probs (with grad unless disabled by the caller), the
-        frozen SFT model's for CaPtain's k3 KL, and the step's fixed normaliser 1 / episodes_per_step_n."""
+        frozen SFT model's for CaPtain's k3 KL, AgenticRoboRL's stored pre-update log-probs b (without them, b is
+        the current forward pass detached, which is the pre-update policy only while no step has been taken), and
+        the step's fixed normaliser 1 / episodes_per_step_n."""
         device = next(self.model.parameters()).device
         logp_new = sampled_token_logprobs(self.model, mb.batch, self.sft_config)
         logp_ref = None
@@ -407,14 +423,37 @@ class RLTrainer:
             mb.logp_rollout.to(device),
             mb.advantages.to(device),
             logp_ref=logp_ref,
+            logp_prox=None if mb.logp_prox is None else mb.logp_prox.to(device),
             token_weight=mb.weights.to(device),
             normaliser=1.0 / self.objective.episodes_per_step_n,
         )
 
+    @torch.no_grad()
+    def set_proximal_logprobs(self, items: Sequence[TrainItem]) -> None:
+        """AgenticRoboRL's b (its truncated IS weight w = sg[min(q / b, C)]): the trainer's own log-probability of
+        every sampled token under the weights as they are now, i.e. before this update's gradient is applied,
+        computed without gradient (eval mode: the policy's probability, as the sampler sees it) and stored on the
+        items, so that every later forward of the same items (the loss, `evaluate` after the step) divides by the
+        pre-update policy rather than by its own detached value. q is the recorded sampling log-prob."""
+        batches, _ = self.micro_batches(items)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for mb in batches:
+                logp = sampled_token_logprobs(self.model, mb.batch, self.sft_config).float().cpu()
+                parts = logp.split([len(items[i].token_ids) for i in mb.items])
+                for index, part in zip(mb.items, parts, strict=True):
+                    items[index].prox_logprobs = part.tolist()
+        finally:
+            self.model.train(was_training)
+
     def accumulate(self, items: Sequence[TrainItem]) -> tuple[dict[str, float], int]:
         """Forward and backward over the items' micro-batches (module doc, step 5); the gradients add up in the
-        parameters' .grad until `step`. Returns the combined loss metrics and the number of items too long for a
-        packed row (skipped)."""
+        parameters' .grad until `step`. For AgenticRoboRL the pre-update log-probs b of items that have none are
+        computed first, all of them before the first backward pass. Returns the combined loss metrics and the
+        number of items too long for a packed row (skipped)."""
+        if self.objective.objective == "agenticroborl":
+            self.set_proximal_logprobs([it for it in items if it.prox_logprobs is None])
         batches, too_long = self.micro_batches(items)
         self.model.train()
         parts = []
@@ -538,9 +577,7 @@ class RLTrainer:
             "episodes_dropped": round_.report.episodes_dropped,
             "dropped": dict(round_.report.dropped),
             "reward_mean": float(np.mean([e.reward for e in episodes])) if episodes else None,
-            "success_rate": float(np.mean([bool(e.episode.end.get("host_success")) for e in episodes]))
-            if episodes
-            else None,
+            "success_rate": float(np.mean([e.success for e in episodes])) if episodes else None,
         }
         snapshot = self.critic.snapshot() if self.critic is not None else None
         states = (
@@ -597,14 +634,119 @@ def _device(name: str) -> str:
     return ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
 
 
+def _fast_applies(model: Any, args: argparse.Namespace) -> bool:
+    """training.fast computes the same loss over the same weights for full fine-tuning of Qwen2-shaped models on a
+    GPU (training.fast.unsupported_reason: Qwen2, no sliding window); LoRA adapters and other architectures take the
+    transformers forward."""
+    from training.fast import unsupported_reason
+
+    return args.lora_rank == 0 and torch.cuda.is_available() and unsupported_reason(model) is None
+
+
+def _group_of(episode: Any) -> str:
+    return str(episode.start.get("group_id", episode.episode_id))
+
+
+def warm_start_split(episodes: Sequence[Any], fraction: float) -> tuple[list[Any], list[Any]]:
+    """(held apart for the critic's warm start, left for the RL rounds): whole start-state groups, the first
+    ceil(fraction x groups) in the order of sha256(group id). Deterministic in every process and on resume,
+    independent of the order in which groups were recorded (a task or a start state does not decide it), and
+    sibling attempts of one start never straddle it. Needs at least one group on each side."""
+    groups = sorted({_group_of(e) for e in episodes}, key=lambda g: hashlib.sha256(g.encode()).digest())
+    n = math.ceil(fraction * len(groups))
+    if not 0.0 < fraction < 1.0 or not 0 < n < len(groups):
+        raise SystemExit(
+            f"cannot hold {fraction} of {len(groups)} start-state groups apart for the critic's warm start and keep "
+            "some for RL: give --critic (a trained critic) or --warm-start-store (an earlier policy's episodes)"
+        )
+    held = set(groups[:n])
+    return [e for e in episodes if _group_of(e) in held], [e for e in episodes if _group_of(e) not in held]
+
+
+def warm_start_critic(
+    reader: Any, *, fraction: float = 0.25, seed: int = 0, warm_reader: Any = None
+) -> tuple[Any, set[str]]:
+    """The critic `cmd_rl` uses without --critic, warm-started (CaPtain App. A.2) only on episodes that no RL round
+    of the run trains on. CaPtain warm-starts on 1,000 episodes of an earlier policy: with `warm_reader` (such a
+    store: --warm-start-store) all its valid episodes are used; otherwise `warm_start_split` holds `fraction` of the
+    RL store's groups apart. Returns the critic and the episode ids the trainer must count as used (the held-apart
+    ones; with a separate store, those of its ids the RL store also holds), so the first round, and every later one,
+    trains only on episodes whose labels the warm start has not seen. The task vocabulary covers both stores (a task
+    name carries no label)."""
+    from training.critic import Critic, CriticConfig, states_from_episodes
+
+    episodes = [reader.load(eid) for eid in reader.episode_ids()]
+    if warm_reader is not None:
+        warm = [warm_reader.load(eid) for eid in warm_reader.episode_ids()]
+        ids = {e.episode_id for e in episodes}
+        held_apart = {e.episode_id for e in warm if e.episode_id in ids}
+        source = "the warm-start store"
+    else:
+        warm, _ = warm_start_split(episodes, fraction)
+        held_apart = {e.episode_id for e in warm}
+        n_warm, n_all = len({_group_of(e) for e in warm}), len({_group_of(e) for e in episodes})
+        source = f"{n_warm} of the store's {n_all} start-state groups, never trained on"
+    tasks = tuple(sorted({e.start["task"] for e in episodes + warm}))
+    states = states_from_episodes(warm, tasks)
+    if not len(states):
+        raise SystemExit(f"the critic's warm start has no labelled request state ({len(warm)} episodes)")
+    critic = Critic(CriticConfig(tasks=tasks, seed=seed))
+    critic.fit(states)
+    print(f"critic warm start on {len(warm)} episodes ({len(states)} states): {source}", file=sys.stderr)
+    return critic, held_apart
+
+
+def _write_sft_outputs(out: Path, served: Any, tokenizer: Any, *, result: Any, config: Any, run: dict) -> None:
+    """The SFT run's outputs: metrics, the servable folder (with LoRA, also the adapter alone), the run record."""
+    import platform
+
+    from training.weight_sync import write_model_folder
+
+    args, stats, examples, rows = run["args"], run["stats"], run["examples"], run["rows"]
+    n_batches, seconds, steps = run["n_batches"], run["seconds"], config.max_steps
+    for row in result.metrics:
+        append_metrics(out / "sft_metrics.jsonl", row)
+    if config.lora_rank:
+        served.save_pretrained(out / "adapter")  # small enough to bring back from a GPU host
+        served = served.merge_and_unload()
+    write_model_folder(served, tokenizer, out / "model")
+    trained = sum(r["tokens"] for r in result.metrics)
+    seen = round(sum(len(r) for r in rows) / n_batches * steps * args.grad_accum)  # mean micro-batch x used
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    record = {
+        "store": str(args.store),
+        "episodes": stats.episodes,
+        "unsuccessful_skipped": stats.unsuccessful_skipped,
+        "whole_trajectories": stats.whole,
+        "segmented_episodes": stats.segmented,
+        "per_request_episodes": stats.per_request,
+        "requests": dict(stats.requests),  # each request's fate: target, zero weight, too long, ...
+        "examples": len(examples),
+        "rows": len(rows),
+        "steps": steps,
+        "epochs": args.epochs,
+        "lora_rank": config.lora_rank,
+        "learning_rate": args.lr,
+        "fast_path": config.fast is not None,
+        "supervised_tokens": trained,
+        "tokens_seen": seen,  # packed row tokens through forward and backward
+        "seconds": seconds,
+        "tokens_per_s": seen / seconds,
+        "final_loss": result.metrics[-1]["loss"] if result.metrics else None,
+        "machine": {"host": platform.node(), "gpu": gpu, "torch": torch.__version__},
+    }
+    (out / "sft_run.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
 def cmd_sft(args: argparse.Namespace) -> int:
-    """SFT on a store's valid episodes: gate, examples, packing, train_sft, save a servable folder."""
+    """SFT on a store's successful episodes: gate, examples (whole trajectories where the history only grows),
+    packing, train_sft, then a servable folder (and, with LoRA, the adapter alone) and a run record."""
     from captain_ros.bridge.store import EpisodeReader
-    from training.data import DataConfig, sft_examples
+    from training.data import DataConfig, MicroBatches, TrajectoryStats, sft_examples
+    from training.fast import FastConfig
     from training.gate import gate_episodes
     from training.sft import SFTConfig as Config
     from training.sft import train_sft
-    from training.weight_sync import write_model_folder
 
     dist_info = None
     if args.fsdp:  # one process per GPU under torchrun (training.distributed)
@@ -612,27 +754,52 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
         dist_info = init_distributed(args.device)
     main = dist_info is None or dist_info.is_main
+    out = Path(args.out)
     model, tokenizer = _load_policy(args.model, args.tiny)
     model.to(dist_info.device if dist_info else _device(args.device))
+    if args.gradient_checkpointing:  # recompute each layer's activations in backward: whole trajectories fit
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     reader = EpisodeReader(args.store)
     gate = gate_episodes(tokenizer, reader)
+    stats = TrajectoryStats()
+    config_data = DataConfig(
+        seed=args.seed,
+        whole_episodes=not args.per_request,
+        strict_success=not args.keep_missed_finish,  # a solved scene without finish() would teach not finishing
+        max_trajectory_tokens=args.max_tokens,
+    )
+    examples = sft_examples(tokenizer, reader, config=config_data, gate=gate, stats=stats)
     if main:
         print(gate, file=sys.stderr)
-    examples = sft_examples(tokenizer, reader, config=DataConfig(seed=args.seed), gate=gate)
+        print(stats, file=sys.stderr)
     rows, too_long = pack_examples(examples, args.max_tokens)
     if too_long and main:
         print(f"{len(too_long)} examples longer than --max-tokens {args.max_tokens} left out", file=sys.stderr)
+    if not rows:
+        raise SystemExit(f"no SFT examples in {args.store}: it holds no successful episode that fits --max-tokens")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    batches = [collate(rows[i : i + args.rows], pad) for i in range(0, len(rows), args.rows)]
+    fast = _fast_applies(model, args) and not args.no_fast and dist_info is None
+    batches = MicroBatches(rows, args.rows, pad, mask=not fast)
+    steps = args.steps if args.epochs is None else max(1, math.ceil(args.epochs * len(batches) / args.grad_accum))
     config = Config(
-        max_steps=args.steps,
+        max_steps=steps,
         grad_accum_steps=args.grad_accum,
         learning_rate=args.lr,
         warmup_steps=args.warmup,
         seed=args.seed,
-        checkpoint_dir=str(Path(args.out) / "checkpoint"),
+        lora_rank=args.lora_rank,
+        lora_alpha=args.lora_alpha or 2.0 * args.lora_rank,
+        checkpoint_dir=str(out / "checkpoint"),
         progress=not args.no_progress,
+        fast=FastConfig() if fast else None,
     )
+    if main:
+        path = "training.fast (packed attention, fused linear cross-entropy)" if fast else "the transformers forward"
+        lora = f"LoRA rank {config.lora_rank}" if config.lora_rank else "all weights"
+        print(
+            f"training {len(rows)} rows in {len(batches)} micro-batches, {steps} steps, {lora}, {path}", file=sys.stderr
+        )
+    t0 = time.perf_counter()
     if dist_info is None:
         result = train_sft(model, batches, config)
         served = result.model
@@ -641,15 +808,15 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
         result = train_sft_fsdp(model, batches, config)
         served = unsharded_copy(result.model)  # gathered on rank 0 (None elsewhere)
+    seconds = time.perf_counter() - t0
     if main:
-        for row in result.metrics:
-            append_metrics(Path(args.out) / "sft_metrics.jsonl", row)
-        write_model_folder(served, tokenizer, Path(args.out) / "model")
+        run = {"args": args, "stats": stats, "examples": examples, "rows": rows, "n_batches": len(batches)}
+        _write_sft_outputs(out, served, tokenizer, result=result, config=config, run={**run, "seconds": seconds})
     if dist_info is not None:
         shutdown()
     if not main:
         return 0
-    print(f"SFT: {len(examples)} examples in {len(rows)} rows, {config.max_steps} steps -> {Path(args.out) / 'model'}")
+    print(f"SFT: {len(examples)} examples, {steps} steps in {seconds:.0f} s -> {out / 'model'}")
     return 0
 
 
@@ -658,7 +825,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from captain_ros.bridge.store import EpisodeReader
-    from training.critic import Critic, CriticConfig, states_from_episodes
+    from training.critic import Critic
     from training.weight_sync import WeightSync, write_model_folder
 
     model, tokenizer = _load_policy(args.model, args.tiny)
@@ -667,13 +834,14 @@ def cmd_rl(args: argparse.Namespace) -> int:
     model.to(device)
     ref.to(device)
     reader = EpisodeReader(args.store)
+    held_apart: set[str] = set()
     if args.critic and Path(args.critic).exists():
         critic = Critic.load(args.critic)
-    else:  # warm start on every valid episode of the store (CaPtain App. A.2 warm-starts on an earlier policy's)
-        episodes = [reader.load(eid) for eid in reader.episode_ids()]
-        tasks = tuple(sorted({e.start["task"] for e in episodes}))
-        critic = Critic(CriticConfig(tasks=tasks, seed=args.seed))
-        critic.fit(states_from_episodes(episodes, tasks))
+    else:  # warm start on episodes no round of this run trains on (warm_start_critic)
+        warm_reader = EpisodeReader(args.warm_start_store) if args.warm_start_store else None
+        critic, held_apart = warm_start_critic(
+            reader, fraction=args.warm_start_fraction, seed=args.seed, warm_reader=warm_reader
+        )
     objective = ObjectiveConfig(objective=args.objective, episodes_per_step_n=args.episodes_per_step)
     trainer = RLTrainer(
         model,
@@ -685,6 +853,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
         policy_version=args.version,
         metrics_path=Path(args.out) / "rl_metrics.jsonl",
     )
+    trainer.used.update(held_apart)  # the critic's warm-start episodes are never trained on
     sync = WeightSync(args.server, args.served_dir, proxy_url=args.proxy) if args.server else None
     round_config = RoundConfig(group_size_n=args.group_size, max_groups_n=args.groups_per_round)
 
@@ -762,7 +931,18 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     common(sft)
-    sft.add_argument("--steps", type=int, default=100, help="optimizer steps")
+    sft.add_argument("--steps", type=int, default=100, help="optimizer steps (unless --epochs)")
+    sft.add_argument("--epochs", type=float, default=None, help="passes over the data; sets the number of steps")
+    sft.add_argument("--lora-rank", type=int, default=0, help="train LoRA adapters of this rank (0: all weights)")
+    sft.add_argument("--lora-alpha", type=float, default=0.0, help="LoRA alpha (0: twice the rank)")
+    sft.add_argument("--per-request", action="store_true", help="one example per request, not per trajectory")
+    sft.add_argument(
+        "--keep-missed-finish", action="store_true", help="also imitate solved episodes that never called finish()"
+    )
+    sft.add_argument(
+        "--gradient-checkpointing", action="store_true", help="recompute activations in backward (less memory)"
+    )
+    sft.add_argument("--no-fast", action="store_true", help="the transformers forward even where training.fast applies")
     sft.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step")
     sft.add_argument("--rows", type=int, default=1, help="packed rows per micro-batch")
     sft.add_argument("--lr", type=float, default=1e-5)
@@ -779,7 +959,18 @@ def parser() -> argparse.ArgumentParser:
     )
     common(rl)
     rl.add_argument("--ref", help="frozen SFT model for the k3 KL; absent: --model")
-    rl.add_argument("--critic", help="critic checkpoint (training.critic); absent: warm-start on the store")
+    rl.add_argument("--critic", help="critic checkpoint (training.critic); absent: a warm start (see below)")
+    rl.add_argument(
+        "--warm-start-store",
+        help="without --critic: warm-start the critic on this store's episodes (an earlier policy's, as CaPtain "
+        "App. A.2); absent: on --warm-start-fraction of --store's start-state groups, which RL then never trains on",
+    )
+    rl.add_argument(
+        "--warm-start-fraction",
+        type=float,
+        default=0.25,
+        help="share of --store's start-state groups held apart for the critic's warm start (by sha256 of group id)",
+    )
     rl.add_argument("--objective", choices=["captain", "agenticroborl"], default="captain")
     rl.add_argument("--rounds", type=int, default=1, help="rounds to run (stops early when no group is ready)")
     rl.add_argument("--group-size", type=int, default=4, help="G: attempts per start state")
@@ -832,4 +1023,6 @@ __all__ = [
     "sampled_token_logprobs",
     "select_items",
     "token_advantage_stats",
+    "warm_start_critic",
+    "warm_start_split",
 ]

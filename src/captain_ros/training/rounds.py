@@ -25,11 +25,16 @@ CaPtain's RL is single-pass.
 
 Within a kept episode every request keeps its tokens, its recorded sampling log-probs (pi_rollout of Eq. 8), the
 prompt gate's weight (training.gate: 0 when the student's template renders a different prompt) and its
-post-success flag (step["solved_before"]). Gate-rejected and post-success requests, and requests longer than the
-trainer's context (`max_sequence_tokens`), stay in the episode, since the critic and the credit of Eq. 9-10 need
-every state, but are not eligible for the policy gradient (CaPtain App. E filters post-success requests from policy
-gradients; the gate gives weight 0). The per-episode request sampling of the objective then draws from the eligible
-requests only, so its inclusion weights stay those of the population actually trained.
+post-success flag (step["solved_before"]). Gate-rejected requests and requests longer than the trainer's context
+(`max_sequence_tokens`) stay in the episode, since the critic and the credit of Eq. 9-10 need every state, but are
+not eligible for the policy gradient. Post-success requests (made after the host first judged the scene solved)
+depend on the objective (`filters_post_success`): AgenticRoboRL's eligibility has a post-success filter, so there
+they carry no gradient. CaPtain has none: the request that calls finish() on a solved scene is itself
+post-success, and so is every request that should have; their post-success costs (§3.3 "Returns and costs",
+App. E: -0.005 per request, -0.008 per action, capped) and the missed-finish return are the signal that teaches the
+policy to stop (App. I), and it reaches the decision only through these requests' own gradient, so under CaPtain
+they stay eligible (their costs enter Eq. 9-10 either way). The per-episode request sampling of the objective then
+draws from the eligible requests only, so its inclusion weights stay those of the population actually trained.
 """
 
 from __future__ import annotations
@@ -60,6 +65,10 @@ class RoundConfig:
     max_sequence_tokens: int | None = field(
         default=None, metadata={"help": "prompt + response longer than this: no policy gradient (None: any)"}
     )
+    filter_post_success: bool | None = field(
+        default=None,
+        metadata={"help": "post-success requests get no policy gradient; None: the objective's (AgenticRoboRL only)"},
+    )
     max_examples: int = field(default=5, metadata={"help": "examples kept per drop reason in the report"})
     gate: GateConfig = field(default_factory=GateConfig)
 
@@ -72,6 +81,14 @@ def min_valid_attempts(config: RoundConfig, objective: ObjectiveConfig) -> int:
     return 1 if objective.objective == "captain" else max(2, objective.min_valid_attempts_n)
 
 
+def filters_post_success(config: RoundConfig, objective: ObjectiveConfig) -> bool:
+    """Whether requests made after the scene was solved are kept out of the policy gradient (module doc): only
+    under AgenticRoboRL (its eligibility's post-success filter), unless `config.filter_post_success` says."""
+    if config.filter_post_success is not None:
+        return config.filter_post_success
+    return objective.objective == "agenticroborl"
+
+
 # ---------------------------------------------------------------------------------------------------- outputs
 @dataclass
 class RoundRequest:
@@ -82,15 +99,21 @@ class RoundRequest:
     token_ids: list[int]  # the sampled response
     logprobs: list[float]  # pi_rollout of each sampled token (CaPtain Eq. 8's denominator)
     gate_weight: float  # training.gate: 1 match, 0 mismatch (or GateConfig.not_gateable_weight)
-    post_success: bool  # step["solved_before"]: filtered from policy gradients (CaPtain App. E)
+    post_success: bool  # step["solved_before"]: the scene was solved before this request
     policy_version: int
     too_long: bool = False  # prompt + response exceed RoundConfig.max_sequence_tokens
+    filter_post_success: bool = False  # the round's objective keeps post-success requests out (`filters_post_success`)
+
+    @property
+    def post_success_filtered(self) -> bool:
+        """Post-success and kept out of the policy gradient by the objective (AgenticRoboRL)."""
+        return self.post_success and self.filter_post_success
 
     @property
     def eligible(self) -> bool:
-        """Whether this request may carry a policy gradient (gate passed, scene not already solved, fits the
-        trainer's context)."""
-        return self.gate_weight > 0 and not self.post_success and not self.too_long
+        """Whether this request may carry a policy gradient (gate passed, fits the trainer's context, and not
+        post-success under an objective that filters those)."""
+        return self.gate_weight > 0 and not self.too_long and not self.post_success_filtered
 
 
 @dataclass
@@ -111,7 +134,13 @@ class RoundEpisode:
 
     @property
     def reward(self) -> float:
+        """CaPtain's R_i (Eq. 7, with the sub-goal reward) as the episode stored it."""
         return float(self.episode.end["reward"])
+
+    @property
+    def success(self) -> bool:
+        """Host success (CaPtain Eq. 4's y_i; AgenticRoboRL's binary reward is 1 exactly when it holds)."""
+        return bool(self.episode.end.get("host_success"))
 
     @property
     def eligible(self) -> list[int]:
@@ -141,7 +170,8 @@ class RoundReport:
     requests: int = 0
     requests_eligible: int = 0
     requests_gate_rejected: int = 0
-    requests_post_success: int = 0
+    requests_post_success: int = 0  # made after the scene was solved (eligible or not, depending on the objective)
+    requests_post_success_filtered: int = 0  # of those, kept out of the policy gradient (AgenticRoboRL)
     requests_too_long: int = 0
     episodes_without_eligible: int = 0
     tokens: int = 0  # sampled tokens of the kept requests
@@ -174,6 +204,7 @@ class RoundReport:
             "requests_eligible": self.requests_eligible,
             "requests_gate_rejected": self.requests_gate_rejected,
             "requests_post_success": self.requests_post_success,
+            "requests_post_success_filtered": self.requests_post_success_filtered,
             "requests_too_long": self.requests_too_long,
             "episodes_without_eligible": self.episodes_without_eligible,
             "tokens": self.tokens,
@@ -190,10 +221,10 @@ class RoundReport:
         for reason in REASONS:
             if self.dropped.get(reason):
                 lines.append(f"  dropped {self.dropped[reason]} episodes as {reason}, e.g. {self.examples[reason][0]}")
-        if self.requests_gate_rejected or self.requests_post_success or self.requests_too_long:
+        if self.requests_gate_rejected or self.requests_post_success_filtered or self.requests_too_long:
             lines.append(
                 f"  requests kept without policy gradient: {self.requests_gate_rejected} gate-rejected, "
-                f"{self.requests_post_success} post-success, {self.requests_too_long} too long"
+                f"{self.requests_post_success_filtered} post-success, {self.requests_too_long} too long"
             )
         return "\n".join(lines)
 
@@ -264,9 +295,17 @@ def check_episode(
 
 
 def round_requests(
-    episode: Any, reader: Any, tokenizer: Any, gate: GateReport, config: RoundConfig
+    episode: Any,
+    reader: Any,
+    tokenizer: Any,
+    gate: GateReport,
+    config: RoundConfig,
+    *,
+    objective: ObjectiveConfig = ObjectiveConfig(),
 ) -> list[RoundRequest]:
-    """The training data of a checked episode's requests, gated one by one (no tokenizer: gate weight 1)."""
+    """The training data of a checked episode's requests, gated one by one (no tokenizer: gate weight 1); the
+    objective decides whether post-success requests are eligible (`filters_post_success`)."""
+    filter_post_success = filters_post_success(config, objective)
     out = []
     for request in sorted(episode.requests, key=lambda r: r.index):
         call = request.model_call
@@ -287,6 +326,7 @@ def round_requests(
                 policy_version=int(call.get("policy_version", episode.start.get("policy_version") or 0)),
                 too_long=config.max_sequence_tokens is not None
                 and len(call["prompt_token_ids"]) + len(call["token_ids"]) > config.max_sequence_tokens,
+                filter_post_success=filter_post_success,
             )
         )
     return out
@@ -369,13 +409,14 @@ def build_round(
         round_episodes = []
         for episode, _ in kept:
             version = episode_policy_version(episode)
-            requests = round_requests(episode, reader, tokenizer, report.gate, config)
+            requests = round_requests(episode, reader, tokenizer, report.gate, config, objective=objective)
             round_episodes.append(RoundEpisode(episode, requests, version))
             report.version_lag[trainer_version - version] += 1
             report.requests += len(requests)
             report.requests_eligible += sum(r.eligible for r in requests)
             report.requests_gate_rejected += sum(r.gate_weight <= 0 for r in requests)
             report.requests_post_success += sum(r.post_success for r in requests)
+            report.requests_post_success_filtered += sum(r.post_success_filtered for r in requests)
             report.requests_too_long += sum(r.too_long for r in requests)
             report.episodes_without_eligible += not any(r.eligible for r in requests)
             report.tokens += sum(len(r.token_ids) for r in requests)
@@ -397,6 +438,7 @@ __all__ = [
     "check_complete",
     "check_episode",
     "episode_policy_version",
+    "filters_post_success",
     "group_episodes",
     "group_ready",
     "min_valid_attempts",

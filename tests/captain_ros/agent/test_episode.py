@@ -82,7 +82,7 @@ class CellLog:
         pass
 
 
-def run(link, policy, tmp_path, config=None, clock=None, recorder=None, **budgets):
+def run(link, policy, tmp_path, config=None, clock=None, *, recorder=None, **budgets):
     config = config or load_config()
     if budgets:
         config = replace(config, budgets=replace(config.budgets, **budgets))

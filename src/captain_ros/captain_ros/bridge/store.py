@@ -318,8 +318,8 @@ class RequestData:
 
     @property
     def post_success(self) -> bool:
-        """The scene was already solved before this request (the post-success filter drops it from policy
-        gradients; CaPtain App. E)."""
+        """The scene was already solved before this request. AgenticRoboRL's post-success filter drops such requests
+        from policy gradients; CaPtain keeps them (their costs, App. E, reach the policy through them)."""
         return bool(self.step and self.step.get("solved_before"))
 
 
