@@ -159,7 +159,7 @@ def _text(content: Any) -> str:
     return ""
 
 
-def _well_formed_python_call(call: dict[str, Any]) -> bool:
+def well_formed_python_call(call: dict[str, Any]) -> bool:
     """The harness would run this tool call as a cell (name `python`, JSON arguments with non-empty `code`)."""
     function = call.get("function") or {}
     if function.get("name") != "python":
@@ -203,7 +203,7 @@ def error_only_request(request: Any, next_request: Any | None = None) -> bool:
     if any(c.get("success") for c in step.get("calls", [])):
         return False
     tool_calls = (call.get("response") or {}).get("tool_calls") or []
-    if not tool_calls or not any(_well_formed_python_call(c) for c in tool_calls):
+    if not tool_calls or not any(well_formed_python_call(c) for c in tool_calls):
         return True
     if next_request is None or not next_request.model_call:
         return False

@@ -115,23 +115,10 @@ def evaluate(model: Path, label: str, out: Path, plan: EvalPlan = EvalPlan(), pr
 
 
 # ------------------------------------------------------------------------------------------------ behaviour
-def _python_call(call: dict) -> bool:
-    """A well-formed call of the `python` tool: JSON arguments with a non-empty string `code`."""
-    import json
-
-    function = call.get("function") or {}
-    if function.get("name") != "python":
-        return False
-    raw = function.get("arguments")
-    try:
-        arguments = json.loads(raw) if isinstance(raw, str) else raw
-    except ValueError:
-        return False
-    return isinstance(arguments, dict) and isinstance(arguments.get("code"), str) and bool(arguments["code"].strip())
-
-
 def behaviour(episodes: Iterable[Any]) -> dict[str, Any]:
     """What a model did with the harness over valid episodes (EpisodeReader episodes)."""
+    from training.credit import well_formed_python_call
+
     requests = tool_calls = parsed = fenced = neither = cells = raised = 0
     output_tokens: list[int] = []
     per_episode_requests: list[int] = []
@@ -149,7 +136,7 @@ def behaviour(episodes: Iterable[Any]) -> dict[str, Any]:
             step_cells = (req.step or {}).get("cells") or []
             if calls:
                 tool_calls += 1
-                parsed += all(_python_call(c) for c in calls)
+                parsed += all(well_formed_python_call(c) for c in calls)
             elif any(c.get("source") == "fenced" for c in step_cells):
                 fenced += 1
             else:
