@@ -6,8 +6,8 @@
              tool calls and ChatML framing
   template   Qwen2.5's ChatML chat template: `tools` in the system turn, assistant `tool_calls` rendered as
              <tool_call>{"name": ..., "arguments": ...}</tool_call> (vLLM's `hermes` tool parser reads them
-             back), tool replies as <tool_response> blocks in a user turn; an unknown role (e.g. `developer`)
-             is an error, not silently dropped as in Qwen's own template
+             back), tool replies as <tool_response> blocks in a user turn, `developer` turns (TASK.md) as their
+             own turn; an unknown role is an error, not silently dropped as in Qwen's own template
   model      Qwen2ForCausalLM, hidden 256, 4 heads of 64, 2 KV heads, 2 layers, random init from a fixed seed
 
 The weights are random: the model emits noise, but through exactly the code paths of a real Qwen2.
