@@ -182,7 +182,8 @@ def test_agent_node_runs_an_episode_on_this_distro(nodes, tmp_path):
         agent.stop()
         policy.close()
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary[0]["outcome"] == "false_finish" and summary[0]["requests"] == 3, (summary, agent.output())
+    transcripts = "\n".join(p.read_text()[-6000:] for p in tmp_path.glob("*/transcript.md"))  # what each call said
+    assert summary[0]["outcome"] == "false_finish" and summary[0]["requests"] == 3, (summary, transcripts)
 
 
 def _interrupted_sweep(client, motion: NodeProcess) -> tuple[float, list[MoveTo.Feedback]]:
