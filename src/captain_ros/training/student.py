@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from captain_ros.agent.prompt import TOOLS
 from training.chat_template import TOOL_TEMPLATE
 
 ROOT = Path(__file__).resolve().parents[3]  # a source checkout: src/captain_ros/training/student.py
@@ -344,16 +345,7 @@ PROBE = [  # the roles and turn kinds every stack request carries, rendered to f
     },
     {"role": "tool", "tool_call_id": "c0", "content": "TOOL-PROBE"},
 ]
-PROBE_TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "python",
-            "description": "run a cell",
-            "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
-        },
-    }
-]
+PROBE_TOOLS = TOOLS  # the one tool every stack request offers
 
 
 def template_problems(tokenizer: Any) -> list[str]:
