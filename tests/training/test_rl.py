@@ -719,6 +719,11 @@ def test_cli_sft_then_rl_on_the_expert_store(recorded, tmp_path, capsys):
     assert main(["sft", *common, "--out", str(lora), "--epochs", "1", "--lora-rank", "4", "--lr", "1e-3"]) == 0
     assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in (lora / "adapter").iterdir()}
     assert (lora / "model" / "model.safetensors").is_file()
+    from safetensors.torch import load_file
+
+    base_dtype = next(iter(load_file(lora / "model" / "model.safetensors").values())).dtype
+    adapter = load_file(lora / "adapter" / "adapter_model.safetensors")
+    assert adapter and {t.dtype for t in adapter.values()} == {base_dtype}  # stored as the base, half fp32's size
     run = json.loads((lora / "sft_run.json").read_text())
     assert run["lora_rank"] == 4 and run["fast_path"] is False and run["tokens_per_s"] > 0
     # the expert's trajectories (about 24k tokens) do not fit an 8,192-token row: cut into segments that do, and

@@ -9,7 +9,6 @@ from __future__ import annotations
 import inspect
 from functools import cache
 
-from captain_ros.core.args import POSE_HELP
 from captain_ros.core.config import BudgetConfig
 from captain_ros.core.contract import CAPABILITIES, FAILURE_DESCRIPTIONS
 
@@ -78,6 +77,8 @@ def _signature(handler: object) -> str:
 @cache
 def api_reference() -> str:
     """The policy-facing API: one line per capability (• = physical action, counted in the budget)."""
+    from captain_ros.core.args import POSE_HELP  # with the handlers: MuJoCo; the tool schema above needs neither
+
     handlers = _handlers()
     lines = []
     for group in ("perception", "measurement", "motion", "planning", "state", "episode"):
