@@ -111,6 +111,9 @@ def _defaults(args: argparse.Namespace) -> None:
 
 
 def rollout(args: argparse.Namespace, kind: str = "rollout", ship: bool = True) -> tuple[RolloutHost, RolloutReport]:
+    for name in ("max_new_tokens", "requests"):  # before anything is made or started
+        if getattr(args, name) < 0:
+            raise SystemExit(f"--{name.replace('_', '-')} must be 0 (the harness's) or more, got {getattr(args, name)}")
     _defaults(args)
     run_dir = Path(args.runs_dir) / f"{time.strftime('%Y%m%d-%H%M%S')}-{kind}"
     try:
@@ -140,9 +143,6 @@ def rollout(args: argparse.Namespace, kind: str = "rollout", ship: bool = True) 
         max_new_tokens=args.max_new_tokens,
         requests_budget=args.requests,
     )
-    for name in ("max_new_tokens", "requests"):
-        if getattr(args, name) < 0:
-            raise SystemExit(f"--{name.replace('_', '-')} must be 0 (the harness's) or more, got {getattr(args, name)}")
     on = "the twin" if args.backend == "twin" else f"LIBERO ({args.segmentation} segmentation)"
     print(f"{len(jobs)} episodes on {on} ({args.attempts} per start state), {args.workers} workers; records: {run_dir}")
     with RolloutHost(options) as host:
