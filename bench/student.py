@@ -192,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
             "sft_run": record or None,
             "missing": missing,
             "plot": str(plot.relative_to(ROOT)),
-            "generation": "vLLM CPU build (.venv-vllm) on this machine, through the stack's recording proxy",
+            "generation": {  # where each evaluation's runs generated: vllm (the CPU build here) or transformers
+                name: ev.generation_of(out) for name, (_, out) in folders.items() if name in summaries
+            },
         },
     )
     return 0

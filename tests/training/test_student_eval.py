@@ -122,3 +122,27 @@ def test_the_plan_covers_every_task_and_family_on_held_out_starts_the_same_way_e
     assert [j.start_id for j in jobs] == [j.start_id for j in ev.plan_jobs(ev.EvalPlan())]
     with pytest.raises(ValueError, match="unknown task"):
         ev.plan_jobs(ev.EvalPlan(tasks="fly_to_the_moon"))
+
+
+def test_where_each_run_generated_is_read_from_its_summary(tmp_path):
+    old, new = tmp_path / "20261205-080653", tmp_path / "20261206-100000"
+    for run in (old, new):
+        run.mkdir()
+        (run / "rollout.sqlite").touch()
+    (old / "summary.json").write_text(json.dumps({"plan": {}}))  # written before the server was recorded: vLLM
+    meta = {"plan": {"server": "transformers"}, "generation": {"host": "gpu-1", "gpu": "NVIDIA H100 80GB HBM3"}}
+    (new / "summary.json").write_text(json.dumps(meta))
+    assert ev.generation_of(tmp_path) == [
+        {"run": old.name, "server": "vllm"},
+        {"run": new.name, "server": "transformers", "host": "gpu-1", "gpu": "NVIDIA H100 80GB HBM3"},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--workers", "0"], "--workers must be at least 1"), (["--server", "tgi"], "invalid choice: 'tgi'")],
+)
+def test_the_run_command_refuses_bad_arguments_before_anything_starts(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit):
+        ev.main(["run", "--model", str(tmp_path), "--label", "x", "--out", str(tmp_path / "out"), *args])
+    assert message in capsys.readouterr().err and not (tmp_path / "out").exists()

@@ -67,6 +67,7 @@ class PolicyServer:
     model_dir: Path  # what it serves; also its model name
     log: Path  # its stdout and stderr
     python: Path  # the vLLM environment's interpreter (transformers, tokenizers) for checks beside the server
+    name: str = "vLLM"  # what serves, for messages (training.hf_serve: "the transformers server")
 
     @property
     def base_url(self) -> str:
@@ -91,9 +92,9 @@ class PolicyServer:
         t0 = time.monotonic()
         while True:
             if self.proc.poll() is not None:
-                raise ServerError(f"vLLM exited with {self.proc.returncode} while starting:\n{self.tail()}")
+                raise ServerError(f"{self.name} exited with {self.proc.returncode} while starting:\n{self.tail()}")
             if time.monotonic() - t0 > limit_s:
-                raise ServerError(f"vLLM was not healthy after {limit_s:.0f} s:\n{self.tail()}")
+                raise ServerError(f"{self.name} was not healthy after {limit_s:.0f} s:\n{self.tail()}")
             try:
                 if httpx.get(f"{self.root}/health", timeout=5.0, trust_env=False).status_code == 200:
                     return time.monotonic() - t0

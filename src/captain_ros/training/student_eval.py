@@ -1,6 +1,7 @@
 """A model folder evaluated as the stack's policy on held-out twin starts, and what its episodes say about it.
 
-`evaluate` serves the folder with vLLM (`.venv-vllm`: the CPU build here, any vLLM on a GPU host), puts the recording
+`evaluate` serves the folder with vLLM (`.venv-vllm`: the CPU build here, any vLLM on a GPU host) or, where there is
+no vLLM, with transformers' continuous batching (training.hf_serve, `EvalPlan.server`), puts the recording
 proxy in front (every request's prompt ids, sampled ids and logprobs are recorded) and runs the plan's episodes
 through the same agent loop, sandbox and harness a deployment uses (captain_ros.bridge.host). It resumes: episodes
 of the plan already complete and valid in `out` are not run again, so a long evaluation can be stopped and
@@ -19,6 +20,7 @@ most `requests_budget` requests of at most `max_new_tokens` tokens each, with th
 
 from __future__ import annotations
 
+import platform
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -44,6 +46,7 @@ class EvalPlan:
     context_limit_tokens: int = 32768  # the student's context; the agent compacts history before it
     workers: int = 4  # episodes at once (the server batches their requests)
     kv_cache_gib: int = 2  # vLLM CPU KV cache
+    server: str = "vllm"  # vllm (.venv-vllm) | transformers (training.hf_serve: a GPU host without vLLM)
 
 
 def plan_jobs(plan: EvalPlan) -> list[Any]:
@@ -89,11 +92,22 @@ def evaluate(model: Path, label: str, out: Path, plan: EvalPlan = EvalPlan(), pr
     check_model_folder(model)
     run_dir = out / time.strftime("%Y%m%d-%H%M%S")
     print(f"[eval] {label}: {len(todo)} episodes to run ({len(done)} already done) -> {run_dir}", flush=True)
-    server = serve.start_server(
-        model, run_dir / "logs" / "vllm.log", max_model_len=plan.context_limit_tokens, kv_cache_gib=plan.kv_cache_gib
-    )
+    if plan.server == "transformers":
+        from training.hf_serve import start_hf_server
+
+        server = start_hf_server(model, run_dir / "logs" / "server.log", max_model_len=plan.context_limit_tokens)
+    elif plan.server == "vllm":
+        server = serve.start_server(
+            model,
+            run_dir / "logs" / "vllm.log",
+            max_model_len=plan.context_limit_tokens,
+            kv_cache_gib=plan.kv_cache_gib,
+        )
+    else:
+        raise ValueError(f"unknown server {plan.server!r}: vllm or transformers")
     try:
-        print(f"[eval] vLLM serving {model} (healthy after {server.wait_healthy(VLLM_START_LIMIT_S):.0f} s)")
+        healthy = server.wait_healthy(VLLM_START_LIMIT_S)
+        print(f"[eval] {plan.server} serving {model} (healthy after {healthy:.0f} s)", flush=True)
         options = HostOptions(
             run_dir,
             workers=plan.workers,
@@ -108,10 +122,31 @@ def evaluate(model: Path, label: str, out: Path, plan: EvalPlan = EvalPlan(), pr
         )
         with RolloutHost(options) as host:
             report = host.run(todo)
-        write_summary(run_dir / "summary.json", report, {"plan": asdict(plan), "model": str(model), "label": label})
+        where = {"host": platform.node(), "gpu": _gpu_name() if plan.server == "transformers" else None}
+        meta = {"plan": asdict(plan), "model": str(model), "label": label, "generation": where}
+        write_summary(run_dir / "summary.json", report, meta)
     finally:
         server.stop()
     return out
+
+
+def _gpu_name() -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
+def generation_of(out: Path) -> list[dict[str, Any]]:
+    """Where each run of an evaluation folder generated (server, host, GPU), from its summary.json."""
+    import json
+
+    runs = []
+    for store in stores(out):
+        meta = store.parent / "summary.json"
+        data = json.loads(meta.read_text()) if meta.is_file() else {}
+        plan = data.get("plan") or {}
+        runs.append({"run": store.parent.name, "server": plan.get("server", "vllm"), **(data.get("generation") or {})})
+    return runs
 
 
 # ------------------------------------------------------------------------------------------------ behaviour
@@ -234,3 +269,34 @@ def compare(a: Sequence[EvalRow], b: Sequence[EvalRow], metric: str = "strict") 
         "a_ci95": wilson(sum(won[0]), n),
         "b_ci95": wilson(sum(won[1]), n),
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`run`: one model's evaluation (resumable) where bench/student.py cannot run it, e.g. on a GPU host."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m training.student_eval",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the plan's episodes that --out does not hold yet")
+    run.add_argument("--model", type=Path, required=True, help="the model folder to serve")
+    run.add_argument("--label", required=True, help="the policy's name in the records, e.g. student-sft")
+    run.add_argument("--out", type=Path, required=True, help="the evaluation folder (one store per run)")
+    run.add_argument("--server", choices=("vllm", "transformers"), default="vllm", help="what serves the model")
+    run.add_argument("--workers", type=int, default=EvalPlan.workers, help="episodes at once")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar (logs)")
+    args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error(f"--workers must be at least 1, got {args.workers}")
+    plan = EvalPlan(workers=args.workers, server=args.server)
+    evaluate(args.model, args.label, args.out, plan, progress=not args.no_progress)
+    result = summary(args.out)["success"]["overall"]["rates"]
+    print(f"[eval] {args.label}: strict {result['strict']['rate']}, host {result['host']['rate']} ({args.out})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,417 @@
+"""training.hf_serve, the policy server without vLLM: its hermes parser, its vLLM-style message preparation and its
+sampler by hand; then the real server on the tiny Qwen2 on CPU, through the stack's own PolicyClient and raw HTTP:
+the prompt ids are the trainer's rendering, the logprobs are a plain forward pass's, greedy and seeded sampling
+repeat, limits give finish_reason "length" or HTTP 400, concurrent requests are answered each with its own tokens,
+and a dead engine answers 500 instead of hanging."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+
+import httpx
+import pytest
+
+from captain_ros.agent.policy_client import PolicyClient, PolicyConfig, PolicyError
+from training import hf_serve
+from training.gate import render_prompt_ids
+from training.hf_serve import SamplingParams, parse_hermes, sample_rows, template_ready
+
+MAX_LEN = 1024  # the test server's --max-model-len
+START_LIMIT_S = 300.0  # about 8 s on 2 idle cores
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "python",
+            "description": "Run a cell of Python on the robot session.",
+            "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+        },
+    }
+]
+HEAD = [
+    {"role": "system", "content": "You control a Franka arm through Python."},
+    {"role": "developer", "content": "# TASK.md\nrobot.mark_point(handle, camera, u, v) marks a pixel."},
+    {"role": "user", "content": "Put the red cube in the bowl."},
+]
+
+
+def call(code: str, arguments: str | None = None) -> dict:
+    args = json.dumps({"code": code}, ensure_ascii=False) if arguments is None else arguments
+    return {"id": "call_1", "type": "function", "function": {"name": "python", "arguments": args}}
+
+
+# the arguments as the server writes them (json.dumps, ensure_ascii=False) and the agent sends them back
+HISTORY = [
+    *HEAD,
+    {"role": "assistant", "content": "Looking first.", "tool_calls": [call("obs = robot.observe()  # café")]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "ok"},
+]
+
+
+# ------------------------------------------------------------------------------------------------ by hand
+def test_hermes_blocks_become_tool_calls_with_the_text_before_as_content():
+    text = 'I look.\n<tool_call>\n{"name": "python", "arguments": {"code": "x = 1  # é"}}\n</tool_call>'
+    content, calls = parse_hermes(text + '\n<tool_call>{"name": "python", "arguments": {}}</tool_call>')
+    assert content == "I look.\n"
+    assert [c["function"] for c in calls] == [
+        {"name": "python", "arguments": '{"code": "x = 1  # é"}'},  # ensure_ascii=False, as vLLM
+        {"name": "python", "arguments": "{}"},
+    ]
+    assert all(c["type"] == "function" and c["id"].startswith("call_") for c in calls)
+    assert calls[0]["id"] != calls[1]["id"]
+    # no text before the first block: content None; an unclosed last block that parses still counts (vLLM)
+    content, calls = parse_hermes('<tool_call>\n{"name": "python", "arguments": {"code": "y"}}\n')
+    assert content is None and json.loads(calls[0]["function"]["arguments"]) == {"code": "y"}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'Thinking.\n<tool_call>\n{"name": "python", "arguments": {"code": "x"}\n</tool_call>',  # a brace short
+        '<tool_call>{"name": "python"}</tool_call>',  # no arguments
+        '<tool_call>{"arguments": {}}</tool_call>',  # no name
+        '<tool_call>["python", {}]</tool_call>',  # not an object
+        '<tool_call>{"name": "python", "arguments": {}}</tool_call><tool_call>oops</tool_call>',  # one bad block
+    ],
+)
+def test_a_block_that_does_not_parse_leaves_the_whole_text_as_content(text):
+    assert parse_hermes(text) == (text, [])
+
+
+def test_plain_text_is_content():
+    assert parse_hermes("Done.") == ("Done.", [])
+    assert parse_hermes("") == ("", [])
+
+
+def test_tool_call_arguments_reach_the_template_as_dicts_as_vllm_passes_them():
+    messages = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": [call("a", '{"code":"a"}'), call("b", "not json")]},
+        {"role": "assistant", "content": "x", "tool_calls": [call("c", "[1, 2]")]},
+        {"role": "assistant", "content": "y", "tool_calls": []},
+    ]
+    before = json.dumps(messages)
+    out = template_ready(messages)
+    assert json.dumps(messages) == before  # the caller's messages are not changed
+    assert [c["function"]["arguments"] for c in out[1]["tool_calls"]] == [{"code": "a"}, {}]  # not JSON: {}
+    assert out[2]["tool_calls"][0]["function"]["arguments"] == {}  # JSON but not an object: {}
+    assert "tool_calls" not in out[3] and out[0] is messages[0]
+    with pytest.raises(hf_serve.RequestError):
+        template_ready([{"role": "assistant", "tool_calls": ["python"]}])
+
+
+def test_the_sampler_draws_from_the_processed_distribution_and_reports_its_logprob():
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(1, 12, generator=g) * 2
+    draws = 20000
+    rows = logits.expand(draws, -1).contiguous()
+
+    def run(params: SamplingParams, seed: int = 1):
+        gen = torch.Generator().manual_seed(seed)
+        return sample_rows(rows, [params] * draws, [None] * draws, gen)
+
+    for params in (SamplingParams(0.7), SamplingParams(1.3, top_k=3), SamplingParams(1.0, top_p=0.8)):  # nucleus of 3
+        expected = torch.log_softmax(logits[0] / params.temperature, -1)
+        if params.top_k:
+            expected[expected < expected.topk(params.top_k).values[-1]] = -math.inf
+        if params.top_p < 1:
+            order = expected.argsort()  # ascending: drop the tail while the mass below stays <= 1 - top_p
+            keep = expected.exp()[order].cumsum(0) > 1 - params.top_p
+            keep[-1] = True
+            expected[order[~keep]] = -math.inf
+        expected = torch.log_softmax(expected, -1)
+        tokens, logprobs = run(params)
+        assert torch.allclose(logprobs, expected[tokens], atol=1e-5)  # the processed distribution's logprob
+        frequency = torch.bincount(tokens, minlength=12).float() / draws
+        assert torch.allclose(frequency, expected.exp(), atol=0.015), (params, frequency, expected.exp())
+        assert torch.equal(run(params)[0], tokens) and not torch.equal(run(params, seed=2)[0], tokens)
+
+    tokens, logprobs = sample_rows(logits, [SamplingParams(0.0, top_k=1, top_p=0.1)], [None], g)
+    assert tokens.item() == logits.argmax().item()  # greedy ignores top-k / top-p and reports temperature 1
+    assert logprobs.item() == pytest.approx(torch.log_softmax(logits[0], -1).max().item(), abs=1e-6)
+
+
+def test_a_seeded_row_draws_from_its_own_generator_whatever_its_neighbours():
+    import torch
+
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1))
+    params = [SamplingParams(1.0, seed=5), SamplingParams(0.9), SamplingParams(0.0)]
+
+    def own(seed: int = 5):
+        return torch.Generator().manual_seed(seed)
+
+    first = [sample_rows(logits, params, [own(), None, None], torch.Generator().manual_seed(s))[0] for s in (1, 2)]
+    alone = sample_rows(logits[:1], params[:1], [own()], torch.Generator().manual_seed(3))[0]
+    assert first[0][0] == first[1][0] == alone[0]  # the seeded row: the same token whatever the server generator
+    assert first[0][2] == first[1][2] == logits[2].argmax()
+
+
+# ------------------------------------------------------------------------------------------------ the server
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    from training.tiny import tiny_model, tiny_tokenizer
+
+    out = tmp_path_factory.mktemp("hf_serve") / "tiny"
+    tiny_model().save_pretrained(out)
+    tiny_tokenizer().save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(folder):
+    server = hf_serve.start_hf_server(
+        folder, folder.parent / "server.log", device="cpu", dtype="float32", max_model_len=MAX_LEN
+    )
+    try:
+        server.wait_healthy(START_LIMIT_S)
+    except Exception as exc:
+        server.stop()
+        pytest.fail(f"{exc}\n{server.tail()}")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(folder):
+    """The folder's tokenizer and fp32 model in this process, to check the server against."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    return tokenizer, model
+
+
+def forward_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> list[float]:
+    """log p(completion[i] | prompt + completion[:i]) at `temperature`, by one plain forward pass."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float()
+    logp = torch.log_softmax(logits / temperature, -1)
+    return logp.gather(1, torch.tensor(completion).unsqueeze(1)).squeeze(1).tolist()
+
+
+def client(server, **config) -> PolicyClient:
+    return PolicyClient(PolicyConfig(base_url=server.base_url, max_retries=0, **config))
+
+
+def post(server, body) -> httpx.Response:
+    content = body if isinstance(body, str | bytes) else json.dumps(body)
+    return httpx.post(f"{server.base_url}/chat/completions", content=content, timeout=120.0, trust_env=False)
+
+
+@pytest.mark.slow
+def test_health_and_models_name_the_folder(server, folder):
+    with client(server) as policy:
+        assert policy.health() == str(folder)
+    models = httpx.get(f"{server.base_url}/models", trust_env=False).json()
+    assert models["object"] == "list"
+    assert models["data"] == [{"id": str(folder), "object": "model", "owned_by": "hf_serve", "max_model_len": MAX_LEN}]
+
+
+@pytest.mark.slow
+def test_a_tool_request_is_served_on_the_trainers_rendering_with_forward_pass_logprobs(server, reference):
+    tokenizer, model = reference
+    with client(server, max_tokens=12, temperature=0.7, seed=11) as policy:
+        done = policy.complete(HISTORY, TOOLS)
+    rendered = tokenizer.apply_chat_template(
+        HISTORY, tools=TOOLS, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    assert done.prompt_token_ids == list(rendered) == render_prompt_ids(tokenizer, HISTORY, TOOLS)  # the gate's
+    assert len(done.token_ids) == len(done.logprobs) == done.usage["completion_tokens"]
+    assert done.usage["prompt_tokens"] == len(rendered)
+    assert done.finish_reason in {"length", "stop", "tool_calls"}
+    if done.finish_reason == "length":
+        assert len(done.token_ids) == 12
+    expected = forward_logprobs(model, done.prompt_token_ids, done.token_ids, 0.7)
+    assert done.logprobs == pytest.approx(expected, abs=2e-4)  # processed logprobs: the T=0.7 distribution
+    entries = done.raw["choices"][0]["logprobs"]["content"]
+    assert [e["token"] for e in entries] == [tokenizer.decode([t]) for t in done.token_ids]
+    with client(server, max_tokens=12, temperature=0.7, seed=11) as policy:
+        again = policy.complete(HISTORY, TOOLS)
+    assert again.token_ids == done.token_ids  # the same seed, the same sample
+
+
+@pytest.mark.slow
+def test_arguments_not_in_the_servers_own_format_render_as_vllm_renders_them(server, reference):
+    tokenizer, _ = reference
+    compact = [*HEAD, {"role": "assistant", "content": "", "tool_calls": [call("x", '{"code":"x"}')]}]
+    body = {"messages": compact, "tools": TOOLS, "max_tokens": 1, "return_token_ids": True}
+    served = post(server, body).json()["prompt_token_ids"]
+    as_dict = [*HEAD, {"role": "assistant", "content": "", "tool_calls": [call("x", {"code": "x"})]}]
+    assert served == render_prompt_ids(tokenizer, as_dict, TOOLS)  # re-dumped: {"code": "x"}
+    assert served != render_prompt_ids(tokenizer, compact, TOOLS)
+
+
+@pytest.mark.slow
+def test_greedy_repeats_takes_the_argmax_and_stops_at_max_tokens(server, reference):
+    _, model = reference
+    with client(server, max_tokens=6, temperature=0.0) as policy:
+        first, second = policy.complete(HEAD, TOOLS), policy.complete(HEAD, TOOLS)
+    assert first.token_ids == second.token_ids and first.logprobs == pytest.approx(second.logprobs, abs=1e-5)
+    assert first.finish_reason == "length" and len(first.token_ids) == 6
+    expected = forward_logprobs(model, first.prompt_token_ids, first.token_ids, 1.0)
+    assert first.logprobs == pytest.approx(expected, abs=2e-4)  # greedy reports the temperature-1 logprob
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([first.prompt_token_ids + first.token_ids])).logits[0]
+    argmax = logits[len(first.prompt_token_ids) - 1 : -1].argmax(-1).tolist()
+    assert first.token_ids == argmax
+
+
+@pytest.mark.slow
+def test_the_context_limit_cuts_the_completion_and_refuses_a_prompt_with_no_room(server, reference):
+    tokenizer, _ = reference
+
+    def prompt_of(words: int) -> tuple[list[dict], int]:
+        messages = [{"role": "user", "content": "cube " * words}]
+        return messages, len(render_prompt_ids(tokenizer, messages, None))
+
+    words = 1
+    while prompt_of(words)[1] < MAX_LEN - 40:
+        words *= 2
+    while prompt_of(words)[1] > MAX_LEN - 5:
+        words -= 1
+    messages, length = prompt_of(words)
+    assert MAX_LEN - 40 <= length <= MAX_LEN - 5
+    reply = post(server, {"messages": messages, "max_tokens": 50, "temperature": 0, "return_token_ids": True}).json()
+    assert reply["usage"]["completion_tokens"] == MAX_LEN - length
+    assert reply["choices"][0]["finish_reason"] == "length"
+    too_long, length = prompt_of(words * 2)
+    assert length > MAX_LEN
+    refused = post(server, {"messages": too_long})
+    assert refused.status_code == 400
+    assert f"maximum context length is {MAX_LEN} tokens" in refused.json()["error"]["message"]
+    with client(server) as policy, pytest.raises(PolicyError, match="rejected the request with HTTP 400"):
+        policy.complete(too_long, [])
+
+
+@pytest.mark.slow
+def test_concurrent_requests_each_get_their_own_answer(server):
+    prompts = [[*HEAD[:2], {"role": "user", "content": f"Task {i}: put cube {i} in bowl {i % 3}."}] for i in range(6)]
+    with client(server, max_tokens=8, temperature=0.0) as policy:
+        alone = [policy.complete(p, TOOLS) for p in prompts]
+    together: list = [None] * len(prompts)
+    barrier = threading.Barrier(len(prompts))
+
+    def worker(i: int) -> None:
+        with client(server, max_tokens=8, temperature=0.0) as policy:
+            barrier.wait()
+            together[i] = policy.complete(prompts[i], TOOLS)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120.0)
+    assert all(not t.is_alive() for t in threads)
+    for one, many in zip(alone, together, strict=True):
+        assert many.prompt_token_ids == one.prompt_token_ids
+        assert many.token_ids == one.token_ids
+        assert many.logprobs == pytest.approx(one.logprobs, abs=2e-4)
+    assert len({tuple(c.prompt_token_ids) for c in together}) == len(prompts)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("body", "status", "says"),
+    [
+        ("{not json", 400, "not JSON"),
+        ({"max_tokens": 3}, 400, "messages"),
+        ({"messages": []}, 400, "messages"),
+        ({"messages": [{"content": "hi"}]}, 400, "role"),
+        ({"messages": HEAD, "stream": True}, 400, "stream"),
+        ({"messages": HEAD, "tool_choice": "required", "tools": TOOLS}, 400, "tool_choice"),
+        ({"messages": HEAD, "top_logprobs": 2, "logprobs": True}, 400, "top_logprobs"),
+        ({"messages": HEAD, "max_tokens": 0}, 400, "max_tokens"),
+        ({"messages": HEAD, "temperature": -1}, 400, "temperature"),
+        ({"messages": HEAD, "top_p": 0}, 400, "top_p"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "chat template"),
+        ({"messages": HEAD, "model": "other"}, 404, "does not exist"),
+    ],
+)
+def test_a_bad_request_is_answered_with_an_error_object(server, body, status, says):
+    reply = post(server, body)
+    assert reply.status_code == status
+    assert says in reply.json()["error"]["message"]
+
+
+@pytest.mark.slow
+def test_unknown_routes_are_404(server):
+    assert httpx.get(f"{server.root}/v1/completions", trust_env=False).status_code == 404
+    assert httpx.post(f"{server.root}/v1/embeddings", content="{}", trust_env=False).status_code == 404
+
+
+@pytest.fixture
+def in_process(folder):
+    """The engine and HTTP server in this process (the engine's insides reachable), stopped after the test."""
+    config = hf_serve.ServeConfig(model=str(folder), device="cpu", dtype="float32", max_model_len=256, port=0)
+    model, tokenizer, eos, defaults = hf_serve.load(config)
+    engine = hf_serve.Engine(model, eos, config)
+    httpd = hf_serve.HFServer(("127.0.0.1", 0), hf_serve.ChatAPI(config.model, tokenizer, engine, 256, defaults))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield engine, f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        engine.close()
+
+
+@pytest.mark.slow
+def test_requests_queued_together_share_forward_passes(in_process, monkeypatch):
+    """Six requests queued while the generation loop is paused: its next step takes them all in one batch."""
+    engine, root = in_process
+    queued = threading.Semaphore(0)
+    add_request = engine.manager.add_request
+
+    def counted(*args, **kwargs):
+        request_id = add_request(*args, **kwargs)
+        queued.release()
+        return request_id
+
+    monkeypatch.setattr(engine.manager, "add_request", counted)
+    replies: list = [None] * 6
+
+    def worker(i: int) -> None:
+        body = {"messages": [{"role": "user", "content": f"Put cube {i} in the bowl."}], "max_tokens": 5}
+        replies[i] = httpx.post(f"{root}/v1/chat/completions", json=body, timeout=120.0, trust_env=False)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    with engine.manager.pause():
+        for t in threads:
+            t.start()
+        assert all(queued.acquire(timeout=60.0) for _ in threads)
+    for t in threads:
+        t.join(timeout=120.0)
+    assert [r.status_code for r in replies] == [200] * 6
+    assert [r.json()["usage"]["completion_tokens"] for r in replies] == [5] * 6
+    assert engine.largest_batch == 6
+
+
+@pytest.mark.slow
+def test_a_dead_engine_answers_500_and_health_says_so(in_process, monkeypatch):
+    """The engine's sampling step made to fail: the waiting request gets 500, not a hang; so do later ones;
+    /health answers 500."""
+    _, root = in_process
+    body = json.dumps({"messages": HEAD[2:], "max_tokens": 4})
+    url = f"{root}/v1/chat/completions"
+    assert httpx.post(url, content=body, timeout=60.0, trust_env=False).status_code == 200
+    assert httpx.get(f"{root}/health", trust_env=False).status_code == 200
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("injected sampler failure")
+
+    monkeypatch.setattr(hf_serve, "sample_rows", broken)
+    reply = httpx.post(url, content=body, timeout=60.0, trust_env=False)
+    assert reply.status_code == 500 and "injected sampler failure" in reply.json()["error"]["message"]
+    again = httpx.post(url, content=body, timeout=60.0, trust_env=False)
+    assert again.status_code == 500 and "engine" in again.json()["error"]["message"]
+    health = httpx.get(f"{root}/health", trust_env=False)
+    assert health.status_code == 500 and "dead" in health.json()["error"]["message"]

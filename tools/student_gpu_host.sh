@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# The student's SFT and its evaluation on a GPU host without network (docs/student.md, section 4).
+#
+#   bash tools/student_gpu_host.sh STAGE...      stages: prepare sft eval   (run from the project's root)
+#
+#   prepare  copies the project to $WORK/proj (later calls may replace the working tree), puts the carried student
+#            back together ($CARRY, tools/carry.py), installs its gguf wheel, builds the bf16 folder
+#            (training.student build), and puts together and installs the rollout bundle (tools/host_bundle.py:
+#            carried into $BUNDLE_CARRY, unpacked into $BUNDLE, its install.sh run)
+#   sft      LoRA SFT on the expert store ($STORE) in the background (setsid: it outlives this call); waits for it
+#            up to $WAIT_S seconds; once done, packs the adapter and the run record into $OUT/adapter (files of at
+#            most 15 MiB) to bring back
+#   eval     the fine-tuned student's evaluation (training.student_eval, the transformers server on the GPU, the
+#            twin, harness and sandbox on the host's cores) in the background; waits up to $WAIT_S seconds; once
+#            done, packs its episode stores (gzip) into $OUT/eval
+#
+# Every stage is idempotent: rerun the same command to keep waiting, or after a lost call. What a stage starts logs
+# to $WORK/<stage>.log. Variables (defaults): CARRY (/tmp/carry), BUNDLE_CARRY (/tmp/carry_hb), BUNDLE
+# (/tmp/hb/host_bundle), STORE
+# (.cache/store/rollout.sqlite), WORK (/tmp/work), OUT (./back), WAIT_S (500), WORKERS (16), EPOCHS (3), RANK (32).
+set -u -o pipefail
+
+CARRY=${CARRY:-/tmp/carry}
+BUNDLE_CARRY=${BUNDLE_CARRY:-/tmp/carry_hb}
+BUNDLE=${BUNDLE:-/tmp/hb/host_bundle}
+STORE=${STORE:-.cache/store/rollout.sqlite}
+WORK=${WORK:-/tmp/work}
+OUT=${OUT:-./back}
+WAIT_S=${WAIT_S:-500}
+WORKERS=${WORKERS:-16}
+EPOCHS=${EPOCHS:-3}
+RANK=${RANK:-32}
+NAME=qwen2.5-coder-0.5b-instruct
+STUDENT=$WORK/student/$NAME
+PROJ=$WORK/proj
+mkdir -p "$WORK" "$OUT"
+export PYTHONPATH=$PROJ/src/captain_ros:/tmp/site HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+[ -f "$WORK/host.env" ] && . "$WORK/host.env"
+
+say() { printf '[%s %s] %s\n' "$(date +%H:%M:%S)" "$STAGE" "$*"; }
+
+# start CMD... in the background under setsid unless $1 (a pattern) runs already or $2 (a file) exists
+background() {
+    local pattern=$1 done_file=$2 log=$3
+    shift 3
+    if [ -e "$done_file" ]; then return 0; fi
+    if pgrep -f "$pattern" >/dev/null; then say "running already: $pattern"; return 0; fi
+    say "starting: $*"
+    setsid nohup "$@" >"$log" 2>&1 </dev/null &
+}
+
+# wait up to WAIT_S for $1 (a file) while $2 (a pattern) runs; 0 when the file is there
+wait_for() {
+    local done_file=$1 pattern=$2 i
+    for ((i = 0; i < WAIT_S; i++)); do
+        [ -e "$done_file" ] && return 0
+        pgrep -f "$pattern" >/dev/null || { [ -e "$done_file" ]; return; }
+        sleep 1
+    done
+    [ -e "$done_file" ]
+}
+
+prepare() {
+    if [ ! -d "$PROJ/src" ]; then mkdir -p "$PROJ" && cp -r src tools "$PROJ"/; fi
+    if [ ! -f "$STUDENT/captain_student.json" ]; then
+        python3 "$PROJ/tools/carry.py" unpack "$CARRY" --to "$WORK/carried" -q || return 1
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$WORK"/carried/wheels/*.whl ||
+            return 1
+        mkdir -p "$WORK/student" && cp "$WORK/carried/$NAME.gguf" "$WORK/student/"
+        python3 -m training.student build --cache "$WORK/student" || return 1
+    fi
+    say "student folder: $STUDENT"
+    if [ ! -f "$BUNDLE/install.sh" ] && [ -d "$BUNDLE_CARRY" ]; then
+        python3 "$PROJ/tools/carry.py" unpack "$BUNDLE_CARRY" --to "$(dirname "$BUNDLE")" -q || return 1
+    fi
+    if [ -f "$BUNDLE/install.sh" ] && [ ! -f "$WORK/host.env" ]; then
+        REPO=$PROJ bash "$BUNDLE/install.sh" >"$WORK/host.env.tmp" || return 1
+        mv "$WORK/host.env.tmp" "$WORK/host.env"
+        . "$WORK/host.env"
+        say "rollout bundle installed: $(wc -l <"$WORK/host.env") settings in $WORK/host.env"
+    fi
+}
+
+sft() {
+    [ -f "$STORE" ] && cp -n "$STORE" "$WORK/expert.sqlite"
+    background "training.rl sft" "$WORK/sft/sft_run.json" "$WORK/sft.log" \
+        python3 -m training.rl sft --model "$STUDENT" --store "$WORK/expert.sqlite" --out "$WORK/sft" \
+        --lora-rank "$RANK" --epochs "$EPOCHS" --lr 2e-4 --warmup 5 --rows 1 --grad-accum 8 --max-tokens 20480 \
+        --gradient-checkpointing --no-progress
+    if wait_for "$WORK/sft/sft_run.json" "training.rl sft"; then
+        say "SFT done: $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(f\"{r['episodes']} episodes, {r['steps']} steps, {r['tokens_per_s']:.0f} tokens/s, loss {r['final_loss']:.3f}\")" "$WORK/sft/sft_run.json")"
+        [ -f "$OUT/adapter/adapter.carry-manifest.json" ] ||
+            python3 "$PROJ/tools/carry.py" pack "$WORK/sft/adapter" "$WORK/sft/sft_run.json" "$WORK/sft/sft_metrics.jsonl" \
+                --out "$OUT/adapter" --max-mib 15 --flat --name adapter -q
+    else
+        say "SFT not done yet:"
+        tail -c 2000 "$WORK/sft.log"
+        return 3
+    fi
+}
+
+eval_stage() {
+    [ -f "$WORK/sft/model/config.json" ] || { say "no fine-tuned model yet (run the sft stage)"; return 1; }
+    background "training.student_eval run" "$WORK/sft_eval/done" "$WORK/eval.log" \
+        bash -c "python3 -m training.student_eval run --model '$WORK/sft/model' --label student-sft \
+            --out '$WORK/sft_eval' --server transformers --workers $WORKERS --no-progress && touch '$WORK/sft_eval/done'"
+    if wait_for "$WORK/sft_eval/done" "training.student_eval run"; then
+        say "evaluation done"
+        if [ ! -f "$OUT/eval/eval.carry-manifest.json" ]; then
+            rm -rf "$WORK/eval_back" && mkdir -p "$WORK/eval_back"
+            (cd "$WORK/sft_eval" && for d in */; do [ -f "$d/rollout.sqlite" ] && mkdir -p "$WORK/eval_back/$d" &&
+                gzip -c "$d/rollout.sqlite" >"$WORK/eval_back/$d/rollout.sqlite.gz" &&
+                cp "$d"/summary.json "$WORK/eval_back/$d/" 2>/dev/null; done)
+            python3 "$PROJ/tools/carry.py" pack "$WORK/eval_back" --out "$OUT/eval" --max-mib 15 --flat --name eval -q
+        fi
+    else
+        say "evaluation not done yet:"
+        tail -c 2000 "$WORK/eval.log"
+        return 3
+    fi
+}
+
+[ $# -gt 0 ] || { sed -n '2,22p' "$0"; exit 2; }
+for STAGE in "$@"; do
+    case $STAGE in
+    prepare) prepare || exit 1 ;;
+    sft) sft || exit $? ;;
+    eval) eval_stage || exit $? ;;
+    *) echo "unknown stage $STAGE (prepare, sft, eval)" >&2; exit 2 ;;
+    esac
+done
+nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader 2>/dev/null
+ls -la "$OUT"/* 2>/dev/null
