@@ -736,6 +736,14 @@ def bwrap_wrapper() -> str:
     )
 
 
+# Both scripts: where the bundle is, and the checkout (REPO; default: two folders above it, else the current folder)
+_FIND_REPO = """BUNDLE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+if [ -z "${REPO:-}" ]; then  # the checkout holding the bundle (.cache/host_bundle), else the current folder
+  REPO="$(cd "$BUNDLE/../.." && pwd)"; [ -d "$REPO/src/captain_ros/captain_ros" ] || REPO="$PWD"
+fi
+"""
+
+
 def install_script(wheels: Sequence[str], stamp: str, built: str) -> str:
     """install.sh: wheels into $SITE (once per bundle), GL loaders if missing, export lines on stdout."""
     sonames = " ".join(GL_SONAMES)
@@ -746,11 +754,7 @@ def install_script(wheels: Sequence[str], stamp: str, built: str) -> str:
 # REPO (the checkout; default: two folders above this one, else the current folder), SITE (/tmp/site), PYTHON
 # (python3) and HOST_BUNDLE_GL (auto: unpack the GL debs when a loader is missing; force; skip) can be set.
 set -euo pipefail
-BUNDLE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
-if [ -z "${{REPO:-}}" ]; then  # the checkout holding the bundle (.cache/host_bundle), else the current folder
-  REPO="$(cd "$BUNDLE/../.." && pwd)"; [ -d "$REPO/src/captain_ros/captain_ros" ] || REPO="$PWD"
-fi
-SITE="${{SITE:-/tmp/site}}"
+{_FIND_REPO}SITE="${{SITE:-/tmp/site}}"
 ENV_FILE="${{ENV_FILE:-/tmp/host_bundle.env}}"
 PY="${{PYTHON:-python3}}"
 say() {{ echo "[host_bundle] $*" >&2; }}
@@ -858,11 +862,7 @@ def smoke_script(built: str) -> str:
 # install.sh, then ONE scripted-expert episode on the twin through `captain-ros rollout` (python3 -m captain_ros.cli;
 # no images, no shipping; records under $RUNS, default /tmp/runs), its summary, and one sandbox cell.
 set -uo pipefail
-BUNDLE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
-if [ -z "${{REPO:-}}" ]; then  # the checkout holding the bundle (.cache/host_bundle), else the current folder
-  REPO="$(cd "$BUNDLE/../.." && pwd)"; [ -d "$REPO/src/captain_ros/captain_ros" ] || REPO="$PWD"
-fi
-RUNS="${{RUNS:-/tmp/runs}}"
+{_FIND_REPO}RUNS="${{RUNS:-/tmp/runs}}"
 say() {{ echo "[host_bundle] $*" >&2; }}
 env_lines="$(REPO="$REPO" bash "$BUNDLE/install.sh")" || {{ say "install.sh failed"; exit 1; }}
 eval "$env_lines"

@@ -33,6 +33,7 @@ RANK=${RANK:-32}
 NAME=qwen2.5-coder-0.5b-instruct
 STUDENT=$WORK/student/$NAME
 PROJ=$WORK/proj
+[ $# -gt 0 ] || { sed -n '2,19p' "$0"; exit 2; }
 mkdir -p "$WORK" "$OUT"
 export PYTHONPATH=$PROJ/src/captain_ros:/tmp/site HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 [ -f "$WORK/host.env" ] && . "$WORK/host.env"
@@ -120,7 +121,6 @@ eval_stage() {
     fi
 }
 
-[ $# -gt 0 ] || { sed -n '2,22p' "$0"; exit 2; }
 for STAGE in "$@"; do
     case $STAGE in
     prepare) prepare || exit 1 ;;

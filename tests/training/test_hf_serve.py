@@ -14,22 +14,13 @@ import httpx
 import pytest
 
 from captain_ros.agent.policy_client import PolicyClient, PolicyConfig, PolicyError
+from captain_ros.agent.prompt import TOOLS  # the stack's one tool, as every request offers it
 from training import hf_serve
 from training.gate import render_prompt_ids
 from training.hf_serve import SamplingParams, parse_hermes, sample_rows, template_ready
 
 MAX_LEN = 1024  # the test server's --max-model-len
 START_LIMIT_S = 300.0  # about 8 s on 2 idle cores
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "python",
-            "description": "Run a cell of Python on the robot session.",
-            "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
-        },
-    }
-]
 HEAD = [
     {"role": "system", "content": "You control a Franka arm through Python."},
     {"role": "developer", "content": "# TASK.md\nrobot.mark_point(handle, camera, u, v) marks a pixel."},
