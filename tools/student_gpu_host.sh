@@ -11,13 +11,14 @@
 #            up to $WAIT_S seconds; once done, packs the adapter and the run record into $OUT/adapter (files of at
 #            most 15 MiB) to bring back
 #   eval     the fine-tuned student's evaluation (training.student_eval, the transformers server on the GPU, the
-#            twin, harness and sandbox on the host's cores) in the background; waits up to $WAIT_S seconds; once
-#            done, packs its episode stores (gzip) into $OUT/eval
+#            twin, harness and sandbox on the host's cores) in the background; waits up to $WAIT_S seconds; packs
+#            its episode stores (gzip) into $OUT/eval once done, else what is recorded so far into $OUT/eval_partial
+#            (copied back into $WORK/sft_eval/ on a fresh host, the evaluation resumes from it)
 #
 # Every stage is idempotent: rerun the same command to keep waiting, or after a lost call. What a stage starts logs
 # to $WORK/<stage>.log. Variables (defaults): CARRY (/tmp/carry), BUNDLE_CARRY (/tmp/carry_hb), BUNDLE
 # (/tmp/hb/host_bundle), STORE
-# (.cache/store/rollout.sqlite), WORK (/tmp/work), OUT (./back), WAIT_S (500), WORKERS (16), EPOCHS (3), RANK (32).
+# (.cache/store/rollout.sqlite), WORK (/tmp/work), OUT (./back), WAIT_S (500), WORKERS (32), EPOCHS (3), RANK (32).
 set -u -o pipefail
 
 CARRY=${CARRY:-/tmp/carry}
@@ -27,7 +28,7 @@ STORE=${STORE:-.cache/store/rollout.sqlite}
 WORK=${WORK:-/tmp/work}
 OUT=${OUT:-./back}
 WAIT_S=${WAIT_S:-500}
-WORKERS=${WORKERS:-16}
+WORKERS=${WORKERS:-32}
 EPOCHS=${EPOCHS:-3}
 RANK=${RANK:-32}
 NAME=qwen2.5-coder-0.5b-instruct
@@ -107,18 +108,36 @@ eval_stage() {
             --out '$WORK/sft_eval' --server transformers --workers $WORKERS --no-progress && touch '$WORK/sft_eval/done'"
     if wait_for "$WORK/sft_eval/done" "training.student_eval run"; then
         say "evaluation done"
-        if [ ! -f "$OUT/eval/eval.carry-manifest.json" ]; then
-            rm -rf "$WORK/eval_back" && mkdir -p "$WORK/eval_back"
-            (cd "$WORK/sft_eval" && for d in */; do [ -f "$d/rollout.sqlite" ] && mkdir -p "$WORK/eval_back/$d" &&
-                gzip -c "$d/rollout.sqlite" >"$WORK/eval_back/$d/rollout.sqlite.gz" &&
-                cp "$d"/summary.json "$WORK/eval_back/$d/" 2>/dev/null; done)
-            python3 "$PROJ/tools/carry.py" pack "$WORK/eval_back" --out "$OUT/eval" --max-mib 15 --flat --name eval -q
-        fi
+        [ -f "$OUT/eval/eval.carry-manifest.json" ] || pack_stores eval
     else
         say "evaluation not done yet:"
-        tail -c 2000 "$WORK/eval.log"
+        tail -c 2000 "$WORK/eval.log" | tr '\r' '\n' | tail -5
+        pack_stores eval_partial  # what is recorded so far, in case the machine goes: the evaluation resumes from it
         return 3
     fi
+}
+
+# the evaluation's stores as they are now (sqlite's online backup: consistent while episodes are being written),
+# gzipped, with each run's summary, packed into $OUT/$1
+pack_stores() {
+    local stage=$WORK/back/sft_eval  # unpacked here with --to runs/student: runs/student/sft_eval/<run>/
+    rm -rf "$WORK/back" "${OUT:?}/$1" && mkdir -p "$stage"
+    python3 - "$WORK/sft_eval" "$stage" <<'PY' || return 1
+import gzip, shutil, sqlite3, sys
+from pathlib import Path
+src, dst = Path(sys.argv[1]), Path(sys.argv[2])
+for store in sorted(src.glob("*/rollout.sqlite")):
+    out = dst / store.parent.name
+    out.mkdir(parents=True)
+    with sqlite3.connect(store) as a, sqlite3.connect(out / "rollout.sqlite") as b:
+        a.backup(b)
+    with open(out / "rollout.sqlite", "rb") as f, gzip.open(out / "rollout.sqlite.gz", "wb") as g:
+        shutil.copyfileobj(f, g)
+    (out / "rollout.sqlite").unlink()
+    if (store.parent / "summary.json").is_file():
+        shutil.copy(store.parent / "summary.json", out)
+PY
+    python3 "$PROJ/tools/carry.py" pack "$stage" --out "$OUT/$1" --max-mib 15 --flat --name "$1" -q
 }
 
 for STAGE in "$@"; do
