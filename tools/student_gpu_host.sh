@@ -66,7 +66,7 @@ prepare() {
     if [ ! -d "$PROJ/src" ]; then mkdir -p "$PROJ" && cp -r src tools "$PROJ"/; fi
     if [ ! -f "$STUDENT/captain_student.json" ]; then
         python3 "$PROJ/tools/carry.py" unpack "$CARRY" --to "$WORK/carried" -q || return 1
-        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$WORK"/carried/wheels/*.whl ||
+        python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$WORK"/carried/wheels/*.whl ||
             return 1
         mkdir -p "$WORK/student" && cp "$WORK/carried/$NAME.gguf" "$WORK/student/"
         python3 -m training.student build --cache "$WORK/student" || return 1
@@ -87,7 +87,7 @@ sft() {
     [ -f "$STORE" ] && cp -n "$STORE" "$WORK/expert.sqlite"
     background "training.rl sft" "$WORK/sft/sft_run.json" "$WORK/sft.log" \
         python3 -m training.rl sft --model "$STUDENT" --store "$WORK/expert.sqlite" --out "$WORK/sft" \
-        --lora-rank "$RANK" --epochs "$EPOCHS" --lr 2e-4 --warmup 5 --rows 1 --grad-accum 8 --max-tokens 20480 \
+        --lora-rank "$RANK" --epochs "$EPOCHS" --lr 2e-4 --warmup 5 --rows 1 --grad-accum 8 --max-tokens 24576 \
         --gradient-checkpointing --no-progress
     if wait_for "$WORK/sft/sft_run.json" "training.rl sft"; then
         say "SFT done: $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(f\"{r['episodes']} episodes, {r['steps']} steps, {r['tokens_per_s']:.0f} tokens/s, loss {r['final_loss']:.3f}\")" "$WORK/sft/sft_run.json")"
