@@ -146,3 +146,9 @@ def test_the_run_command_refuses_bad_arguments_before_anything_starts(tmp_path, 
     with pytest.raises(SystemExit):
         ev.main(["run", "--model", str(tmp_path), "--label", "x", "--out", str(tmp_path / "out"), *args])
     assert message in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_a_plan_names_a_known_server():
+    assert ev.EvalPlan(server="transformers").server == "transformers"
+    with pytest.raises(ValueError, match="unknown server 'tgi': vllm or transformers"):
+        ev.EvalPlan(server="tgi")

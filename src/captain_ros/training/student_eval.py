@@ -48,6 +48,10 @@ class EvalPlan:
     kv_cache_gib: int = 2  # vLLM CPU KV cache
     server: str = "vllm"  # vllm (.venv-vllm) | transformers (training.hf_serve: a GPU host without vLLM)
 
+    def __post_init__(self) -> None:
+        if self.server not in ("vllm", "transformers"):
+            raise ValueError(f"unknown server {self.server!r}: vllm or transformers")
+
 
 def plan_jobs(plan: EvalPlan) -> list[Any]:
     """The plan's episodes: held-out start states drawn with the plan's seed, the same for every model."""
@@ -96,15 +100,13 @@ def evaluate(model: Path, label: str, out: Path, plan: EvalPlan = EvalPlan(), pr
         from training.hf_serve import start_hf_server
 
         server = start_hf_server(model, run_dir / "logs" / "server.log", max_model_len=plan.context_limit_tokens)
-    elif plan.server == "vllm":
+    else:
         server = serve.start_server(
             model,
             run_dir / "logs" / "vllm.log",
             max_model_len=plan.context_limit_tokens,
             kv_cache_gib=plan.kv_cache_gib,
         )
-    else:
-        raise ValueError(f"unknown server {plan.server!r}: vllm or transformers")
     try:
         healthy = server.wait_healthy(VLLM_START_LIMIT_S)
         print(f"[eval] {plan.server} serving {model} (healthy after {healthy:.0f} s)", flush=True)
