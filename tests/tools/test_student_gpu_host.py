@@ -1,0 +1,34 @@
+"""tools/student_gpu_host.sh refuses what it cannot do with a message, before starting anything."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "tools" / "student_gpu_host.sh"
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
+
+
+def run(tmp_path, *stages):
+    env = {**os.environ, "WORK": str(tmp_path / "work"), "OUT": str(tmp_path / "out"), "WAIT_S": "1"}
+    return subprocess.run(["bash", str(SCRIPT), *stages], cwd=ROOT, env=env, capture_output=True, text=True)
+
+
+def test_no_stage_prints_the_usage_and_makes_nothing(tmp_path):
+    done = run(tmp_path)
+    assert done.returncode == 2 and "stages: prepare sft eval" in done.stdout
+    assert not (tmp_path / "work").exists()
+
+
+def test_an_unknown_stage_is_named(tmp_path):
+    done = run(tmp_path, "train")
+    assert done.returncode == 2 and "unknown stage train (prepare, sft, eval)" in done.stderr
+
+
+def test_the_evaluation_without_a_fine_tuned_model_says_which_stage_makes_it(tmp_path):
+    done = run(tmp_path, "eval")
+    assert done.returncode == 1 and "no fine-tuned model yet (run the sft stage)" in done.stdout
+    assert not (tmp_path / "work" / "eval.log").exists()  # nothing started
