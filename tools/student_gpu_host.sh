@@ -13,12 +13,14 @@
 #   eval     the fine-tuned student's evaluation (training.student_eval, the transformers server on the GPU, the
 #            twin, harness and sandbox on the host's cores) in the background; waits up to $WAIT_S seconds; packs
 #            its episode stores (gzip) into $OUT/eval once done, else what is recorded so far into $OUT/eval_partial
-#            (copied back into $WORK/sft_eval/ on a fresh host, the evaluation resumes from it)
+#            (copied back into $WORK/sft_eval/ on a fresh host, the evaluation resumes from it). On a fresh host
+#            after the sft stage's, it merges the adapter that came back, carried as $ADAPTER_BACK (the folder
+#            $OUT/adapter came back as), into the student first
 #
 # Every stage is idempotent: rerun the same command to keep waiting, or after a lost call. What a stage starts logs
 # to $WORK/<stage>.log. Variables (defaults): CARRY (/tmp/carry), BUNDLE_CARRY (/tmp/carry_hb), BUNDLE
-# (/tmp/hb/host_bundle), STORE
-# (.cache/store/rollout.sqlite), WORK (/tmp/work), OUT (./back), WAIT_S (500), WORKERS (32), EPOCHS (3), RANK (32).
+# (/tmp/hb/host_bundle), STORE (.cache/store/rollout.sqlite), WORK (/tmp/work), OUT (./back), WAIT_S (500),
+# WORKERS (32), EPOCHS (3), RANK (32), ADAPTER_BACK (.cache/back/adapter).
 set -u -o pipefail
 
 CARRY=${CARRY:-/tmp/carry}
@@ -31,10 +33,11 @@ WAIT_S=${WAIT_S:-500}
 WORKERS=${WORKERS:-32}
 EPOCHS=${EPOCHS:-3}
 RANK=${RANK:-32}
+ADAPTER_BACK=${ADAPTER_BACK:-.cache/back/adapter}
 NAME=qwen2.5-coder-0.5b-instruct
 STUDENT=$WORK/student/$NAME
 PROJ=$WORK/proj
-[ $# -gt 0 ] || { sed -n '2,19p' "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,23p' "$0"; exit 2; }
 mkdir -p "$WORK" "$OUT"
 export PYTHONPATH=$PROJ/src/captain_ros:/tmp/site HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 [ -f "$WORK/host.env" ] && . "$WORK/host.env"
@@ -102,7 +105,12 @@ sft() {
 }
 
 eval_stage() {
-    [ -f "$WORK/sft/model/config.json" ] || { say "no fine-tuned model yet (run the sft stage)"; return 1; }
+    if [ ! -f "$WORK/sft/model/config.json" ] && [ -f "$ADAPTER_BACK/adapter.carry-manifest.json" ]; then
+        say "no fine-tuned model on this host: merging the adapter that came back ($ADAPTER_BACK)"
+        python3 "$PROJ/tools/carry.py" unpack "$ADAPTER_BACK" --to "$WORK/sft" -q &&
+            python3 -m training.student merge "$WORK/sft/adapter" --base "$STUDENT" --out "$WORK/sft/model" || return 1
+    fi
+    [ -f "$WORK/sft/model/config.json" ] || { say "no fine-tuned model yet (run the sft stage, or carry the adapter that came back as ADAPTER_BACK)"; return 1; }
     background "training.student_eval run" "$WORK/sft_eval/done" "$WORK/eval.log" \
         bash -c "python3 -m training.student_eval run --model '$WORK/sft/model' --label student-sft \
             --out '$WORK/sft_eval' --server transformers --workers $WORKERS --no-progress && touch '$WORK/sft_eval/done'"

@@ -30,5 +30,5 @@ def test_an_unknown_stage_is_named(tmp_path):
 
 def test_the_evaluation_without_a_fine_tuned_model_says_which_stage_makes_it(tmp_path):
     done = run(tmp_path, "eval")
-    assert done.returncode == 1 and "no fine-tuned model yet (run the sft stage)" in done.stdout
+    assert done.returncode == 1 and "no fine-tuned model yet (run the sft stage, or carry the adapter" in done.stdout
     assert not (tmp_path / "work" / "eval.log").exists()  # nothing started

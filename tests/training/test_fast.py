@@ -228,6 +228,76 @@ def test_fast_loss_and_gradients_equal_sft_reference(model, attention, fused):
     model.zero_grad(set_to_none=True)
 
 
+def lora_model(seed: int = 0, **lora: object):
+    """The tiny Qwen2 under peft LoRA adapters whose B is random (peft starts B at 0, where any merge is exact)."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    config = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": list(sft.LORA_TARGETS), **lora}
+    model = get_peft_model(tiny_model(), LoraConfig(**config))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.05)
+    return model
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "bucketed"])
+def test_fast_lora_loss_and_adapter_gradients_equal_peft_forward(attention):
+    """Through LoRA adapters (W + s B A merged per step, training.fast.linear_weight) the fast loss and every
+    trainable adapter's gradient equal peft's own forward (x W^T + s (x A^T) B^T) on the 4D-mask path; the frozen
+    base weights get no gradient on either path."""
+    model = lora_model()
+    batch = packed_batch()
+    denominator = sft.token_denominator([batch, batch])
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+
+    ref = sft.micro_batch_loss(model, batch, denominator, SFTConfig(attention="mask"))
+    ref.backward()
+    ref_grads = {n: p.grad.clone() for n, p in trainable.items()}
+    model.zero_grad(set_to_none=True)
+
+    loss = fast.fast_micro_batch_loss(model, batch, denominator, fast.FastConfig(chunk_tokens=13, attention=attention))
+    loss.backward()
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    for name, p in trainable.items():
+        torch.testing.assert_close(p.grad, ref_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert all(p.grad is None for n, p in model.named_parameters() if not p.requires_grad)
+
+
+def test_fast_lora_sft_steps_equal_the_transformers_forward():
+    """Two optimizer steps of train_sft with LoRA: the fast path and the transformers forward end on the same
+    adapter weights (the same loss each step), and a fresh adapter (B = 0) starts where the base model is."""
+    batches = [packed_batch(), packed_batch()]
+    runs = []
+    for fast_config in (None, fast.FastConfig(chunk_tokens=16, attention="sdpa")):
+        config = SFTConfig(
+            max_steps=2, grad_accum_steps=2, lora_rank=4, lora_alpha=8, progress=False, fast=fast_config,
+            attention="mask", learning_rate=1e-3, warmup_steps=0,
+        )  # fmt: skip
+        result = sft.train_sft(tiny_model(), batches, config)
+        lora = {n: p.detach().clone() for n, p in result.model.named_parameters() if "lora_" in n}
+        runs.append(([row["loss"] for row in result.metrics], lora))
+    (ref_losses, ref_lora), (losses, lora) = runs
+    assert losses == pytest.approx(ref_losses, rel=1e-5)
+    assert lora.keys() == ref_lora.keys() and lora
+    for name in lora:
+        torch.testing.assert_close(lora[name], ref_lora[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_fast_path_refuses_lora_it_cannot_merge():
+    """Dropout (a different mask per token, not one merged weight), DoRA and an adapter on the embeddings are named
+    as the reason; plain LoRA on the projections is not refused, and train_sft refuses before any step."""
+    assert fast.unsupported_reason(lora_model()) is None
+    assert "dropout 0.1" in fast.unsupported_reason(lora_model(lora_dropout=0.1))
+    assert "DoRA" in fast.unsupported_reason(lora_model(use_dora=True))
+    reason = fast.unsupported_reason(lora_model(target_modules=["q_proj", "embed_tokens"]))
+    assert "embed_tokens" in reason
+    config = SFTConfig(max_steps=1, lora_rank=4, lora_dropout=0.1, progress=False, fast=fast.FastConfig())
+    with pytest.raises(ValueError, match="dropout"):
+        sft.train_sft(tiny_model(), [packed_batch()], config)
+
+
 # ------------------------------------------------------------------------------------------------ where it applies
 def test_the_fast_path_applies_to_qwen2_only_and_the_cli_sft_takes_it_there(monkeypatch):
     """training.fast re-implements a Qwen2 layer: it applies to the tiny Qwen2, not to a sliding-window Qwen2 (its
@@ -253,6 +323,7 @@ def test_the_fast_path_applies_to_qwen2_only_and_the_cli_sft_takes_it_there(monk
     full, lora = argparse.Namespace(lora_rank=0), argparse.Namespace(lora_rank=4)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # only consulted, nothing runs on a GPU
     assert _fast_applies(qwen, full)
-    assert not _fast_applies(qwen, lora) and not _fast_applies(sliding, full) and not _fast_applies(llama, full)
+    assert _fast_applies(qwen, lora)
+    assert not _fast_applies(sliding, full) and not _fast_applies(llama, full)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert not _fast_applies(qwen, full)

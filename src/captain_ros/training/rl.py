@@ -635,12 +635,12 @@ def _device(name: str) -> str:
 
 
 def _fast_applies(model: Any, args: argparse.Namespace) -> bool:
-    """training.fast computes the same loss over the same weights for full fine-tuning of Qwen2-shaped models on a
-    GPU (training.fast.unsupported_reason: Qwen2, no sliding window); LoRA adapters and other architectures take the
-    transformers forward."""
+    """training.fast computes the same loss over the same weights for Qwen2-shaped models on a GPU, all weights or
+    LoRA adapters (the CLI's have no dropout) alike (training.fast.unsupported_reason: Qwen2, no sliding window);
+    other architectures take the transformers forward."""
     from training.fast import unsupported_reason
 
-    return args.lora_rank == 0 and torch.cuda.is_available() and unsupported_reason(model) is None
+    return torch.cuda.is_available() and unsupported_reason(model) is None
 
 
 def _group_of(episode: Any) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -31,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.fast import FastConfig, fast_micro_batch_loss
+from training.fast import FastConfig, fast_micro_batch_loss, unsupported_reason
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -259,9 +260,9 @@ def train_sft(
     if not batches:
         raise ValueError("no micro-batches to train on")
     torch.manual_seed(config.seed)
-    if config.fast is not None and config.lora_rank > 0:
-        raise ValueError("SFTConfig.fast reads the base model's weights directly and cannot train LoRA adapters")
     model = apply_lora(model, config)
+    if config.fast is not None and (reason := unsupported_reason(model)):
+        raise ValueError(f"SFTConfig.fast cannot train this model: {reason}")
     model.train()
     optimizer, scheduler = make_optimizer(model, config)
     state = TrainState()
@@ -271,6 +272,24 @@ def train_sft(
         model, optimizer, scheduler, state, batches=batches, config=config, step_fn=sft_step, save_fn=save_checkpoint
     )
     return SFTResult(model, state, metrics)
+
+
+def log_progress(desc: str, metrics: list[dict], max_steps: int, lines: int = 20) -> None:
+    """Without a progress bar (logs, background runs), one line to stderr at about every 1/`lines` of the run and at
+    its last step: step, loss, tokens/s and the time left at that rate."""
+    row = metrics[-1]
+    step, every = row["step"], max(1, max_steps // lines)
+    if step % every and step != max_steps:
+        return
+    elapsed = row["elapsed_s"]
+    tokens_per_s = sum(r["tokens"] for r in metrics) / max(elapsed, 1e-9)
+    left = elapsed / len(metrics) * (max_steps - step)
+    print(
+        f"{desc} step {step}/{max_steps}: loss {row['loss']:.4f}, {tokens_per_s:,.0f} tokens/s, "
+        f"{elapsed:.0f} s elapsed, about {left:.0f} s left",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def run_steps(
@@ -308,6 +327,8 @@ def run_steps(
         metrics.append(row)
         bar.update(1)
         bar.set_postfix(loss=f"{row['loss']:.4f}", tokens=row["tokens"], lr=f"{row['lr']:.2e}")
+        if show and not config.progress:
+            log_progress(desc, metrics, config.max_steps)
         every = config.checkpoint_every_steps
         if checkpoint is not None and ((every and state.step % every == 0) or state.step == config.max_steps):
             save_fn(checkpoint, model, optimizer, scheduler, state=state, config=config)
