@@ -244,19 +244,24 @@ def test_the_harness_launch_lets_the_operator_manage_the_motion_node():
 
 
 # ------------------------------------------------------------------ real arm
-def test_real_arm_turns_the_shadow_check_on_and_it_reaches_the_motion_node():
-    """real_arm.launch.py: shadow_check defaults to true and is passed to harness.launch.py, whose motion node takes it
-    as its bool parameter (off by default there: the twin's own launch)."""
+@pytest.mark.parametrize(
+    ("name", "real_default", "twin_default", "kind"),
+    [("shadow_check", "true", "false", "bool"), ("estop_deadline_s", "0.5", "0.0", "float")],
+)
+def test_real_arm_safety_defaults_reach_the_motion_node(name, real_default, twin_default, kind):
+    """real_arm.launch.py turns the shadow check on and gives the e-stop topic a 0.5 s deadline; each is passed to
+    harness.launch.py, whose motion node takes it as its typed parameter (off there by default: the twin's own
+    launch)."""
     real = ast.parse((ROOT / "launch" / "real_arm.launch.py").read_text())
     arguments = {a.args[0].value: a for a in calls(real, "DeclareLaunchArgument")}
-    assert keyword(arguments["shadow_check"], "default_value").value == "true"
+    assert keyword(arguments[name], "default_value").value == real_default
     (include,) = [i for i in calls(real, "IncludeLaunchDescription") if keyword(i, "launch_arguments") is not None]
     passed = [c.value for c in ast.walk(keyword(include, "launch_arguments")) if isinstance(c, ast.Constant)]
-    assert passed.count("shadow_check") == 2  # the key and the LaunchConfiguration it takes
+    assert passed.count(name) == 2  # the key and the LaunchConfiguration it takes
     harness = ast.parse((ROOT / "launch" / "harness.launch.py").read_text())
     arguments = {a.args[0].value: a for a in calls(harness, "DeclareLaunchArgument")}
-    assert keyword(arguments["shadow_check"], "default_value").value == "false"
-    assert declared_parameter_types("motion_node")["shadow_check"] == "bool"
+    assert keyword(arguments[name], "default_value").value == twin_default
+    assert declared_parameter_types("motion_node")[name] == kind
 
 
 def test_real_arm_leaves_robot_state_publisher_to_the_vendor_by_default():

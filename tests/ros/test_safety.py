@@ -164,6 +164,7 @@ def op(nodes, client_node):
     # leave the supervisor as the next test expects it: e-stop released and cleared, approval mode off
     operator.estop_topic.publish(Bool(data=False))
     operator.state(lambda s: not s.estop_inputs_pressed, "the e-stop input to read released")
+    operator.parameters(estop_deadline_s=0.0)
     assert operator.trigger("clear_estop").success
     operator.parameters(approval_mode=False, approval_timeout_s=0.0)
     assert operator.trigger("resume").success
@@ -358,6 +359,34 @@ def test_the_estop_topic_halts_a_running_motion_and_refuses_motions_until_releas
     cleared = op.trigger("clear_estop")
     assert cleared.success and "engaged by the /safety/estop topic" in cleared.message
     op.state(lambda s: not s.estop_engaged, "the e-stop cleared")
+    _home(op)
+
+
+def test_a_silent_estop_bridge_halts_the_arm_and_blocks_the_reset_until_it_speaks_released(op):
+    """With a deadline on /safety/estop (here 1 s, set at run time) a bridge that stops publishing engages the
+    e-stop in the topic's name: the running motion stops and holds, motions are refused, and the reset is refused
+    until the bridge speaks again, reading false."""
+    _home(op)
+    handle = _start_slow_motion(op, 0.45, 0.25, 0.2)
+    op.parameters(estop_deadline_s=1.0)  # watched from now; nothing publishes on the topic
+    wrapped = result_of(handle.get_result_async(), 60)
+    stopped = wrapped.result.result
+    assert wrapped.status == GoalStatus.STATUS_ABORTED and stopped.failure_category == "safety_stop"
+    assert "e-stop engaged by the /safety/estop topic" in stopped.receipt
+    end = json.loads(stopped.value_json)
+    assert end["distance_to_target_m"] > 0.05
+    np.testing.assert_allclose(op.tcp(), end["tcp_position_m"], atol=0.005)  # it holds where it stopped
+    state = op.state(lambda s: s.estop_engaged, "the e-stop in the state")
+    assert state.estop_source == "the /safety/estop topic" and "past its 1 s deadline" in state.estop_reason
+    _refused_everywhere(op, "the /safety/estop topic")
+    refused = op.trigger("clear_estop")
+    assert not refused.success and "went silent past its deadline: restore its bridge" in refused.message
+    op.parameters(estop_deadline_s=600.0)  # re-armed from now: no second lapse while this test waits; still silent
+    assert "went silent" in op.trigger("clear_estop").message
+    op.estop_topic.publish(Bool(data=False))  # the bridge is back, released
+    wait_for(lambda: op.trigger("clear_estop").success, 60, "the reset once the bridge spoke")
+    op.state(lambda s: not s.estop_engaged, "the e-stop cleared")
+    op.parameters(estop_deadline_s=0.0)
     _home(op)
 
 

@@ -68,6 +68,12 @@ def generate_launch_description() -> LaunchDescription:
             "`captain-ros approve` in a terminal); no answer within safety.yaml's approval_timeout_s: the arm holds",
         ),
         DeclareLaunchArgument(
+            "estop_deadline_s",
+            default_value="0.0",
+            description="the /safety/estop topic (a button's bridge) must speak at least this often, else the e-stop "
+            "engages and stays until it speaks again, released; 0 = no deadline (the twin); real_arm.launch.py: 0.5",
+        ),
+        DeclareLaunchArgument(
             "shadow_check",
             default_value="false",
             choices=["true", "false"],
@@ -109,6 +115,7 @@ def generate_launch_description() -> LaunchDescription:
                 "watchdog": typed("watchdog", bool),
                 "autostart": typed("autostart", bool),
                 "approval_mode": typed("approval_mode", bool),
+                "estop_deadline_s": typed("estop_deadline_s", float),
                 "shadow_check": typed("shadow_check", bool),
                 "control_period_s": typed("control_period_s", float),
                 "use_sim_time": typed("use_sim_time", bool),

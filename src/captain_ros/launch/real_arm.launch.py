@@ -87,6 +87,13 @@ def generate_launch_description() -> LaunchDescription:
             "`captain-ros approve` in a terminal); recommended for a first run on a physical arm",
         ),
         DeclareLaunchArgument(
+            "estop_deadline_s",
+            default_value="0.5",
+            description="the e-stop button's bridge must publish on /safety/estop at least this often (steady time); "
+            "silence engages the e-stop, which stays until the bridge is back and reads released; 0 = no bridge is "
+            "watched (only the arm's own hardware e-stop then stops a dead stack)",
+        ),
+        DeclareLaunchArgument(
             "shadow_check",
             default_value="true",
             choices=["true", "false"],
@@ -115,6 +122,7 @@ def generate_launch_description() -> LaunchDescription:
         ),
         launch_arguments={
             "approval_mode": LaunchConfiguration("approval_mode"),
+            "estop_deadline_s": LaunchConfiguration("estop_deadline_s"),
             "shadow_check": LaunchConfiguration("shadow_check"),
         }.items(),
     )  # its arguments (robot_profile, safety_config, watchdog, ...) pass through: real_arm.launch.py watchdog:=true

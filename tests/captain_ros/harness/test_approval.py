@@ -3,6 +3,7 @@ gate that asks it (on the twin backend). The same paths over DDS are in tests/ro
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -51,6 +52,38 @@ def test_estop_cannot_be_cleared_while_an_input_reads_pressed_and_a_release_clea
     estop.set_input("the button", pressed=False)
     assert estop.engaged  # releasing the button alone restarts nothing
     assert estop.clear() == "" and not estop.engaged and estop.engagements == 1
+
+
+def test_a_watched_input_that_goes_silent_engages_and_blocks_a_clear_until_it_speaks_released():
+    """A button's bridge under a 0.5 s deadline (times by hand): speaking keeps it clear; silence past the deadline
+    engages once in its name; a clear is refused until it speaks again, and a released reading then allows it."""
+    estop, button = EStop(), "the button"
+    estop.watch(button, 0.5, now_s=10.0)
+    assert estop.lapse(10.5) == [] and not estop.engaged  # the first reading is due by 10.5: not yet late
+    assert not estop.set_input(button, pressed=False, now_s=10.4)
+    assert estop.lapse(10.9) == [] and not estop.engaged  # 0.5 s after 10.4: still within
+    assert estop.lapse(10.95) == [button] and estop.engaged  # 0.55 s of silence
+    assert estop.refusal() == (
+        "e-stop engaged by the button (silent for 0.55 s, past its 0.5 s deadline): nothing moves until an "
+        "operator clears it"
+    )
+    assert estop.lapse(20.0) == [] and estop.engagements == 1  # one silence, one engagement
+    assert "went silent past its deadline" in estop.clear() and estop.engaged
+    estop.set_input(button, pressed=False, now_s=20.1)  # the bridge is back, released
+    assert estop.clear() == "" and not estop.engaged
+    assert estop.lapse(20.5) == [] and estop.lapse(20.7) == [button]  # watched again from its last message
+
+
+def test_an_input_that_never_speaks_lapses_and_a_zero_deadline_ends_the_watch():
+    estop = EStop()
+    estop.watch("the button", 0.2, now_s=0.0)
+    assert estop.deadline_s("the button") == 0.2 and estop.lapse(0.3) == ["the button"]
+    estop.watch("the button", 0.0, now_s=0.3)  # the operator waives the contract
+    assert estop.deadline_s("the button") == 0.0 and estop.lapse(100.0) == []
+    assert estop.clear() == ""  # its silence no longer blocks the reset
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="finite number of seconds"):
+            estop.watch("the button", bad, now_s=0.0)
 
 
 # ------------------------------------------------------------------------------ approver

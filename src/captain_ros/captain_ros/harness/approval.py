@@ -16,6 +16,7 @@ most one request is pending; the approver does not rely on it.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 import uuid
@@ -56,7 +57,12 @@ def load_supervisor_config(path: Path | None = None) -> SupervisorConfig:
 # ------------------------------------------------------------------------------ e-stop
 class EStop:
     """Latched emergency stop. Thread-safe; `engagements` counts engage() calls that latched it, so a caller
-    can tell whether it was engaged during a call even if an operator cleared it since."""
+    can tell whether it was engaged during a call even if an operator cleared it since.
+
+    An input can carry a deadline (`watch`): a button's bridge that says nothing for longer than that is as good
+    as a pressed button (a dead bridge would otherwise mean no stop), so `lapse` engages the e-stop in its name,
+    and it cannot be cleared until the input speaks again and reads released. Times are the caller's monotonic
+    seconds (the ROS shell: the steady clock, not sim time: a bridge's silence is real time)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -66,6 +72,41 @@ class EStop:
         self.last_source = ""  # who engaged it last (kept after a clear: for results of calls it stopped)
         self.engagements = 0
         self._pressed: set[str] = set()  # inputs whose last reading was "engaged"
+        self._deadline_s: dict[str, float] = {}  # watched inputs: the longest silence each is allowed
+        self._heard_s: dict[str, float] = {}  # when each input last spoke (or its watch began)
+        self._silent: set[str] = set()  # watched inputs past their deadline and not heard since
+
+    def watch(self, source: str, deadline_s: float, now_s: float) -> None:
+        """Require a reading from `source` at least every `deadline_s` from `now_s` on (its first one included:
+        an input that never speaks lapses too); 0 ends the watch (and its silence no longer blocks a clear)."""
+        if not math.isfinite(deadline_s) or deadline_s < 0:
+            raise ValueError(f"an e-stop input's deadline must be a finite number of seconds >= 0, got {deadline_s}")
+        with self._lock:
+            if deadline_s == 0:
+                self._deadline_s.pop(source, None)
+                self._silent.discard(source)
+                return
+            self._deadline_s[source] = deadline_s
+            self._heard_s[source] = now_s
+
+    def deadline_s(self, source: str) -> float:
+        """`source`'s deadline (0: not watched)."""
+        with self._lock:
+            return self._deadline_s.get(source, 0.0)
+
+    def lapse(self, now_s: float) -> list[str]:
+        """Engage the e-stop for each watched input silent past its deadline at `now_s`; returns those that
+        lapsed just now (each lapses once per silence)."""
+        lapsed = []
+        with self._lock:
+            for source, deadline in self._deadline_s.items():
+                silent_s = now_s - self._heard_s[source]
+                if silent_s > deadline and source not in self._silent:
+                    self._silent.add(source)
+                    lapsed.append((source, f"silent for {silent_s:.2f} s, past its {deadline:g} s deadline"))
+        for source, reason in lapsed:
+            self.engage(source, reason)
+        return [source for source, _ in lapsed]
 
     def engage(self, source: str, reason: str = "") -> bool:
         """Latch the e-stop; True if this engaged it (False: it already was, by the first source)."""
@@ -76,10 +117,13 @@ class EStop:
             self.engagements += 1
             return True
 
-    def set_input(self, source: str, pressed: bool, reason: str = "") -> bool:
-        """A latching input's reading (a button bridge's topic): pressed engages; released only allows an
-        operator to clear (it clears nothing). Returns whether this engaged the e-stop."""
+    def set_input(self, source: str, pressed: bool, reason: str = "", now_s: float | None = None) -> bool:
+        """A latching input's reading (a button bridge's topic) at `now_s` (default: time.monotonic()): pressed
+        engages; released only allows an operator to clear (it clears nothing). Returns whether this engaged the
+        e-stop."""
         with self._lock:
+            self._heard_s[source] = time.monotonic() if now_s is None else now_s
+            self._silent.discard(source)
             if not pressed:
                 self._pressed.discard(source)
                 return False
@@ -93,6 +137,11 @@ class EStop:
     def clear(self) -> str:
         """Operator reset: '' when cleared (or not engaged), else why it was refused."""
         with self._lock:
+            if self._silent:
+                return (
+                    f"{', '.join(sorted(self._silent))} went silent past its deadline: restore its bridge (it must "
+                    "publish again, reading false) before clearing"
+                )
             if self._pressed:
                 return (
                     f"{', '.join(sorted(self._pressed))} still reads engaged: release the e-stop "

@@ -185,6 +185,15 @@ class MotionNode(GuardedNode, LifecycleNode):
             ),
         )
         self.declare_parameter(
+            "estop_deadline_s",
+            0.0,
+            describe(
+                description="the /safety/estop topic must speak at least this often (steady time), else the e-stop "
+                "engages and cannot be cleared until it speaks again, released (a dead button bridge fails closed); "
+                "0 = no deadline; settable at run time; real_arm.launch.py: 0.5"
+            ),
+        )
+        self.declare_parameter(
             "approval_timeout_s",
             0.0,
             describe(
@@ -215,6 +224,7 @@ class MotionNode(GuardedNode, LifecycleNode):
         self.markers = self.create_publisher(MarkerArray, "/captain/markers", 10)
         # e-stop, approval and their state: served from start-up, in every lifecycle state
         self.safety = SafetySupervisor(self, self._on_estop, ReentrantCallbackGroup())
+        self.safety.set_estop_deadline(float(self.get_parameter("estop_deadline_s").value))
         if not self.autostart:
             self._serve()  # managed: the services exist from the start and say why they refuse
 

@@ -27,6 +27,14 @@ publishes false) first, and its release alone clears nothing. A bridge should pu
 periodically (a late-starting motion node then learns it). To clear after a bridge that died pressed:
 `ros2 topic pub --once /safety/estop std_msgs/msg/Bool "{data: false}"`, then clear.
 
+The topic's deadline (parameter `estop_deadline_s`, settable at run time; real_arm.launch.py sets 0.5): with it, a
+bridge that says nothing for longer (steady time; from the node's start for its first message) engages the e-stop
+in the topic's name ("silent for 0.62 s, past its 0.5 s deadline"), exactly as a pressed button does, and the reset
+is refused until the bridge publishes again, reading false: a dead bridge fails closed instead of leaving the arm
+without its stop. 0 (the twin's launch) waives it, with a warning in the log. This is a software stop over DDS: a
+safety-rated stop (a category 0/1 stop wired to the arm's controller, the vendor's own e-stop input) still needs
+hardware; docs/first_real_run.md says which.
+
 Approval mode (parameter `approval_mode`, settable at run time: `ros2 param set /motion approval_mode true`):
 every physical action waits for an operator's answer through /safety/approve or `captain-ros approve`
 (`ApprovalPrompt` below); no answer within `approval_timeout_s` (wall time) fails the call as a timeout and
@@ -47,6 +55,7 @@ from collections.abc import Callable
 from builtin_interfaces.msg import Time
 from geometry_msgs.msg import Point
 from rcl_interfaces.msg import SetParametersResult
+from rclpy.clock import Clock, ClockType
 from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
@@ -78,6 +87,7 @@ STATE = "safety/state"
 MARKERS = "captain/markers"
 LATCHED = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
 MARKERS_EVERY_S = 1.0
+STEADY = Clock(clock_type=ClockType.STEADY_TIME)  # the e-stop topic's deadline: a bridge's silence is real time
 RELIABLE = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.VOLATILE)
 
 
@@ -181,6 +191,8 @@ class SafetySupervisor:
             Bool, ESTOP, self._on_estop_topic, RELIABLE, callback_group=group, event_callbacks=unheard
         )
         node.add_on_set_parameters_callback(self._on_parameters)
+        self._deadline_group = group
+        self._deadline_timer = None
         # again every second: a volatile subscriber (rviz's default) started later cannot read a latched topic's
         # history, and one that is transient local does not match the volatile publishers of the same topic
         node.create_timer(MARKERS_EVERY_S, self._publish_markers, callback_group=group)
@@ -232,12 +244,18 @@ class SafetySupervisor:
                     return SetParametersResult(successful=False, reason=problem)
             if p.name == "approval_mode" and not isinstance(p.value, bool):
                 return SetParametersResult(successful=False, reason="approval_mode must be true or false")
+            if p.name == "estop_deadline_s" and not (
+                isinstance(p.value, float) and math.isfinite(p.value) and p.value >= 0
+            ):
+                return SetParametersResult(successful=False, reason="estop_deadline_s must be a float >= 0 (0: none)")
         for p in parameters:
             if p.name == "approval_timeout_s":
                 self.approver.timeout_s = p.value or self.config.approval_timeout_s
             elif p.name == "approval_mode":
                 self.approver.enabled = p.value
                 self.node.get_logger().warning(f"approval mode {'on' if p.value else 'off'}")
+            elif p.name == "estop_deadline_s":
+                self.set_estop_deadline(p.value)
         if any(p.name in ("approval_timeout_s", "approval_mode") for p in parameters):
             self.publish()
         return SetParametersResult(successful=True)
@@ -249,13 +267,45 @@ class SafetySupervisor:
         inputs = self.estop.pressed_inputs()
         engaged = self.estop.engage(source, reason) if pressed is None else self.estop.set_input(source, pressed)
         if engaged:
-            self.approver.withdraw(f"e-stop engaged by {source}")
-            clear = self.node.resolve_service_name(CLEAR_ESTOP)
-            self.node.get_logger().error(f"E-STOP engaged by {source}: motions refused until {clear}")
-            self.on_engage(source)
-        if engaged or inputs != self.estop.pressed_inputs():
+            self._engaged(source)
+        elif inputs != self.estop.pressed_inputs():
             self.publish()
         return engaged
+
+    def _engaged(self, source: str) -> None:
+        """What follows each latch: the pending request withdrawn, the log, the node's halt, the new state."""
+        self.approver.withdraw(f"e-stop engaged by {source}")
+        clear = self.node.resolve_service_name(CLEAR_ESTOP)
+        self.node.get_logger().error(f"E-STOP engaged by {source}: motions refused until {clear}")
+        self.on_engage(source)
+        self.publish()
+
+    def set_estop_deadline(self, deadline_s: float) -> None:
+        """The e-stop topic's deadline (module doc): watched from now, checked on the steady clock every quarter
+        of it (10-100 ms); 0 waives it."""
+        source = f"the {self._estop_topic} topic"
+        self.estop.watch(source, deadline_s, time.monotonic())
+        if self._deadline_timer is not None:
+            self.node.destroy_timer(self._deadline_timer)
+            self._deadline_timer = None
+        if deadline_s == 0:
+            self.node.get_logger().warning(
+                f"{self._estop_topic} has no deadline (estop_deadline_s 0): a button bridge that dies goes unnoticed"
+            )
+            return
+        period_s = min(max(deadline_s / 4, 0.01), 0.1)
+        self._deadline_timer = self.node.create_timer(
+            period_s, self._check_estop_deadline, callback_group=self._deadline_group, clock=STEADY
+        )
+        self.node.get_logger().info(f"{self._estop_topic} must speak at least every {deadline_s:g} s")
+
+    def _check_estop_deadline(self) -> None:
+        for source in self.estop.lapse(time.monotonic()):
+            self.node.get_logger().error(
+                f"{source} went silent past its {self.estop.deadline_s(source):g} s deadline: is its bridge alive?"
+            )
+            if self.estop.source == source:
+                self._engaged(source)
 
     def _on_estop_service(self, _request, response: Trigger.Response) -> Trigger.Response:
         source = f"the {self._estop_service} service"
