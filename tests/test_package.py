@@ -52,9 +52,6 @@ NOT_DECLARED = {
     # captain_ros.ros.frames uses tf2_ros.Buffer where tf2_ros is installed (every ROS workspace: tf2_ros_py is
     # declared) and pytransform3d only in the wheel setups without it; pytransform3d has no rosdep key.
     "pytransform3d": "tf buffer where tf2_ros is not installed (wheel setups); pip-only.in",
-    # franka_gripper's Move/Grasp: imported only when a profile's gripper is "franka"; franka_msgs comes with
-    # the Franka bring-up (franka_ros2), which is not in every distribution's rosdep index.
-    "franka_msgs": "Franka gripper profiles only (ships with franka_ros2)",
     # The sim bridge (captain_ros.bridge: rollouts, transport, exports, evaluation) and the trainer run off the robot;
     # no node imports them. Their dependencies come from requirements/pip-only.in (`make setup`), not rosdep.
     "tqdm": "sim bridge and trainer progress bars",
@@ -165,6 +162,15 @@ def test_every_import_of_the_nodes_is_declared_with_its_rosdep_key():
         if m not in NOT_DECLARED and rosdep_key(m) not in declared
     ]
     assert not missing, f"missing from package.xml: {sorted(missing)}"
+
+
+def test_franka_msgs_is_declared_on_a_condition_a_ur_only_workspace_turns_off():
+    """franka_msgs is built with franka_ros2 from source (no binary on Jazzy or Kilted): declared, but on a
+    package.xml condition (REP 149) so that `CAPTAIN_ROS_FRANKA=0 rosdep install` resolves a UR-only workspace."""
+    (franka,) = [el for el in manifest(PKG / "package.xml").iter("exec_depend") if el.text == "franka_msgs"]
+    assert franka.get("condition") == "$CAPTAIN_ROS_FRANKA != 0"
+    interfaces = manifest(ROOT / "src" / "captain_interfaces" / "package.xml")
+    assert "action_msgs" in deps(interfaces, "depend")  # MoveTo.action's goal ids and status
 
 
 def test_package_xml_declares_nothing_that_nothing_uses():
