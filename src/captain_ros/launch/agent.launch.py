@@ -12,9 +12,9 @@ use_twin:=false the harness nodes must already run (real_arm.launch.py) and no h
 
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, IncludeLaunchDescription
-from launch.conditions import IfCondition, LaunchConfigurationEquals
+from launch.conditions import IfCondition
 from launch.launch_description_sources import PythonLaunchDescriptionSource
-from launch.substitutions import LaunchConfiguration, PathJoinSubstitution, PythonExpression
+from launch.substitutions import EqualsSubstitution, LaunchConfiguration, PathJoinSubstitution, PythonExpression
 from launch_ros.actions import Node
 from launch_ros.parameter_descriptions import ParameterValue
 from launch_ros.substitutions import FindPackageShare
@@ -85,7 +85,8 @@ def generate_launch_description() -> LaunchDescription:
         name="expert",
         output="screen",
         arguments=["--host", "127.0.0.1", "--port", "8001"],
-        condition=LaunchConfigurationEquals("policy", "expert"),
+        # EqualsSubstitution (launch >= Iron): Jazzy deprecates LaunchConfigurationEquals
+        condition=IfCondition(EqualsSubstitution(LaunchConfiguration("policy"), "expert")),
     )
     url = PythonExpression(
         [
