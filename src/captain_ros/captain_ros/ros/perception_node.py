@@ -50,6 +50,7 @@ from captain_interfaces.msg import CallResult as CallResultMsg
 from captain_interfaces.msg import Observation as ObservationMsg
 from captain_interfaces.srv import GetObservation, HarnessCall
 from captain_ros.core import robot
+from captain_ros.core.clock import StampedHistory
 from captain_ros.core.config import load_config
 from captain_ros.core.contract import CAPABILITY_BY_NAME, CallResult, FailureCategory
 from captain_ros.core.kinematics import Kinematics
@@ -69,7 +70,7 @@ SYNC_TOLERANCE_S = 0.02  # colour and depth stamps must agree this well
 PAIR_WAIT_S = 1.0  # default (parameter pair_wait_s): how long observe waits for a colour and depth pair
 TF_WAIT_S = 0.5  # default (parameter tf_wait_s): how long observe waits for /tf to reach an image's stamp
 HISTORY = 4  # messages kept per stream for pairing
-JOINT_HISTORY = 200  # 2 s of joint states at 100 Hz
+JOINT_HISTORY_S = 2.0  # joint states kept (by their stamps: 200 at the twin's 100 Hz, 2,000 at a Franka's 1 kHz)
 
 
 def image_to_array(msg: Image) -> np.ndarray:
@@ -164,7 +165,8 @@ class PerceptionNode(GuardedNode, Node):
         # (camera, kind) -> the last few (msg, wall time): colour and depth are paired by stamp, as
         # message_filters' approximate-time policy would
         self._latest: dict[tuple[str, str], deque] = defaultdict(lambda: deque(maxlen=HISTORY))
-        self._latest[("", "joints")] = deque(maxlen=JOINT_HISTORY)  # to find the arm's pose at an image's stamp
+        # to find the arm's pose at an image's stamp
+        self._latest[("", "joints")] = StampedHistory(JOINT_HISTORY_S, lambda kept: _seconds(kept[0].header.stamp))
         self._links = {self.kin.model.body(b).name for b in range(1, self.kin.model.nbody)}  # the URDF's frames
         self._image_frames = dict(profile.camera_frames)  # camera -> the frame its images came in, last seen
         self._told: set[tuple] = set()  # frame problems already logged (once each: observe runs often)

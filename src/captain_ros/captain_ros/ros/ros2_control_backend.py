@@ -57,6 +57,7 @@ from trajectory_msgs.msg import JointTrajectory as JointTrajectoryMsg
 from trajectory_msgs.msg import JointTrajectoryPoint
 
 from captain_ros.core import robot
+from captain_ros.core.clock import StampedHistory
 from captain_ros.core.config import load_config
 from captain_ros.core.kinematics import Kinematics
 from captain_ros.core.trajectory import REST_RADPS, JointTrajectory, TrajectoryFollower
@@ -78,7 +79,7 @@ class _LinkNode(GuardedNode, Node):
     """The backend's own node: a callback that raises drops its message instead of ending the arm's state stream."""
 
 
-WRENCH_HISTORY = 100  # wrenches kept for /tf to reach (0.2 s at UR's 500 Hz)
+WRENCH_HISTORY_S = 0.2  # wrenches kept for /tf to reach, by their stamps (100 at UR's 500 Hz, 200 at 1 kHz)
 GOAL_LEAD_FIRST_S = 0.2  # a goal's start stamp ahead of the arm's clock before any goal round trip was measured
 GOAL_LEAD_MAX_S = 1.0  # never further ahead: a goal that takes longer to arrive begins part-way along
 GOAL_LEAD_PER_LAG = 2.0  # the lead over the slowest recent round trip (which the joint states' own delay shortens)
@@ -187,7 +188,7 @@ class Ros2ControlBackend(ArmBackend):
         link.create_subscription(WrenchStamped, self._wrench_topic, self._on_wrench, wrench_qos, callback_group=group)
         # a wrench in a frame only /tf knows (UR's tool0_controller) goes to the hand frame through /tf at its own
         # stamp: recent wrenches wait for /tf to reach them; /tf is subscribed when the first such wrench comes
-        self._wrenches: deque[WrenchStamped] = deque(maxlen=WRENCH_HISTORY)
+        self._wrenches = StampedHistory(WRENCH_HISTORY_S, lambda m: stamp_ns(m.header.stamp) * 1e-9, max_items=1000)
         self._tf: FrameBuffer | None = None
         self._tf_group, self._tf_problem = group, ""
         reflex = interfaces.force_reflex
