@@ -300,12 +300,14 @@ class SafetySupervisor:
         self.node.get_logger().info(f"{self._estop_topic} must speak at least every {deadline_s:g} s")
 
     def _check_estop_deadline(self) -> None:
-        for source in self.estop.lapse(time.monotonic()):
+        latches = self.estop.engagements
+        lapsed = self.estop.lapse(time.monotonic())
+        for source in lapsed:
             self.node.get_logger().error(
                 f"{source} went silent past its {self.estop.deadline_s(source):g} s deadline: is its bridge alive?"
             )
-            if self.estop.source == source:
-                self._engaged(source)
+        if self.estop.engagements != latches and self.estop.source in lapsed:  # it latched now, in the lapse's name
+            self._engaged(self.estop.source)
 
     def _on_estop_service(self, _request, response: Trigger.Response) -> Trigger.Response:
         source = f"the {self._estop_service} service"
