@@ -88,6 +88,7 @@ MARKERS = "captain/markers"
 LATCHED = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
 MARKERS_EVERY_S = 1.0
 STEADY = Clock(clock_type=ClockType.STEADY_TIME)  # the e-stop topic's deadline: a bridge's silence is real time
+DEADLINE_CHECK_S = 0.02  # how often the e-stop topic's deadline is checked while it has one
 RELIABLE = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.VOLATILE)
 
 
@@ -191,8 +192,11 @@ class SafetySupervisor:
             Bool, ESTOP, self._on_estop_topic, RELIABLE, callback_group=group, event_callbacks=unheard
         )
         node.add_on_set_parameters_callback(self._on_parameters)
-        self._deadline_group = group
-        self._deadline_timer = None
+        # the e-stop topic's deadline check (set_estop_deadline): one timer, cancelled while there is no deadline
+        # (destroying and recreating it under a multi-threaded executor races the executor's wait set)
+        self._deadline_timer = node.create_timer(
+            DEADLINE_CHECK_S, self._check_estop_deadline, callback_group=group, clock=STEADY, autostart=False
+        )
         # again every second: a volatile subscriber (rviz's default) started later cannot read a latched topic's
         # history, and one that is transient local does not match the volatile publishers of the same topic
         node.create_timer(MARKERS_EVERY_S, self._publish_markers, callback_group=group)
@@ -281,22 +285,17 @@ class SafetySupervisor:
         self.publish()
 
     def set_estop_deadline(self, deadline_s: float) -> None:
-        """The e-stop topic's deadline (module doc): watched from now, checked on the steady clock every quarter
-        of it (10-100 ms); 0 waives it."""
+        """The e-stop topic's deadline (module doc): watched from now, checked on the steady clock every
+        DEADLINE_CHECK_S (a lapse latches at most that late); 0 waives it."""
         source = f"the {self._estop_topic} topic"
         self.estop.watch(source, deadline_s, time.monotonic())
-        if self._deadline_timer is not None:
-            self.node.destroy_timer(self._deadline_timer)
-            self._deadline_timer = None
         if deadline_s == 0:
+            self._deadline_timer.cancel()
             self.node.get_logger().warning(
                 f"{self._estop_topic} has no deadline (estop_deadline_s 0): a button bridge that dies goes unnoticed"
             )
             return
-        period_s = min(max(deadline_s / 4, 0.01), 0.1)
-        self._deadline_timer = self.node.create_timer(
-            period_s, self._check_estop_deadline, callback_group=self._deadline_group, clock=STEADY
-        )
+        self._deadline_timer.reset()
         self.node.get_logger().info(f"{self._estop_topic} must speak at least every {deadline_s:g} s")
 
     def _check_estop_deadline(self) -> None:
