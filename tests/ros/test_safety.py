@@ -11,6 +11,7 @@ latched. Each test leaves the supervisor as it found it (e-stop clear, approval 
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -366,6 +367,10 @@ def test_a_silent_estop_bridge_halts_the_arm_and_blocks_the_reset_until_it_speak
     """With a deadline on /safety/estop (here 1 s, set at run time) a bridge that stops publishing engages the
     e-stop in the topic's name: the running motion stops and holds, motions are refused, and the reset is refused
     until the bridge speaks again, reading false."""
+    for bad in (-1.0, math.inf, math.nan):  # refused with the reason; the deadline stays off
+        (refused,) = op.parameters(accepted=False, estop_deadline_s=bad)
+        assert not refused.successful and "estop_deadline_s must be a float >= 0" in refused.reason
+    assert not op.states[-1].estop_engaged
     _home(op)
     handle = _start_slow_motion(op, 0.45, 0.25, 0.2)
     op.parameters(estop_deadline_s=1.0)  # watched from now; nothing publishes on the topic
