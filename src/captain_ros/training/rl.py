@@ -1008,7 +1008,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from training.distributed import exit_process
+
+    exit_process(main())
 
 
 __all__ = [
