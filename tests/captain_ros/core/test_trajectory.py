@@ -1,7 +1,13 @@
 import numpy as np
 import pytest
 
-from captain_ros.core.trajectory import JointTrajectory, TrajectoryError, TrajectoryFollower, stop_ramp
+from captain_ros.core.trajectory import (
+    JointTrajectory,
+    TrajectoryError,
+    TrajectoryFollower,
+    horizon_piece,
+    stop_ramp,
+)
 
 JOINTS = ("a", "b")
 LO, HI = np.array([-1.0, -1.0]), np.array([1.0, 1.0])
@@ -92,6 +98,20 @@ def test_streamed_trajectories_join_without_a_velocity_jump():
     f.start(build(times=(1.0,), positions=((0.9, 0.0),), velocities=((0.0, 0.0),)), now_s=0.5)
     f.update(0.5)
     np.testing.assert_allclose(f.desired_qd, moving, atol=1e-9)
+
+
+def test_a_trajectory_taking_over_starts_from_the_setpoint_at_its_start_not_at_the_last_sample():
+    """The twin's physics samples the setpoint before each step; a trajectory taken up between steps starts from
+    where the running one is at that time (from an older sample the setpoint would stand still for a step)."""
+    moving = build(times=(1.0,), positions=((0.5, 0.0),), velocities=((0.2, 0.0),))
+    f, reference = TrajectoryFollower(JOINTS, LO, HI, np.zeros(2)), TrajectoryFollower(JOINTS, LO, HI, np.zeros(2))
+    f.start(moving, now_s=0.0)
+    reference.start(moving, now_s=0.0)
+    f.update(0.498)
+    q, qd = reference.update(0.5), reference.desired_qd
+    f.start(build(times=(1.0,), positions=((0.9, 0.0),), velocities=((0.0, 0.0),)), now_s=0.5, start_time_s=0.5)
+    np.testing.assert_allclose(f.update(0.5), q, atol=1e-12)
+    np.testing.assert_allclose(f.desired_qd, qd, atol=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------- stop ramps
@@ -220,3 +240,78 @@ def test_a_trajectory_stamped_in_the_future_starts_at_its_stamp():
     assert not early.finished(token, 11.19)
     np.testing.assert_allclose(early.update(11.2), (0.5, -0.5), atol=1e-12)  # and there when it was due
     assert early.finished(token, 11.2)
+
+
+# ---------------------------------------------------------------------------------------------- horizon pieces
+def _sweep(duration_s: float = 1.0, spacing_s: float = PERIOD) -> JointTrajectory:
+    """A minimum-jerk sweep of three joints sampled as the harness samples its sweeps (positions and velocities)."""
+    t = np.arange(1, round(duration_s / spacing_s) + 1) * spacing_s
+    s = t / duration_s
+    span = np.array([0.6, -0.4, 0.2])
+    shape = 10 * s**3 - 15 * s**4 + 6 * s**5
+    rate = (30 * s**2 - 60 * s**3 + 30 * s**4) / duration_s
+    return JointTrajectory(ARM, t, shape[:, None] * span, rate[:, None] * span)
+
+
+def _piece(sweep, from_s, horizon_s=0.1):
+    return horizon_piece(sweep, from_s, horizon_s, decel_radps2=3.0, period_s=PERIOD)
+
+
+def test_a_piece_is_the_sweeps_own_points_up_to_the_horizon_then_a_stop_within_the_limit():
+    sweep = _sweep()
+    piece = _piece(sweep, 0.303)
+    n = np.searchsorted(piece.trajectory.times_s, piece.cut_s - 0.303 + 1e-9)
+    # the sweep's points after 0.303 s up to the first one at or past 0.403 s, at the sweep's times less 0.303 s
+    inside = (sweep.times_s > 0.303) & (sweep.times_s <= 0.41 + 1e-9)
+    np.testing.assert_allclose(piece.trajectory.times_s[:n], sweep.times_s[inside] - 0.303)
+    np.testing.assert_allclose(piece.trajectory.positions[:n], sweep.positions[inside])
+    assert piece.cut_s == pytest.approx(0.41) and not piece.final
+    ramp_v = np.vstack([sweep.velocities[inside][-1], piece.trajectory.velocities[n:]])
+    ramp_t = np.concatenate([[piece.cut_s - 0.303], piece.trajectory.times_s[n:]])
+    assert np.all(np.abs(np.diff(ramp_v, axis=0) / np.diff(ramp_t)[:, None]) <= 3.0 + 1e-9)
+    np.testing.assert_array_equal(piece.trajectory.velocities[-1], 0.0)  # it ends at rest
+
+
+def test_pieces_renewed_in_time_follow_the_sweep_exactly_and_one_left_alone_stops_past_its_horizon():
+    sweep = _sweep()
+    start = np.zeros(3)
+    whole = TrajectoryFollower(ARM, -np.full(3, 3.0), np.full(3, 3.0), start)
+    pieces = TrajectoryFollower(ARM, -np.full(3, 3.0), np.full(3, 3.0), start)
+    whole.start(sweep, 0.0)
+    piece = _piece(sweep, 0.0)
+    pieces.start(piece.trajectory, 0.0)
+    offset, t = 0.0, 0.0
+    while t < 0.6:  # a new piece every 25 ms, started where the controller is (as the backend stamps them)
+        t = round(t + 0.025, 9)
+        np.testing.assert_allclose(pieces.update(t), whole.update(t), atol=1e-12)
+        offset = offset + pieces.elapsed_s()
+        piece = _piece(sweep, offset)
+        pieces.start(piece.trajectory, t, start_time_s=t)
+    q_cut, qd_cut = sweep.sample(piece.cut_s, np.zeros(3))
+    for k in range(1, 200):  # the commander is gone: the last piece runs out
+        pieces.update(t + 0.01 * k)
+    assert np.abs(pieces.desired_qd).max() == 0.0  # at rest
+    # where it stopped: the sweep up to the cut (at most the horizon past where the last piece began), then the stop
+    stop_s = np.ceil(np.abs(qd_cut).max() / 3.0 / PERIOD) * PERIOD  # a whole number of periods at <= 3 rad/s^2
+    np.testing.assert_allclose(pieces.desired_q, q_cut + qd_cut * stop_s / 2, atol=1e-9)
+    assert piece.cut_s - offset <= 0.1 + PERIOD + 1e-9
+
+
+def test_the_last_piece_is_the_sweeps_rest_without_a_stop_and_after_the_end_there_is_none():
+    sweep = _sweep()
+    piece = _piece(sweep, 0.95)
+    assert piece.final and piece.cut_s == pytest.approx(1.0)
+    np.testing.assert_allclose(piece.trajectory.positions[-1], sweep.positions[-1])
+    assert _piece(sweep, 1.0) is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"horizon_s": 0.0}, "horizon_s must be finite and > 0"), ({"horizon_s": float("nan")}, "horizon_s")],
+)
+def test_a_horizon_piece_refuses_bad_input_with_a_reason(kwargs, message):
+    with pytest.raises(TrajectoryError, match=message):
+        horizon_piece(_sweep(), 0.0, decel_radps2=3.0, period_s=PERIOD, **kwargs)
+    sweep = _sweep()
+    with pytest.raises(TrajectoryError, match="needs the sweep's velocities"):
+        _piece(JointTrajectory(ARM, sweep.times_s, sweep.positions, None), 0.0)

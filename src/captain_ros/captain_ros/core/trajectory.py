@@ -13,6 +13,9 @@ a sweep takes 1/0.3 as long, at 0 it stands still), so "how far along" is always
 `stop_ramp` is how every stop is commanded: not a jump of the setpoint to rest (a velocity step that real arms'
 reflexes reject) but a short constant-deceleration trajectory, within the arm's deceleration limit on every
 joint, whose first point is one control period ahead.
+
+`horizon_piece` is how a sweep reaches a real controller: a short stretch of it that ends in such a stop, renewed
+while its commander is alive, so an arm whose commander dies stops by itself a bounded time later.
 """
 
 from __future__ import annotations
@@ -192,8 +195,11 @@ class TrajectoryFollower:
         (its header stamp; None: now). One stamped in the past begins part-way along (as far as the current speed
         scaling would have taken it), so a stop computed at a state's stamp runs as computed however late it
         arrives. One stamped in the future goes from the current desired state at receipt to its first point
-        at the stamp plus that point's time_from_start, as joint_trajectory_controller interpolates it."""
+        at the stamp plus that point's time_from_start, as joint_trajectory_controller interpolates it. The
+        current desired state is the running trajectory's at `now_s` (a state last sampled a step earlier would
+        hold the setpoint still for that step: a jolt on every trajectory that takes over a moving one)."""
         with self._lock:
+            self._sample(now_s)
             token = self._next_token
             self._next_token += 1
             offset = 0.0 if start_time_s is None else (now_s - start_time_s) * self._scaling
@@ -259,16 +265,20 @@ class TrajectoryFollower:
     def update(self, now_s: float) -> np.ndarray:
         """Desired position at `now_s` (clipped to the joint limits)."""
         with self._lock:
-            a = self._active
-            if a is None:
-                return self.desired_q.copy()
-            self._advance(now_s)
-            if not a.ended:
-                q, qd = a.knots.at(a.elapsed_s)
-                self.desired_q = np.minimum(np.maximum(q, self.lower), self.upper)  # np.clip, without its overhead
-                self.desired_qd = qd
-                a.ended = a.elapsed_s >= a.trajectory.duration_s
+            self._sample(now_s)
             return self.desired_q.copy()
+
+    def _sample(self, now_s: float) -> None:
+        """Bring the desired state up to `now_s` (under the lock)."""
+        a = self._active
+        if a is None:
+            return
+        self._advance(now_s)
+        if not a.ended:
+            q, qd = a.knots.at(a.elapsed_s)
+            self.desired_q = np.minimum(np.maximum(q, self.lower), self.upper)  # np.clip, without its overhead
+            self.desired_qd = qd
+            a.ended = a.elapsed_s >= a.trajectory.duration_s
 
 
 MAX_RAMP_POINTS = 100  # a longer stop is sampled more sparsely (the cubic interpolation is exact on it anyway)
@@ -337,6 +347,56 @@ def stop_ramp(
     positions = np.clip(positions, lo, hi)
     velocities[clipped] = 0.0
     return JointTrajectory(names, t[:, 0].copy(), positions, velocities)
+
+
+@dataclass(frozen=True)
+class HorizonPiece:
+    trajectory: JointTrajectory  # times from `from_s`: the sweep's points in (from_s, cut_s], then the stop
+    cut_s: float  # the sweep's time of its last point in the piece (where the stop begins)
+    final: bool  # the piece reaches the sweep's end (which is at rest): no stop is appended
+
+
+def horizon_piece(
+    sweep: JointTrajectory,
+    from_s: float,
+    horizon_s: float,
+    *,
+    decel_radps2: float | Sequence[float],
+    period_s: float,
+    lower: np.ndarray | None = None,
+    upper: np.ndarray | None = None,
+) -> HorizonPiece | None:
+    """The stretch of `sweep` a controller is given at `from_s` of the sweep's time: its points after `from_s` up
+    to the first one at or past `from_s + horizon_s`, then `stop_ramp` from that point's position and velocity.
+
+    Renewed before the controller reaches the cut (each piece replaces the last from its own start), the arm
+    follows the sweep exactly: the pieces are the sweep's own points, so the controller's cubic interpolation
+    between them is the sweep's, and a piece that starts part-way into a segment continues it without a step.
+    Not renewed, the arm runs at most `horizon_s` (plus one point spacing) further along the sweep and then
+    stops within the deceleration limit. None when the sweep has no point after `from_s` (it has ended)."""
+    if not (math.isfinite(horizon_s) and horizon_s > 0):
+        raise TrajectoryError(f"horizon_s must be finite and > 0 s, got {horizon_s}")
+    if sweep.velocities is None:
+        raise TrajectoryError("a horizon piece needs the sweep's velocities (its stop begins at the cut's velocity)")
+    times = sweep.times_s
+    first = int(np.searchsorted(times, from_s + 1e-9, side="right"))
+    if first == len(times):
+        return None
+    last = max(first, min(int(np.searchsorted(times, from_s + horizon_s - 1e-9)), len(times) - 1))
+    piece_t = times[first : last + 1] - from_s
+    pos, vel = sweep.positions[first : last + 1], sweep.velocities[first : last + 1]
+    if last == len(times) - 1:
+        return HorizonPiece(JointTrajectory(sweep.joint_names, piece_t, pos, vel), float(times[last]), True)
+    ramp = stop_ramp(
+        sweep.joint_names, pos[-1], vel[-1], decel_radps2=decel_radps2, period_s=period_s, lower=lower, upper=upper
+    )
+    piece = JointTrajectory(
+        sweep.joint_names,
+        np.concatenate([piece_t, piece_t[-1] + ramp.times_s]),
+        np.vstack([pos, ramp.positions]),
+        np.vstack([vel, ramp.velocities]),
+    )
+    return HorizonPiece(piece, float(times[last]), False)
 
 
 def duration_to_s(sec: int, nanosec: int) -> float:
