@@ -186,3 +186,23 @@ def test_grants_are_published_in_the_order_they_are_computed():
     c.end(stamp, sent=False, timeout_s=0)
     racer[0].join()
     assert published == [30 * MS, 40 * MS]
+
+
+def test_a_cap_holds_the_grants_back_and_lifting_it_grants_at_once():
+    published = []
+    c = Commander(horizon_s=0.02, publish=published.append)
+    c.on_taken(0)
+    c.on_state(10 * MS)
+    c.cap(35 * MS)
+    assert published[-1] == 30 * MS  # under the cap: granted again as before
+    assert c.on_state(20 * MS) == 35 * MS  # the cap, not the horizon
+    stamp = c.begin()
+    c.cap(80 * MS)  # set while a command is in flight: nothing goes out until it ends
+    assert published[-1] == 35 * MS
+    threading.Timer(0.01, c.on_taken, args=(stamp,)).start()
+    assert c.end(stamp, sent=True, timeout_s=30) == (True, 40 * MS)
+    for ms in range(30, 80, 10):
+        c.on_state(ms * MS)
+    assert published[-1] == 80 * MS
+    c.cap(None)  # a twin waiting at the cap is released at once, without a new state
+    assert published[-1] == 90 * MS

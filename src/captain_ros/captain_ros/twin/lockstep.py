@@ -106,6 +106,7 @@ class Commander:
         self._state_ns: int | None = None  # the newest joint state's stamp
         self._interval_ns = 0  # between the last two joint states
         self._granted_ns: int | None = None
+        self._cap_ns: int | None = None  # no grant goes past it (see cap)
         self._last_command_ns: int | None = None
         self._awaited_ns: int | None = None  # the stamp of the command in flight
         self._arrived = False  # whether the twin has echoed it
@@ -117,7 +118,9 @@ class Commander:
         return max(self._horizon_ns, 2 * self._interval_ns)
 
     def _granting(self, until_ns: int) -> int:
-        """Grant up to `until_ns` (under the lock)."""
+        """Grant up to `until_ns`, or up to the cap (under the lock)."""
+        if self._cap_ns is not None:
+            until_ns = min(until_ns, self._cap_ns)
         self._granted_ns = until_ns
         if self._publish is not None:
             self._publish(until_ns)
@@ -135,6 +138,18 @@ class Commander:
             if not self.enabled or self._paused:
                 return None
             return self._granting(stamp_ns + self.horizon_ns)
+
+    def cap(self, until_ns: int | None) -> None:
+        """Grant no further than `until_ns` (None: no cap) until told otherwise: the commanding thread's own pace,
+        where the twin must not run ahead of it (a sweep given to the controller a short horizon at a time, whose
+        next piece that thread sends: a thread the host starves would otherwise let the twin reach the horizon and
+        stop, as the real arm does only when its commander is gone). A cap set while a command is in flight
+        applies from that command's `end`; otherwise the grant is renewed at once (a twin waiting at the old cap
+        has already published the state it stopped at, and would wait for ever)."""
+        with self._cond:
+            self._cap_ns = None if until_ns is None else int(until_ns)
+            if self.enabled and not self._paused and self._state_ns is not None:
+                self._granting(self._state_ns + self.horizon_ns)
 
     def on_taken(self, stamp_ns: int) -> None:
         """The twin echoed the stamp of an arm command it took up (its first echo turns lockstep on). Echoes of
