@@ -285,13 +285,17 @@ VENDORS: dict[str, VendorSpec] = {
 class FakeTrajectoryController:
     """A joint_trajectory_controller on the arm: goals and topic messages are validated against its joints and
     followed by TrajectoryFollower (the controller modelled) on the node's clock, from their header stamp (zero:
-    on receipt) and at the speed scaling (UR's scaled controller; 1 for the others). The arm tracks it exactly."""
+    on receipt) and at the speed scaling (UR's scaled controller; 1 for the others). The arm tracks it exactly. As
+    in joint_trajectory_controller, a topic message replaces the trajectory without ending the running goal."""
 
     def __init__(self, node, action: str, topic: str, *, joints: tuple[str, ...], lower, upper, start_q, group):
         self.joints = joints
         self.follower = TrajectoryFollower(joints, lower, upper, np.asarray(start_q, dtype=float))
         self.goals: list[FollowJointTrajectory.Goal] = []  # every goal received
         self.topic_messages: list[JointTrajectoryMsg] = []
+        self.received: list[tuple[str, JointTrajectoryMsg]] = []  # ("goal" | "topic", msg) taken up, in order
+        self._following: list[int] | None = None  # [token]: the trajectory the running goal follows
+        self._switch = threading.Lock()  # a trajectory taken up and the running goal's token change together
         self._clock = node.get_clock()
         self._server = (
             ActionServer(
@@ -318,9 +322,11 @@ class FakeTrajectoryController:
         q = self.follower.update(now_s)
         return q, self.follower.desired_qd * self.follower.speed_scaling
 
-    def _start(self, msg: JointTrajectoryMsg) -> int:
+    def _start(self, msg: JointTrajectoryMsg, kind: str) -> int:
         stamp = msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9
-        return self.follower.start(self._trajectory(msg), self.now_s(), start_time_s=stamp or None)
+        token = self.follower.start(self._trajectory(msg), self.now_s(), start_time_s=stamp or None)
+        self.received.append((kind, msg))
+        return token
 
     def _trajectory(self, msg: JointTrajectoryMsg) -> JointTrajectory:
         points = msg.points
@@ -340,16 +346,22 @@ class FakeTrajectoryController:
         return GoalResponse.ACCEPT
 
     def _on_topic(self, msg: JointTrajectoryMsg) -> None:
+        """A topic trajectory replaces what the controller follows; a running goal goes on, judged against it
+        (joint_trajectory_controller: the active goal ends when the newest trajectory does)."""
         self.topic_messages.append(msg)
-        try:
-            self._start(msg)
-        except TrajectoryError:
-            pass  # the real controller logs and ignores it
+        with self._switch:
+            try:
+                token = self._start(msg, "topic")
+            except TrajectoryError:
+                return  # the real controller logs and ignores it
+            if self._following is not None:
+                self._following[0] = token
 
     def _execute(self, goal_handle) -> FollowJointTrajectory.Result:
         result = FollowJointTrajectory.Result()
         try:
-            token = self._start(goal_handle.request.trajectory)
+            with self._switch:
+                following = self._following = [self._start(goal_handle.request.trajectory, "goal")]
         except TrajectoryError as exc:
             result.error_code = (
                 FollowJointTrajectory.Result.INVALID_JOINTS
@@ -360,11 +372,15 @@ class FakeTrajectoryController:
             goal_handle.abort()
             return result
         while self._context.ok():
+            with self._switch:
+                token = following[0]
+                replaced = self._following is not following or self.follower.active_token() != token
             if goal_handle.is_cancel_requested:
-                self.follower.hold(self.follower.desired_q)
+                if not replaced:  # canceling a goal a newer one replaced leaves the arm alone
+                    self.follower.hold(self.follower.desired_q)
                 goal_handle.canceled()
                 return result
-            if self.follower.active_token() != token:  # a newer goal or a topic message took over
+            if replaced:  # a newer goal took over
                 result.error_code = FollowJointTrajectory.Result.INVALID_GOAL
                 result.error_string = "preempted by a newer trajectory"
                 goal_handle.abort()

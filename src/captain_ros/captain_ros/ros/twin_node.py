@@ -25,7 +25,10 @@ arm command it takes up (/twin/lockstep/taken), so commands start at their stamp
 with no backend granting it runs freely.
 A stop or hold sent on a controller's topic before a reset is dropped, never applied to the new episode, and
 after a reflex trip the arm takes no topic command until the next trajectory goal. Trajectories honour their
-header.stamp as their start time (joint_trajectory_controller's rule; 0 = on receipt).
+header.stamp as their start time (joint_trajectory_controller's rule; 0 = on receipt). As in
+joint_trajectory_controller, a trajectory on the topic replaces the one a running goal follows without ending the
+goal: the goal is then judged against the newest trajectory (the ros2_control backend sends a sweep's later stretches
+that way), and a reflex trip or a newer goal still ends it.
 An arm whose profile names a speed_scaling_topic (ur5e_twin, as UR's) runs its arm trajectories at the simulated
 pendant slider (parameter `speed_slider_fraction`, 0..1; 0 pauses the arm), approached smoothly as UR's
 scaled_joint_trajectory_controller does, and publishes the factor on that topic in the profile's unit.
@@ -40,6 +43,7 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 
 import numpy as np
 import rclpy
@@ -89,6 +93,14 @@ REFLEX_PARAMETER = "reflex_force_threshold_n"
 SPEED_SLIDER_PARAMETER = "speed_slider_fraction"
 
 
+@dataclass
+class _Following:
+    """What a running trajectory goal follows: its own trajectory, or the newest one the controller's topic sent."""
+
+    token: int
+    trajectory: JointTrajectory
+
+
 class TwinNode(GuardedNode, Node):
     def __init__(self, **node_options) -> None:
         """`node_options` go to rclpy's Node (a context, parameter overrides: tests run it in-process)."""
@@ -108,6 +120,7 @@ class TwinNode(GuardedNode, Node):
         self.episode_id = ""
         self.fault = ""  # set when the simulation failed; cleared by the next reset
         self._reset_at_ns = 0  # system clock when the last reset took effect (orders topic commands against it)
+        self._following: dict[str, _Following] = {}  # per controller: what its running goal follows (under _lock)
         reentrant = ReentrantCallbackGroup()
         latched = QoSProfile(
             depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL, reliability=ReliabilityPolicy.RELIABLE
@@ -372,7 +385,10 @@ class TwinNode(GuardedNode, Node):
             # (while the arm still sank into what it hit) would press it deeper
             reflex_holds = name == "arm" and self.controllers.reflex.tripped is not None
             if not (stale or reflex_holds):
-                self.controllers[name].start(trajectory, self.twin.time_s, self._start_time_s(msg))
+                token = self.controllers[name].start(trajectory, self.twin.time_s, self._start_time_s(msg))
+                following = self._following.get(name)
+                if following is not None:  # the running goal follows it now (joint_trajectory_controller's rule)
+                    following.token, following.trajectory = token, trajectory
             now, reset_ns = self.twin.time_s, self._reset_at_ns
         self._taken(name, msg)
         if stale:
@@ -427,60 +443,72 @@ class TwinNode(GuardedNode, Node):
         with self._lock:
             controllers = self.controllers
             start = controllers.start_motion if name == "arm" else follower.start
-            token = start(trajectory, self.twin.time_s, self._start_time_s(goal.trajectory))
+            following = _Following(start(trajectory, self.twin.time_s, self._start_time_s(goal.trajectory)), trajectory)
+            self._following[name] = following
             start_s = self.twin.time_s
         self._taken(name, goal.trajectory)
-        feedback = FollowJointTrajectory.Feedback(joint_names=list(follower.joint_names))
-        while rclpy.ok() and not self._stop.is_set():
-            with self._lock:
-                now = self.twin.time_s
-                measured = self._measured(name)
-                desired = follower.desired_q.copy()
-                replaced = follower.active_token() not in (token, None) or self.controllers[name] is not follower
-                trip = controllers.reflex.tripped if name == "arm" and not replaced else None
-                # how far along, in the trajectory's own time (it runs at the arm's speed scaling)
-                elapsed = follower.elapsed_s(token, now)
-                elapsed = now - start_s if elapsed is None else elapsed
-            if goal_handle.is_cancel_requested:
+        try:
+            feedback = FollowJointTrajectory.Feedback(joint_names=list(follower.joint_names))
+            while rclpy.ok() and not self._stop.is_set():
                 with self._lock:
-                    follower.hold(measured)  # stop where the arm is, within one control period
-                goal_handle.canceled()
-                result.error_string = "canceled: holding the current position"
-                return result
-            if replaced or (trip is not None and trip.time_s >= start_s):
-                if replaced:
-                    self.get_logger().info(f"{name}: goal preempted at {now:.3f} s (started {start_s:.3f} s)")
-                    result.error_code = FollowJointTrajectory.Result.INVALID_GOAL
-                    result.error_string = "preempted by a newer trajectory or a reset"
-                else:  # the reflex stopped the arm: it holds where it stopped
-                    result.error_code = FollowJointTrajectory.Result.PATH_TOLERANCE_VIOLATED
-                    result.error_string = trip.message
-                goal_handle.abort()
-                return result
-            feedback.header.stamp = stamp_msg(now)
-            feedback.desired = JointTrajectoryPoint(positions=desired.tolist())
-            feedback.actual = JointTrajectoryPoint(positions=measured.tolist())
-            feedback.error = JointTrajectoryPoint(positions=(desired - measured).tolist())
-            goal_handle.publish_feedback(feedback)
-            if elapsed >= trajectory.duration_s:
-                error = np.abs(trajectory.positions[-1] - measured)
-                if np.all(error <= tol):
-                    goal_handle.succeed()
-                    result.error_code = FollowJointTrajectory.Result.SUCCESSFUL
-                    return result
-                if elapsed > trajectory.duration_s + time_tol:
-                    worst = int(np.argmax(error - tol))
-                    goal_handle.abort()
-                    result.error_code = FollowJointTrajectory.Result.GOAL_TOLERANCE_VIOLATED
-                    result.error_string = (
-                        f"{follower.joint_names[worst]} ended {error[worst]:.4f} from its goal "
-                        f"(tolerance {tol[worst]:.4f})"
+                    now = self.twin.time_s
+                    measured = self._measured(name)
+                    desired = follower.desired_q.copy()
+                    token, trajectory = following.token, following.trajectory
+                    replaced = (
+                        self._following.get(name) is not following
+                        or follower.active_token() not in (token, None)
+                        or self.controllers[name] is not follower
                     )
+                    trip = controllers.reflex.tripped if name == "arm" and not replaced else None
+                    # how far along, in the trajectory's own time (it runs at the arm's speed scaling)
+                    elapsed = follower.elapsed_s(token, now)
+                    elapsed = now - start_s if elapsed is None else elapsed
+                if goal_handle.is_cancel_requested:
+                    if not replaced:  # a goal another goal replaced no longer commands the arm
+                        with self._lock:
+                            follower.hold(measured)  # stop where the arm is, within one control period
+                    goal_handle.canceled()
+                    result.error_string = "canceled: holding the current position"
                     return result
-            time.sleep(1.0 / ACTION_MONITOR_RATE_HZ)
-        goal_handle.abort()
-        result.error_string = "twin shutting down"
-        return result
+                if replaced or (trip is not None and trip.time_s >= start_s):
+                    if replaced:
+                        self.get_logger().info(f"{name}: goal preempted at {now:.3f} s (started {start_s:.3f} s)")
+                        result.error_code = FollowJointTrajectory.Result.INVALID_GOAL
+                        result.error_string = "preempted by a newer trajectory or a reset"
+                    else:  # the reflex stopped the arm: it holds where it stopped
+                        result.error_code = FollowJointTrajectory.Result.PATH_TOLERANCE_VIOLATED
+                        result.error_string = trip.message
+                    goal_handle.abort()
+                    return result
+                feedback.header.stamp = stamp_msg(now)
+                feedback.desired = JointTrajectoryPoint(positions=desired.tolist())
+                feedback.actual = JointTrajectoryPoint(positions=measured.tolist())
+                feedback.error = JointTrajectoryPoint(positions=(desired - measured).tolist())
+                goal_handle.publish_feedback(feedback)
+                if elapsed >= trajectory.duration_s:
+                    error = np.abs(trajectory.positions[-1] - measured)
+                    if np.all(error <= tol):
+                        goal_handle.succeed()
+                        result.error_code = FollowJointTrajectory.Result.SUCCESSFUL
+                        return result
+                    if elapsed > trajectory.duration_s + time_tol:
+                        worst = int(np.argmax(error - tol))
+                        goal_handle.abort()
+                        result.error_code = FollowJointTrajectory.Result.GOAL_TOLERANCE_VIOLATED
+                        result.error_string = (
+                            f"{follower.joint_names[worst]} ended {error[worst]:.4f} from its goal "
+                            f"(tolerance {tol[worst]:.4f})"
+                        )
+                        return result
+                time.sleep(1.0 / ACTION_MONITOR_RATE_HZ)
+            goal_handle.abort()
+            result.error_string = "twin shutting down"
+            return result
+        finally:
+            with self._lock:
+                if self._following.get(name) is following:
+                    del self._following[name]
 
     # ------------------------------------------------------------------------------ physics
     def _physics_loop(self) -> None:
