@@ -16,6 +16,10 @@ LOADED_MACHINE_STATE_TIMEOUT_S = 5.0
 # Likewise for the largest gap between the stamps of the latest wrench and joint state that a client accepts
 # (production 0.25 s): a starved client can fall behind on one topic's queue. Late wrenches are tested far later.
 LOADED_MACHINE_WRENCH_LAG_S = 2.0
+# And for how much of a sweep a controller that runs at real time (the fake vendor bring-ups; the twin in lockstep
+# waits for its commander instead) is given beyond the newest stretch (production 0.05 s: a motion loop that stalls
+# 0.03 s stops the arm). Stalls themselves are tested in test_sweep_horizon.py and test_kill_stop.py.
+LOADED_MACHINE_SWEEP_HORIZON_S = 3.0
 # The perception node's wall-clock limits (production: camera streams older than 2 s are gone, a colour and depth
 # pair is awaited 1 s): a loaded machine can stall the twin's cameras longer (2.1 s seen in a stress run). Both are
 # tested on their own in test_perception_node.py by freezing the twin.

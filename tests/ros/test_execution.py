@@ -246,9 +246,15 @@ def _check_stop_message(arm: Arm, requested_s: float) -> None:
     """ros2_control: the controller was sent a ramp, stamped with a joint state at or after the stop request, first
     point one control period after that stamp, decelerating within the limit to rest where hold() said."""
     period = arm.backend.control_period_s
-    wait_for(lambda: any(m.header.stamp.sec or m.header.stamp.nanosec for m in arm.recorder.stops), 10, "the ramp")
-    with arm.recorder.lock:
-        ramp = next(m for m in arm.recorder.stops if m.header.stamp.sec or m.header.stamp.nanosec)
+    end = list(arm.recorder.holds[-1])
+
+    def ramps():  # the sweep's stretches go on the same topic, stamped too: the ramp ends where hold() said
+        with arm.recorder.lock:
+            stamped = [m for m in arm.recorder.stops if m.header.stamp.sec or m.header.stamp.nanosec]
+            return [m for m in stamped if list(m.points[-1].positions) == end]
+
+    wait_for(lambda: bool(ramps()), 10, "the ramp")
+    ramp = ramps()[0]
     stamp_s = ramp.header.stamp.sec + ramp.header.stamp.nanosec * 1e-9
     assert stamp_s >= requested_s - 1e-9  # computed from where the arm was when the stop came, or later
     times = np.array([duration_to_s(p.time_from_start.sec, p.time_from_start.nanosec) for p in ramp.points])

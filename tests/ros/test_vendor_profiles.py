@@ -43,6 +43,7 @@ from captain_ros.ros.spin import SpunActionClient  # noqa: E402
 from .fake_vendor import VENDORS, VendorGraph, VendorSpec, read_urdf  # noqa: E402
 from .helpers import (  # noqa: E402
     LOADED_MACHINE_STATE_TIMEOUT_S,
+    LOADED_MACHINE_SWEEP_HORIZON_S,
     LOADED_MACHINE_WRENCH_LAG_S,
     launch_node,
     result_of,
@@ -97,6 +98,7 @@ def motion_node():
         ("autostart", False),
         ("robot_profile", "franka_fr3"),
         ("state_timeout_s", LOADED_MACHINE_STATE_TIMEOUT_S),
+        ("sweep_horizon_s", LOADED_MACHINE_SWEEP_HORIZON_S),
         ("wrench_max_lag_s", LOADED_MACHINE_WRENCH_LAG_S),
         ("watchdog", False),
     )
@@ -245,10 +247,10 @@ def check_move(op: Operator, graph: VendorGraph, call_id: str, delta: np.ndarray
     assert status == GoalStatus.STATUS_SUCCEEDED and result.success, (result.message, "".join(op.lines[-20:]))
     value = json.loads(result.value_json)
     assert value["stop_reason"] == "target_reached" and value["distance_to_target_m"] <= 0.003
-    goals = graph.controller.goals
+    goals, received = graph.controller.goals, graph.controller.received
     assert goals, "the vendor's trajectory controller received no goal"
     assert all(sorted(g.trajectory.joint_names) == sorted(graph.spec.arm_joints) for g in goals)
-    last = goals[-1].trajectory.points[-1].positions
+    last = received[-1][1].points[-1].positions
     np.testing.assert_allclose(graph.controller.follower.desired_q, last, atol=1e-6)  # the controller got there
     np.testing.assert_allclose(tcp_pose(op)[0], target, atol=0.003)  # and the harness measures the arm there
 

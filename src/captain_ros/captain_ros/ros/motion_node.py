@@ -82,7 +82,7 @@ from captain_ros.ros.convert import call_result_to_msg
 from captain_ros.ros.description import resolve_profile
 from captain_ros.ros.guard import GuardedActionServer, GuardedNode
 from captain_ros.ros.operator_view import marker_msg
-from captain_ros.ros.ros2_control_backend import LOCKSTEP_STATE_TIMEOUT_S, Ros2ControlBackend
+from captain_ros.ros.ros2_control_backend import HORIZON_S, LOCKSTEP_STATE_TIMEOUT_S, Ros2ControlBackend
 from captain_ros.ros.safety import SafetySupervisor
 
 FEEDBACK_EVERY_S = 0.05
@@ -151,6 +151,16 @@ class MotionNode(GuardedNode, LifecycleNode):
             describe(
                 description="the same limit against a twin in lockstep, which cannot move while unheard (a busy host "
                 "slows it down): only a twin that stopped altogether is a lost link"
+            ),
+        )
+        self.declare_parameter(
+            "sweep_horizon_s",
+            HORIZON_S,
+            describe(
+                description="the arm controller is given a sweep this far ahead of what this node last sent, "
+                "renewed every 20 ms by the motion loop: if this node dies or stalls, the arm runs at most "
+                "this much further along the sweep, then stops within stop_decel_radps2 (0 = send sweeps whole: "
+                "the controller then finishes a sweep whatever happens to this node)"
             ),
         )
         self.declare_parameter(
@@ -335,6 +345,7 @@ class MotionNode(GuardedNode, LifecycleNode):
             lockstep_state_timeout_s=float(param("lockstep_state_timeout_s").value),
             wrench_max_lag_s=float(param("wrench_max_lag_s").value),
             stop_decel_radps2=self.config.safety.stop_decel_radps2,
+            horizon_s=float(param("sweep_horizon_s").value),
         )
         missing = self._wait_for_interfaces(deadline)
         if missing:

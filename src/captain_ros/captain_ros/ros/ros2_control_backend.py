@@ -4,10 +4,18 @@ In:  sensor_msgs/JointState (joint_state_broadcaster), geometry_msgs/WrenchStamp
      vendor's external-wrench estimate; subscribed with the profile's `wrench_qos`) in any frame of the arm's
      description, or in one that /tf connects to it (UR's tool0_controller: /tf is then subscribed too): it is
      expressed in the hand frame the harness assumes, from the message's own frame, at the message's stamp.
-Out: control_msgs/action/FollowJointTrajectory to the arm's joint_trajectory_controller: each sweep
-     is sent whole, so the controller interpolates it at its own rate and nothing depends on this
-     process keeping up. Stops go out on the controller's JointTrajectory topic (a topic message preempts the
-     running goal at once): a ramp that decelerates the setpoint to rest within the safety config's
+Out: control_msgs/action/FollowJointTrajectory to the arm's joint_trajectory_controller, a sweep a short horizon
+     at a time (`horizon_s`, 0.05 s of the sweep by default): the goal carries its first stretch, ending in a stop
+     ramp (core.trajectory.horizon_piece), and while the harness's motion loop runs, every `REFRESH_S` of the arm's
+     clock the next stretch goes out on the controller's JointTrajectory topic, stamped where the running one is,
+     so it replaces it from there without a step (the goal stays the controller's active goal, judged against the
+     newest trajectory, as joint_trajectory_controller does). The controller interpolates at its own rate, so the
+     arm moves as smoothly as with the whole sweep; but if this process dies or stalls mid-sweep, the controller
+     runs at most `horizon_s` (plus the stretch's lead) further along the sweep and then ramps to rest by itself.
+     A motion loop that comes back after the arm passed its cut gets a BackendError: the sweep is over, it stopped.
+     `horizon_s=0` sends each sweep whole (the controller then finishes it whatever happens to this process).
+     Stops go out on the controller's JointTrajectory topic (a topic message replaces the
+     running trajectory at once): a ramp that decelerates the setpoint to rest within the safety config's
      `stop_decel_radps2`, first point one control period ahead, stamped with the joint state it starts from
      (`hold`, `_send_stop_ramp`). The speed scaling topic, where the profile names one (UR), is followed: the
      backend's copy of the controller runs trajectories at that fraction of the clock, and reports how far
@@ -40,6 +48,7 @@ import re
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 from builtin_interfaces.msg import Duration
@@ -60,7 +69,7 @@ from captain_ros.core import robot
 from captain_ros.core.clock import StampedHistory
 from captain_ros.core.config import load_config
 from captain_ros.core.kinematics import Kinematics
-from captain_ros.core.trajectory import REST_RADPS, JointTrajectory, TrajectoryFollower
+from captain_ros.core.trajectory import REST_RADPS, JointTrajectory, TrajectoryFollower, horizon_piece
 from captain_ros.core.wrench import REFLEX_ABORT_PREFIX, change_frame
 from captain_ros.harness.backend import ArmBackend, ArmReflexStop, ArmState, BackendError
 from captain_ros.ros.convert import stamp_msg, stamp_msg_ns
@@ -84,6 +93,19 @@ GOAL_LEAD_FIRST_S = 0.2  # a goal's start stamp ahead of the arm's clock before 
 GOAL_LEAD_MAX_S = 1.0  # never further ahead: a goal that takes longer to arrive begins part-way along
 GOAL_LEAD_PER_LAG = 2.0  # the lead over the slowest recent round trip (which the joint states' own delay shortens)
 GOAL_LAGS_KEPT = 8  # the lead covers the slowest of the last goals' round trips
+HORIZON_S = 0.05  # how much of a sweep the controller has beyond the newest stretch sent (see the module doc)
+REFRESH_S = 0.02  # arm time between stretches: a motion loop may stall 0.03 s before the arm starts to stop
+
+
+@dataclass
+class _Sweep:
+    """The sweep being given to the controller a stretch at a time."""
+
+    trajectory: JointTrajectory
+    offset_s: float  # the sweep's time at the running stretch's time zero
+    cut_s: float  # the sweep's time where the running stretch's stop begins
+    final: bool  # the running stretch reaches the sweep's end
+    refresh_at_s: float  # the arm's clock time at which the next stretch is due
 
 
 def _duration(seconds: float) -> Duration:
@@ -125,6 +147,7 @@ class Ros2ControlBackend(ArmBackend):
         stop_decel_radps2: float | None = None,
         goal_lead_min_s: float = 0.05,
         lockstep_state_timeout_s: float = LOCKSTEP_STATE_TIMEOUT_S,
+        horizon_s: float = HORIZON_S,
     ):
         """`node` is the host: its namespace and remappings name the arm's interfaces. The backend talks to the
         arm through a node of its own, spun by a thread of its own, so the arm's state keeps flowing however
@@ -132,13 +155,18 @@ class Ros2ControlBackend(ArmBackend):
         `stop_decel_radps2`: the stop ramps' deceleration limit (default: config/safety.yaml's).
         `goal_lead_min_s`: the least a goal is stamped ahead of the arm's clock (see `follow`).
         `lockstep_state_timeout_s`: the link-loss limit (wall time) while a twin runs in lockstep with this backend,
-        in place of `state_timeout_s` (see `link_limit_s`)."""
+        in place of `state_timeout_s` (see `link_limit_s`).
+        `horizon_s`: how much of a sweep the controller is given beyond the newest stretch (0: sweeps go whole)."""
         decel = load_config().safety.stop_decel_radps2 if stop_decel_radps2 is None else float(stop_decel_radps2)
         if not decel > 0:  # also refuses NaN
             raise ValueError(f"stop_decel_radps2 must be > 0 rad/s^2, got {stop_decel_radps2}")
         self.stop_decel_radps2 = decel
         if not 0 <= goal_lead_min_s <= GOAL_LEAD_MAX_S:  # also refuses NaN
             raise ValueError(f"goal_lead_min_s must be in [0, {GOAL_LEAD_MAX_S}] s, got {goal_lead_min_s}")
+        if not (horizon_s >= 0 and np.isfinite(horizon_s)):  # also refuses NaN
+            raise ValueError(f"horizon_s must be finite and >= 0 s (0: sweeps go whole), got {horizon_s}")
+        self.horizon_s = float(horizon_s)
+        self._sweep: _Sweep | None = None  # the sweep given a stretch at a time (follow, _extend_sweep)
         self.node, self.profile = node, profile
         interfaces = profile.interfaces
         topic, service = node.resolve_topic_name, node.resolve_service_name
@@ -493,7 +521,9 @@ class Ros2ControlBackend(ArmBackend):
         the joint states' stamps as the scaled controller integrates its scaling factor on its own clock (the
         factor sampled at the topic's rate, 100 Hz on UR, which is close enough to judge progress by)."""
         mirror = self._mirror_or_fail()
-        return mirror.elapsed_s(now_s=self.read_state(require_force=False).time_s)
+        elapsed = mirror.elapsed_s(now_s=self.read_state(require_force=False).time_s)
+        sweep = self._sweep
+        return elapsed if sweep is None or elapsed is None else sweep.offset_s + elapsed
 
     def capture(self, cameras: tuple[str, ...]) -> dict:
         raise BackendError(
@@ -504,6 +534,7 @@ class Ros2ControlBackend(ArmBackend):
         """A new episode: after a reset the arm's clock may have jumped, so wait (briefly) until the joint states
         and the wrench agree again before holding where the arm is."""
         self._wait_for_force(self.link_limit_s)
+        self._end_sweep()
         self._mirror_or_fail().hold(self.read_state(require_force=False).q_rad)
 
     def set_force_reflex(self, threshold_n: float) -> bool:
@@ -563,12 +594,16 @@ class Ros2ControlBackend(ArmBackend):
         covers the goal's way to the controller: one that arrived after its stamp would begin part-way along, a
         step in the setpoint that the arm feels as a jolt (and its force sensing as a contact) the later it comes.
         The lead follows the measured round trips, so a loaded host stamps further ahead by itself. Against the twin
-        in lockstep the goal is stamped at the sim time granted already, which it cannot have passed (no lead)."""
+        in lockstep the goal is stamped at the sim time granted already, which it cannot have passed (no lead).
+        With a horizon the goal carries the sweep's first stretch only (`_extend_sweep` sends the rest)."""
         mirror = self._mirror_or_fail()
         if not self._arm_action.wait_for_server(timeout_sec=self._server_timeout):
             raise BackendError(f"the arm controller's action server {self._action_name} is not available")
+        self._end_sweep()
         state_s = self.read_state(require_force=False).time_s
-        msg = trajectory_msg(trajectory)
+        piece = horizon_piece(trajectory, 0.0, self.horizon_s, **self._stop_limits()) if self.horizon_s else None
+        piece = None if piece is None or piece.final else piece
+        msg = trajectory_msg(trajectory if piece is None else piece.trajectory)
         stamp, accepted = self._lockstep_begin(), False
         try:
             if stamp is None:
@@ -579,6 +614,9 @@ class Ros2ControlBackend(ArmBackend):
                 start_s, msg.header.stamp = stamp * 1e-9, stamp_msg_ns(stamp)
             handle = self._send_goal(msg)
             accepted = True
+            if piece is not None:
+                self._sweep = _Sweep(trajectory, 0.0, piece.cut_s, False, start_s + REFRESH_S)
+                self._cap_grants(self._sweep, stamp)
         finally:
             self._lockstep_end(stamp, accepted)
         if stamp is None:
@@ -593,7 +631,78 @@ class Ros2ControlBackend(ArmBackend):
             self._goal, self._goal_failure, self._reflex_holds = handle, "", False
         handle.get_result_async().add_done_callback(lambda f, h=handle: self._on_result(h, f))
         mirror.update(state_s)
-        mirror.start(trajectory, state_s, start_time_s=start_s)
+        mirror.start(trajectory if piece is None else piece.trajectory, state_s, start_time_s=start_s)
+
+    def _stop_limits(self) -> dict:
+        return {
+            "decel_radps2": self.stop_decel_radps2,
+            "period_s": self._period,
+            "lower": self.lower,
+            "upper": self.upper,
+        }
+
+    def _cap_grants(self, sweep: _Sweep | None, stamp: int | None) -> None:
+        """In lockstep, keep the twin from running past the next stretch's due time (plus two periods) while a
+        sweep goes out a stretch at a time: a motion loop the host starves then holds the twin, not the arm's
+        sweep (the twin runs only where this backend grants; the real arm has no such wait, and stops)."""
+        if self._lockstep is None or (stamp is None and sweep is not None):
+            return
+        self._lockstep.cap(
+            None if sweep is None or sweep.final else round((sweep.refresh_at_s + 2 * self._period) * 1e9)
+        )
+
+    def _end_sweep(self) -> None:
+        """No sweep goes out a stretch at a time any more (a stop, a hold, a new goal, a new episode)."""
+        if self._sweep is not None:
+            self._sweep = None
+            self._cap_grants(None, None)
+
+    def _extend_sweep(self, state_s: float) -> None:
+        """Send the sweep's next stretch once it is due (`REFRESH_S` after the last, on the arm's clock), on the
+        controller's topic, stamped with the state's stamp (in lockstep: the time granted already) and starting
+        from the sweep's time the running stretch is at then: the controller continues from its setpoint along the
+        sweep's own points, without a step, however late the message arrives within the horizon. A running stretch
+        already past its cut means the loop came back too late: the arm has stopped by itself, and the sweep is
+        over (BackendError; the harness then holds)."""
+        sweep = self._sweep
+        if sweep is None or sweep.final or state_s + self._period < sweep.refresh_at_s:
+            return
+        with self._cond:
+            if self._goal_failure or self._reflex_stop:
+                return  # the goal failed: wait_period reports it (a goal that ended ran out its stretch: below)
+        mirror = self._mirror_or_fail()
+        stamp, sent = self._lockstep_begin(), False
+        try:
+            at_s = state_s if stamp is None else stamp * 1e-9
+            elapsed = mirror.elapsed_s(now_s=at_s)
+            if elapsed is None:
+                return
+            at = sweep.offset_s + elapsed
+            if at >= sweep.cut_s:
+                self._sweep = None
+                raise BackendError(
+                    f"the motion loop sent no stretch of the sweep for {at - sweep.offset_s:.3f} s of it (horizon "
+                    f"{self.horizon_s} s): the arm stopped by itself, and the sweep is over"
+                )
+            piece = horizon_piece(sweep.trajectory, at, self.horizon_s, **self._stop_limits())
+            if piece is None:
+                sweep.final = True
+                return
+            mirror.update(at_s)
+            msg = trajectory_msg(piece.trajectory)
+            msg.header.stamp = stamp_msg(at_s) if stamp is None else stamp_msg_ns(stamp)
+            self._arm_topic.publish(msg)
+            sent = True
+            mirror.start(piece.trajectory, at_s, start_time_s=at_s)
+            sweep.offset_s, sweep.cut_s, sweep.final, sweep.refresh_at_s = (
+                at,
+                piece.cut_s,
+                piece.final,
+                at_s + REFRESH_S,
+            )
+            self._cap_grants(sweep, stamp)
+        finally:
+            self._lockstep_end(stamp, sent)
 
     def _send_goal(self, msg: JointTrajectoryMsg):
         """Send a trajectory goal and return its handle once accepted (BackendError when it is not)."""
@@ -633,6 +742,7 @@ class Ros2ControlBackend(ArmBackend):
         is: it is told to hold the last setpoint we commanded, and its goal is canceled (the stop then is a jump,
         but a stop). With `q_rad`: hold that position (one point one period ahead, the goal canceled)."""
         mirror = self._mirror_or_fail()
+        self._end_sweep()
         if q_rad is None:
             try:
                 state = self.read_state(require_force=False)
@@ -690,8 +800,8 @@ class Ros2ControlBackend(ArmBackend):
 
         The running goal is not canceled: joint_trajectory_controller answers a cancel by holding the current
         position at once, the very jump the ramp replaces. The topic message replaces the goal's trajectory (the
-        twin aborts the goal as preempted; joint_trajectory_controller lets it end with the ramp) and this backend
-        no longer listens to that goal's result."""
+        controller, and the twin as it, lets the goal end with the ramp) and this backend no longer listens to that
+        goal's result."""
         end = ramp.positions[-1]
         held = JointTrajectory(
             ramp.joint_names,
@@ -720,8 +830,11 @@ class Ros2ControlBackend(ArmBackend):
         return self._gripper.stop(self.read_state(require_force=False).jaw_opening_m)
 
     def wait_period(self) -> None:
-        """Wait until the measured state has advanced one control period (by its own stamps)."""
+        """Wait until the measured state has advanced one control period (by its own stamps). A sweep's next
+        stretch goes out first when it is due: this is the motion loop's heartbeat, so an arm whose loop stops
+        calling it stops too."""
         start = self.read_state(require_force=False).time_s
+        self._extend_sweep(start)
         limit = self.link_limit_s
         deadline = time.monotonic() + limit
         with self._cond:
