@@ -300,3 +300,25 @@ def test_camera_calibration_is_the_urdf_mounting_until_calibrated():
         assert abs(np.linalg.norm(quat) - 1.0) < 1e-5, f"{name}: rotation_xyzw is not a unit quaternion"
         np.testing.assert_allclose(cam["translation_m"], nominal[:3, 3], atol=1e-6, err_msg=name)
         np.testing.assert_allclose(Rotation.from_quat(quat).as_matrix(), nominal[:3, :3], atol=1e-5, err_msg=name)
+
+
+def test_real_arm_names_its_profile_and_starts_with_approval_on():
+    """No default arm on a physical robot (launch refuses to start without robot_profile:=...), the profile reaches
+    the harness include, and every physical action waits for an operator unless approval_mode:=false."""
+    tree = ast.parse((ROOT / "launch" / "real_arm.launch.py").read_text())
+    arguments = {a.args[0].value: a for a in calls(tree, "DeclareLaunchArgument")}
+    assert keyword(arguments["robot_profile"], "default_value") is None
+    assert keyword(arguments["approval_mode"], "default_value").value == "true"
+    (include,) = [i for i in calls(tree, "IncludeLaunchDescription") if keyword(i, "launch_arguments") is not None]
+    passed = [c.value for c in ast.walk(keyword(include, "launch_arguments")) if isinstance(c, ast.Constant)]
+    assert passed.count("robot_profile") == 2
+
+
+def test_the_launch_shuts_down_when_the_motion_node_exits():
+    tree = ast.parse((ROOT / "launch" / "harness.launch.py").read_text())
+    (handler,) = calls(tree, "OnProcessExit")
+    assert isinstance(keyword(handler, "target_action"), ast.Name) and keyword(handler, "target_action").id == "motion"
+    (shutdown,) = calls(keyword(handler, "on_exit"), "Shutdown")
+    assert "no longer guarded" in keyword(shutdown, "reason").value
+    returned = calls(tree, "LaunchDescription")[-1]
+    assert any(isinstance(n, ast.Name) and n.id == "motion_died" for n in ast.walk(returned))

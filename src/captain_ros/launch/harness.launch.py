@@ -16,7 +16,9 @@ its transitions yourself, on a real arm say, start it unconfigured and step it t
 """
 
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument
+from launch.actions import DeclareLaunchArgument, EmitEvent, RegisterEventHandler
+from launch.event_handlers import OnProcessExit
+from launch.events import Shutdown
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.parameter_descriptions import ParameterValue
@@ -136,4 +138,12 @@ def generate_launch_description() -> LaunchDescription:
             }
         ],
     )
-    return LaunchDescription([*args, motion, perception])
+    # the stack without its motion node is an arm nobody guards: when it exits (a crash, a kill), the whole launch
+    # shuts down, so the operator sees it end instead of a monitor that still looks alive
+    motion_died = RegisterEventHandler(
+        OnProcessExit(
+            target_action=motion,
+            on_exit=[EmitEvent(event=Shutdown(reason="the motion node exited: the arm is no longer guarded"))],
+        )
+    )
+    return LaunchDescription([*args, motion, perception, motion_died])

@@ -18,8 +18,8 @@ drivers are not on PyPI), and it has tf2_ros; the PyPI-wheel setups are the twin
 its cameras on /tf itself, so nothing else publishes a calibration (no node of ours imitates
 static_transform_publisher).
 
-    ros2 launch captain_ros real_arm.launch.py
-    ros2 launch captain_ros real_arm.launch.py camera_calibration:=/path/to/my_calibration.yaml
+    ros2 launch captain_ros real_arm.launch.py robot_profile:=franka_fr3
+    ros2 launch captain_ros real_arm.launch.py robot_profile:=ur5e camera_calibration:=/path/to/my_calibration.yaml
 """
 
 from pathlib import Path
@@ -65,6 +65,11 @@ def camera_extrinsics(context: LaunchContext) -> list[Node]:
 def generate_launch_description() -> LaunchDescription:
     args = [
         DeclareLaunchArgument(
+            "robot_profile",
+            description="the arm (required: no default on a physical arm): franka_fr3, ur5e, or a path to your own "
+            "profile YAML (docs/robot_profiles.md)",
+        ),
+        DeclareLaunchArgument(
             "use_rviz", default_value="true", choices=["true", "false"], description="start the rviz2 monitor"
         ),
         DeclareLaunchArgument(
@@ -81,10 +86,11 @@ def generate_launch_description() -> LaunchDescription:
         ),
         DeclareLaunchArgument(
             "approval_mode",
-            default_value="false",
+            default_value="true",
             choices=["true", "false"],
             description="every physical action waits for an operator's approval (/safety/approve, or "
-            "`captain-ros approve` in a terminal); recommended for a first run on a physical arm",
+            "`captain-ros approve` in a terminal); on by default on a physical arm: approval_mode:=false once the "
+            "profile's first runs went as expected",
         ),
         DeclareLaunchArgument(
             "estop_deadline_s",
@@ -121,6 +127,7 @@ def generate_launch_description() -> LaunchDescription:
             PathJoinSubstitution([FindPackageShare("captain_ros"), "launch", "harness.launch.py"])
         ),
         launch_arguments={
+            "robot_profile": LaunchConfiguration("robot_profile"),
             "approval_mode": LaunchConfiguration("approval_mode"),
             "estop_deadline_s": LaunchConfiguration("estop_deadline_s"),
             "shadow_check": LaunchConfiguration("shadow_check"),
