@@ -88,6 +88,7 @@ def test_an_unknown_profile_lists_the_shipped_ones():
         (lambda d: d["gripper"].__setitem__("action", ""), "gripper: action is empty"),
         (lambda d: d["gripper"].__setitem__("joints", []), "joints is empty .* but command, action, pad_links are"),
         (lambda d: d["description"]["camera_frames"].__setitem__("head", None), "camera_frames.head must be a frame"),
+        (lambda d: d["interfaces"].__setitem__("camera_qos", "sensor"), "camera_qos must be one of reliable, best_"),
     ],
 )
 def test_a_broken_profile_says_which_key_and_why(tmp_path, edit, message):

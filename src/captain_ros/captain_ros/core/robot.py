@@ -113,6 +113,8 @@ class Interfaces:
     speed_scaling_unit: str = "fraction"  # "percent" (0..100: UR's speed_scaling_state_broadcaster) or "fraction"
     force_reflex: ForceReflex | None = None
     wrench_qos: str = "reliable"  # the wrench subscription's reliability: one of WRENCH_QOS
+    camera_qos: str = "reliable"  # the camera topics' subscriptions' reliability: one of WRENCH_QOS ("best_effort":
+    # a driver that publishes as sensor data, rclcpp::SensorDataQoS; a best-effort subscription hears both)
 
     def speed_scaling_fraction(self, value: float) -> float:
         """A speed_scaling_topic value as a fraction of full speed (1 = as planned, 0 = paused)."""
@@ -459,6 +461,9 @@ def _parse(doc: dict, source: str) -> RobotProfile:
     wrench_qos = _get(ifc, "wrench_qos", i, str, "reliable")
     if wrench_qos not in WRENCH_QOS:
         raise ProfileError(f"{i}: wrench_qos must be one of {', '.join(WRENCH_QOS)}, got {wrench_qos!r}")
+    camera_qos = _get(ifc, "camera_qos", i, str, "reliable")
+    if camera_qos not in WRENCH_QOS:
+        raise ProfileError(f"{i}: camera_qos must be one of {', '.join(WRENCH_QOS)}, got {camera_qos!r}")
     twin = _get(doc, "twin", source, dict, None)
     urdf_file = _get(desc, "urdf", d, str, "")
     urdf_text = ""
@@ -504,6 +509,7 @@ def _parse(doc: dict, source: str) -> RobotProfile:
             if reflex is None
             else ForceReflex(_get(reflex, "parameter_service", i), _get(reflex, "parameter", i)),
             wrench_qos=wrench_qos,
+            camera_qos=camera_qos,
         ),
         twin=None
         if twin is None

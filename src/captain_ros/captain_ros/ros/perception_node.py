@@ -41,6 +41,7 @@ from geometry_msgs.msg import PoseStamped
 from rcl_interfaces.msg import FloatingPointRange, ParameterDescriptor
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.node import Node
+from rclpy.qos import QoSProfile, ReliabilityPolicy
 from rclpy.serialization import deserialize_message
 from sensor_msgs.msg import CameraInfo, Image, JointState
 from std_msgs.msg import Header
@@ -173,6 +174,10 @@ class PerceptionNode(GuardedNode, Node):
         group = ReentrantCallbackGroup()
         self.streams = SideNode(self, "streams")  # the cameras, joint states and /tf: hundreds of messages a second
         self.frames = FrameBuffer(self.streams)  # /tf and /tf_static
+        reliability = (
+            ReliabilityPolicy.BEST_EFFORT if interfaces.camera_qos == "best_effort" else ReliabilityPolicy.RELIABLE
+        )
+        camera_qos = QoSProfile(depth=HISTORY, reliability=reliability)  # best effort hears both kinds of publisher
         for cam, topics in interfaces.cameras.items():
             for kind, topic, msg_type in (
                 ("color", topics.color_topic, Image),
@@ -183,7 +188,7 @@ class PerceptionNode(GuardedNode, Node):
                     msg_type,
                     topic,
                     lambda m, c=cam, k=kind: self._store(c, k, RawImage(m) if isinstance(m, bytes) else m),
-                    HISTORY,
+                    camera_qos,
                     raw=msg_type is Image,  # kept serialized until an observe picks it (RawImage)
                 )
         self.streams.subscribe(JointState, interfaces.joint_states_topic, lambda m: self._store("", "joints", m), 10)
