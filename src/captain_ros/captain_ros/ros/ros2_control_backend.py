@@ -88,7 +88,7 @@ class _LinkNode(GuardedNode, Node):
     """The backend's own node: a callback that raises drops its message instead of ending the arm's state stream."""
 
 
-WRENCH_HISTORY_S = 0.2  # wrenches kept for /tf to reach, by their stamps (100 at UR's 500 Hz, 200 at 1 kHz)
+WRENCH_HISTORY_S = 0.5  # wrenches kept for /tf to reach, by their stamps, at least (and as long as wrench_max_lag_s)
 GOAL_LEAD_FIRST_S = 0.2  # a goal's start stamp ahead of the arm's clock before any goal round trip was measured
 GOAL_LEAD_MAX_S = 1.0  # never further ahead: a goal that takes longer to arrive begins part-way along
 GOAL_LEAD_PER_LAG = 2.0  # the lead over the slowest recent round trip (which the joint states' own delay shortens)
@@ -216,7 +216,10 @@ class Ros2ControlBackend(ArmBackend):
         link.create_subscription(WrenchStamped, self._wrench_topic, self._on_wrench, wrench_qos, callback_group=group)
         # a wrench in a frame only /tf knows (UR's tool0_controller) goes to the hand frame through /tf at its own
         # stamp: recent wrenches wait for /tf to reach them; /tf is subscribed when the first such wrench comes
-        self._wrenches = StampedHistory(WRENCH_HISTORY_S, lambda m: stamp_ns(m.header.stamp) * 1e-9, max_items=1000)
+        # as long as a wrench may lag the joint states: /tf reaching a frame later than that fails on the lag anyway
+        kept_s = max(WRENCH_HISTORY_S, wrench_max_lag_s)
+        stamp_of = lambda m: stamp_ns(m.header.stamp) * 1e-9  # noqa: E731
+        self._wrenches = StampedHistory(kept_s, stamp_of, max_items=round(2000 * kept_s))  # up to 2 kHz
         self._tf: FrameBuffer | None = None
         self._tf_group, self._tf_problem = group, ""
         reflex = interfaces.force_reflex
