@@ -129,7 +129,7 @@ def kinematics():
 @pytest.fixture
 def rig(twin_node_process, relay_process, client_node, kinematics):
     """A fresh episode on the twin, the relay, the reflex monitor, and a harness factory."""
-    from captain_ros.ros.ros2_control_backend import Ros2ControlBackend
+    from captain_ros.ros.ros2_control_backend import HORIZON_S, Ros2ControlBackend
 
     _, lines = twin_node_process
     reset = client_node.create_client(ResetEpisode, "/twin/reset")
@@ -143,6 +143,7 @@ def rig(twin_node_process, relay_process, client_node, kinematics):
         reflex_configured: bool = True,
         force_ok: bool = True,
         wrench_qos: str = "reliable",
+        horizon_s: float = HORIZON_S,
     ) -> Harness:
         """A new episode (the twin reset to its start) and a harness on it (waiting for usable force data
         unless `force_ok` is False)."""
@@ -159,6 +160,7 @@ def rig(twin_node_process, relay_process, client_node, kinematics):
             replace(profile, interfaces=interfaces),
             state_timeout_s=LOADED_MACHINE_STATE_TIMEOUT_S,
             wrench_max_lag_s=LOADED_MACHINE_WRENCH_LAG_S,
+            horizon_s=horizon_s,
         )
         backend.wait_for_state(30, wrench_timeout_s=None if force_ok else 0.0)
         return Harness(backend, load_config(), kinematics)
@@ -332,7 +334,9 @@ def test_a_stalled_client_cannot_press_the_arm_into_the_table(rig):
     """The 412 N case of bench/motion.py: the client stalled during a manipulation-mode descent while the
     controller kept following the trajectory into the table. The client here stalls on purpose (its progress
     hook blocks) until the twin reports what the arm did; without the reflex the press grows past 100 N,
-    with it the arm stops itself at the motion's force limit."""
+    with it the arm stops itself at the motion's force limit. The sweeps go out whole (horizon_s=0), as then: with
+    the default horizon the controller is only ever given 50 ms of the sweep, so a stalled client's arm stops by
+    itself (test_sweep_horizon.py, test_kill_stop.py), and the twin in lockstep waits for the stalled loop."""
     _, reflex, make = rig
     limit = 15.0
 
@@ -356,12 +360,12 @@ def test_a_stalled_client_cannot_press_the_arm_into_the_table(rig):
 
     # no reflex (an arm whose reflex this client cannot set, with it switched off): only the client can stop it
     reflex.set_threshold(0.0)
-    unguarded = make(wrench_topic="/wrist_ft_sensor/wrench", reflex_configured=False)
+    unguarded = make(wrench_topic="/wrist_ft_sensor/wrench", reflex_configured=False, horizon_s=0.0)
     result = descend(unguarded, lambda: reflex.value("external_force_n") > 100.0)
     assert result.failure_category is FailureCategory.FORCE_LIMIT and reflex.value("peak_force_n") > 100.0
 
     # the same stall in a new episode, with the reflex set to the motion's limit by the harness
-    guarded = make(wrench_topic="/wrist_ft_sensor/wrench")
+    guarded = make(wrench_topic="/wrist_ft_sensor/wrench", horizon_s=0.0)
     result = descend(guarded, lambda: reflex.level == b"\x01")  # WARN: tripped
     # the arm stopped itself (the stall ended only once the twin reported the trip); whether this client then
     # reads the abort or the force first, the outcome is the force limit
