@@ -120,6 +120,7 @@ eval_stage() {
     else
         say "evaluation not done yet:"
         tail -c 2000 "$WORK/eval.log" | tr '\r' '\n' | tail -5
+        grep -h "tokens/s\|varlen attention" "$WORK"/sft_eval/*/logs/server.log 2>/dev/null | tail -3
         pack_stores eval_partial  # what is recorded so far, in case the machine goes: the evaluation resumes from it
         return 3
     fi

@@ -327,3 +327,24 @@ def test_the_fast_path_applies_to_qwen2_only_and_the_cli_sft_takes_it_there(monk
     assert not _fast_applies(sliding, full) and not _fast_applies(llama, full)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert not _fast_applies(qwen, full)
+
+
+def test_cached_attention_aligns_each_requests_queries_to_the_end_of_its_keys():
+    """Requests with 1, 3 and 5 new tokens over caches of 4, 3 and 9 keys: each query row equals a full causal
+    forward of that request's whole sequence at its position (the reference backend; varlen is CUDA only)."""
+    torch.manual_seed(0)
+    lens_q, lens_k = [1, 3, 5], [4, 3, 9]
+    q = torch.randn(sum(lens_q), 4, 8)
+    k, v = torch.randn(sum(lens_k), 2, 8), torch.randn(sum(lens_k), 2, 8)
+    cu_q, cu_k = torch.tensor([0, 1, 4, 9]), torch.tensor([0, 4, 7, 16])
+    got = fast.cached_attention(q, k, v, cu_q, cu_k, 5, 9, backend="sdpa")
+    for i in range(3):
+        qa, ka = cu_q[i].item(), cu_k[i].item()
+        for j in range(lens_q[i]):
+            seen = lens_k[i] - lens_q[i] + j + 1  # keys up to and including the query's own position
+            kk, vv = (x[ka : ka + seen].repeat_interleave(2, dim=1) for x in (k, v))
+            scores = torch.einsum("hd,thd->ht", q[qa + j], kk) / 8**0.5
+            want = torch.einsum("ht,thd->hd", scores.softmax(-1), vv)
+            torch.testing.assert_close(got[qa + j], want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="attention backend"):
+        fast.cached_attention(q, k, v, cu_q, cu_k, 5, 9, backend="dense")

@@ -7,6 +7,7 @@ and a dead engine answers 500 instead of hanging."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import threading
 
@@ -197,6 +198,21 @@ def post(server, body) -> httpx.Response:
 
 
 @pytest.mark.slow
+def test_a_folder_given_relative_to_the_callers_directory_serves(folder, monkeypatch):
+    """The server runs in its log's folder: a relative --model of the caller's must still name the folder."""
+    monkeypatch.chdir(folder.parent)
+    server = hf_serve.start_hf_server(
+        folder.name, "logs/relative.log", device="cpu", dtype="float32", max_model_len=MAX_LEN
+    )
+    try:
+        server.wait_healthy(START_LIMIT_S)
+        with client(server) as policy:
+            assert policy.health() == str(folder)
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
 def test_health_and_models_name_the_folder(server, folder):
     with client(server) as policy:
         assert policy.health() == str(folder)
@@ -284,7 +300,9 @@ def test_the_context_limit_cuts_the_completion_and_refuses_a_prompt_with_no_room
 
 
 @pytest.mark.slow
-def test_concurrent_requests_each_get_their_own_answer(server):
+def test_concurrent_requests_each_get_their_own_answer(server, reference):
+    """Six episodes' requests at once, sharing a cached prefix: each answer is its own request's forward pass (the
+    default varlen attention: each request's new tokens attend to its own cache only)."""
     prompts = [[*HEAD[:2], {"role": "user", "content": f"Task {i}: put cube {i} in bowl {i % 3}."}] for i in range(6)]
     with client(server, max_tokens=8, temperature=0.0) as policy:
         alone = [policy.complete(p, TOOLS) for p in prompts]
@@ -306,7 +324,27 @@ def test_concurrent_requests_each_get_their_own_answer(server):
         assert many.prompt_token_ids == one.prompt_token_ids
         assert many.token_ids == one.token_ids
         assert many.logprobs == pytest.approx(one.logprobs, abs=2e-4)
+        expected = forward_logprobs(reference[1], many.prompt_token_ids, many.token_ids, 1.0)
+        assert many.logprobs == pytest.approx(expected, abs=2e-4)
     assert len({tuple(c.prompt_token_ids) for c in together}) == len(prompts)
+
+
+@pytest.mark.slow
+def test_transformers_sdpa_attention_serves_the_same_answers(folder, server):
+    """--attn-implementation sdpa (transformers' masked attention over the whole batch) against the default."""
+    config = hf_serve.ServeConfig(model=str(folder), device="cpu", dtype="float32", max_model_len=256, port=0,
+                                  attn_implementation="sdpa")  # fmt: skip
+    model, _, eos, _ = hf_serve.load(config)
+    assert model.config._attn_implementation == "sdpa"
+    engine = hf_serve.Engine(model, eos, config)
+    try:
+        with client(server, max_tokens=6, temperature=0.0) as policy:
+            served = policy.complete(HEAD, TOOLS)
+        got = engine.generate(served.prompt_token_ids, 6, hf_serve.SamplingParams(temperature=0.0))
+    finally:
+        engine.close()
+    assert got.token_ids == served.token_ids
+    assert got.logprobs == pytest.approx(served.logprobs, abs=2e-4)
 
 
 @pytest.mark.slow
@@ -344,6 +382,7 @@ def in_process(folder):
     """The engine and HTTP server in this process (the engine's insides reachable), stopped after the test."""
     config = hf_serve.ServeConfig(model=str(folder), device="cpu", dtype="float32", max_model_len=256, port=0)
     model, tokenizer, eos, defaults = hf_serve.load(config)
+    assert model.config._attn_implementation == hf_serve.VARLEN_ATTENTION  # the default
     engine = hf_serve.Engine(model, eos, config)
     httpd = hf_serve.HFServer(("127.0.0.1", 0), hf_serve.ChatAPI(config.model, tokenizer, engine, 256, defaults))
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
@@ -356,7 +395,7 @@ def in_process(folder):
 
 
 @pytest.mark.slow
-def test_requests_queued_together_share_forward_passes(in_process, monkeypatch):
+def test_requests_queued_together_share_forward_passes(in_process, monkeypatch, caplog):
     """Six requests queued while the generation loop is paused: its next step takes them all in one batch."""
     engine, root = in_process
     queued = threading.Semaphore(0)
@@ -368,6 +407,7 @@ def test_requests_queued_together_share_forward_passes(in_process, monkeypatch):
         return request_id
 
     monkeypatch.setattr(engine.manager, "add_request", counted)
+    monkeypatch.setattr(hf_serve, "THROUGHPUT_LOG_S", math.inf)
     replies: list = [None] * 6
 
     def worker(i: int) -> None:
@@ -384,6 +424,10 @@ def test_requests_queued_together_share_forward_passes(in_process, monkeypatch):
     assert [r.status_code for r in replies] == [200] * 6
     assert [r.json()["usage"]["completion_tokens"] for r in replies] == [5] * 6
     assert engine.largest_batch == 6
+    with caplog.at_level(logging.INFO, logger="hf_serve"):
+        engine._log_throughput(every_s=0.0)  # the dispatcher's own calls never log here (THROUGHPUT_LOG_S: inf)
+    assert "sampled 30 tokens" in caplog.text
+    assert "6 requests finished, at most 6 requests per forward pass" in caplog.text
 
 
 @pytest.mark.slow

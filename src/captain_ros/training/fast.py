@@ -312,6 +312,66 @@ def packed_attention(
     return torch.cat(outs)
 
 
+def cached_attention(  # noqa: PLR0917 (varlen_attn's argument order)
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    *,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Causal attention of a batch of requests over their KV caches (serving: training.hf_serve): request i's new
+    tokens are queries q[cu_q[i]:cu_q[i+1]] ([Tq, H, D]) and attend to its keys k[cu_k[i]:cu_k[i+1]] ([Tk, Hkv, D]:
+    its cached past, then the new tokens themselves), the causal mask aligned bottom-right (query j of n sees the
+    first Lk - n + j + 1 keys). Query rows past cu_q[-1] (padding) are left unspecified. backend "varlen": one flash
+    varlen call on CUDA, work proportional to each request's own context; "sdpa": one SDPA call per request, the
+    reference (any device); "auto": varlen where available, else sdpa."""
+    if backend == "auto":
+        backend = "varlen" if q.is_cuda and _varlen() is not None else "sdpa"
+    groups = q.shape[1] // k.shape[1]
+    if backend == "varlen":
+        found = _varlen()
+        if found is None:
+            raise RuntimeError("torch.nn.attention.varlen.varlen_attn is not available in this torch")
+        varlen_attn, causal, gqa = found
+        cu_q, cu_k = (c.to(device=q.device, dtype=torch.int32) for c in (cu_q, cu_k))
+        if gqa:
+            return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, enable_gqa=True, **causal)
+        return varlen_attn(q, _repeat_kv(k, groups), _repeat_kv(v, groups), cu_q, cu_k, max_q, max_k, **causal)
+    if backend != "sdpa":
+        raise ValueError(f"attention backend must be 'auto', 'varlen' or 'sdpa', not {backend!r}")
+    out = torch.zeros_like(q)
+    k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
+    for (qa, qb), (ka, kb) in zip(itertools.pairwise(cu_q.tolist()), itertools.pairwise(cu_k.tolist()), strict=True):
+        if qb == qa:
+            continue
+        mask = torch.ones(qb - qa, kb - ka, dtype=torch.bool, device=q.device).tril(diagonal=(kb - ka) - (qb - qa))
+        qd, kd, vd = q[qa:qb].transpose(0, 1)[None], k[ka:kb].transpose(0, 1)[None], v[ka:kb].transpose(0, 1)[None]
+        out[qa:qb] = scaled_dot_product_attention(qd, kd, vd, attn_mask=mask)[0].transpose(0, 1)
+    return out
+
+
+def cached_attention_self_check(device: str | torch.device, dtype: torch.dtype = torch.bfloat16) -> float:
+    """The largest difference between the varlen and the reference backends of `cached_attention` on random
+    requests whose queries are fewer than their keys (decode steps and prefill chunks over a cache): a check that
+    this torch's flash varlen aligns the causal mask bottom-right, as serving needs. CUDA only."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    lens_q, lens_k = [1, 7, 1, 32], [40, 7, 129, 300]
+    heads, kv_heads, dim = 4, 2, 64
+    q = torch.randn(sum(lens_q), heads, dim, generator=gen).to(device, dtype)
+    k, v = (torch.randn(sum(lens_k), kv_heads, dim, generator=gen).to(device, dtype) for _ in range(2))
+    cu_q, cu_k = (
+        torch.tensor([0, *itertools.accumulate(x)], dtype=torch.int32, device=device) for x in (lens_q, lens_k)
+    )
+    args = (q, k, v, cu_q, cu_k, max(lens_q), max(lens_k))
+    got = cached_attention(*args, backend="varlen").float()
+    want = cached_attention(*args, backend="sdpa").float()
+    return float((got - want).abs().max())
+
+
 # ------------------------------------------------------------------------------------------------ the decoder
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Qwen2RMSNorm exactly: normalise in fp32, cast back, then scale."""

@@ -108,6 +108,12 @@ class PolicyServer:
             signal_group(self.proc, signal.SIGKILL, 10.0)
 
 
+def model_argument(model_dir: str | Path) -> str:
+    """The --model a server process is started with: a local folder as an absolute path (servers run in their
+    log's folder, where a relative path names nothing and vLLM would take it for a hub id), anything else as given."""
+    return str(Path(model_dir).resolve()) if Path(model_dir).exists() else str(model_dir)
+
+
 def start_server(
     model_dir: str | Path,
     log: str | Path,
@@ -125,7 +131,7 @@ def start_server(
     log = Path(log)
     log.parent.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
+    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", model_argument(model_dir)]
     cmd += ["--host", "127.0.0.1", "--port", str(port), *server_flags(dtype, max_model_len)]
     with log.open("w") as out:
         proc = subprocess.Popen(
