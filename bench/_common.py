@@ -69,3 +69,25 @@ def write_results(script: str, metrics: dict[str, float], extra: dict[str, objec
     path.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"\nwrote {path.relative_to(RESULTS.parent.parent)}")
     return path
+
+
+def wait_future(future, timeout_s: float, what: str = "no answer from motion_node"):
+    """An rclpy future's result once it is done (the executor spins elsewhere); RuntimeError(`what`) after
+    `timeout_s`."""
+    import threading
+
+    done = threading.Event()
+    future.add_done_callback(lambda _f: done.set())
+    if not done.wait(timeout_s):
+        raise RuntimeError(what)
+    return future.result()
+
+
+def move_to_goal(target: np.ndarray, speed_mps: float = 0.0):
+    """A captain_interfaces MoveTo goal to TCP position `target` (m), fingers down; speed 0: the harness default."""
+    from captain_interfaces.action import MoveTo
+
+    goal = MoveTo.Goal(target_kind=MoveTo.Goal.TARGET_POSE, speed_mps=speed_mps)
+    goal.pose.pose.position.x, goal.pose.pose.position.y, goal.pose.pose.position.z = map(float, target)
+    goal.pose.pose.orientation.x, goal.pose.pose.orientation.w = 1.0, 0.0
+    return goal

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import mujoco
 import numpy as np
-from _common import print_table, write_results
+from _common import move_to_goal, print_table, wait_future, write_results
 from tqdm import tqdm
 
 from captain_ros.core import robot
@@ -281,7 +281,7 @@ def _tcp_and_speed(kin: Kinematics, q: np.ndarray, qd: np.ndarray) -> tuple[np.n
     return p0, float(np.linalg.norm(p1 - p0) / h)
 
 
-def ros_cancels(action, backend, kin: Kinematics, runs: int, *, wait, goal_to) -> dict[str, list[float]]:
+def ros_cancels(action, backend, kin: Kinematics, runs: int, *, wait) -> dict[str, list[float]]:
     """MoveTo goals to motion_node, canceled by this client at random moments once under way: the time to the
     CANCELED result and to rest, the TCP speed at the request and the TCP travel from the request to rest."""
     rng = np.random.default_rng(3)
@@ -289,11 +289,13 @@ def ros_cancels(action, backend, kin: Kinematics, runs: int, *, wait, goal_to) -
     for i in tqdm(range(runs), desc="MoveTo cancels over DDS", unit="run"):
         side = 1.0 if i % 2 else -1.0
         # every canceled goal starts 50 cm from its target (5 s at 0.1 m/s), so the cancel always lands mid-motion
-        start = wait(wait(action.send_goal_async(goal_to(np.array([0.45, -0.25 * side, 0.25]))), 30).get_result_async())
+        start = wait(
+            wait(action.send_goal_async(move_to_goal(np.array([0.45, -0.25 * side, 0.25]))), 30).get_result_async()
+        )
         if not start.result.result.success:
             raise RuntimeError(f"the move to the cancel's start failed: {start.result.result.message}")
         feedback = []
-        goal = goal_to(np.array([0.45, 0.25 * side, 0.25]), 0.1)
+        goal = move_to_goal(np.array([0.45, 0.25 * side, 0.25]), 0.1)
         handle = wait(action.send_goal_async(goal, feedback_callback=feedback.append), 30)
         deadline = time.monotonic() + 30
         while not (feedback and feedback[-1].feedback.executed_distance_m > 0.01):
@@ -385,24 +387,14 @@ def bench_ros(moves: int, cancels: int, spots: list[np.ndarray], kin: Kinematics
             raise RuntimeError("motion_node did not come up")
 
         def wait(future, timeout_s: float = 60.0):
-            done = threading.Event()
-            future.add_done_callback(lambda _f: done.set())
-            if not done.wait(timeout_s):
-                raise RuntimeError("no answer from motion_node")
-            return future.result()
-
-        def goal_to(target: np.ndarray, speed_mps: float = 0.0) -> MoveTo.Goal:
-            goal = MoveTo.Goal(target_kind=MoveTo.Goal.TARGET_POSE, speed_mps=speed_mps)
-            goal.pose.pose.position.x, goal.pose.pose.position.y, goal.pose.pose.position.z = map(float, target)
-            goal.pose.pose.orientation.x, goal.pose.pose.orientation.w = 1.0, 0.0
-            return goal
+            return wait_future(future, timeout_s)
 
         targets = [np.array([0.5, -0.05, 0.3]), np.array([0.5, 0.05, 0.3])]
         harness.call("move_to", pose={"position": list(targets[0]), "yaw_deg": 0})  # the first timed move goes to 1
         times: dict[str, list[float]] = {"ros": [], "in_process": []}
 
         def through_ros(target: np.ndarray) -> str:
-            call = wait(wait(action.send_goal_async(goal_to(target)), 30).get_result_async()).result.result
+            call = wait(wait(action.send_goal_async(move_to_goal(target)), 30).get_result_async()).result.result
             return "" if call.success else f"{call.failure_category}: {call.message}"
 
         def in_process(target: np.ndarray) -> str:
@@ -420,7 +412,7 @@ def bench_ros(moves: int, cancels: int, spots: list[np.ndarray], kin: Kinematics
                 if failure:
                     raise RuntimeError(f"move_to {way} failed: {failure}")
 
-        cancel = ros_cancels(action, backend, kin, cancels, wait=wait, goal_to=goal_to)
+        cancel = ros_cancels(action, backend, kin, cancels, wait=wait)
 
         def true_peak() -> float:
             """The reflex's physics-rate peak since the descent began, from the first report stamped PRESS_SETTLE_S

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import RESULTS, machine, print_table
+from _common import RESULTS, machine, move_to_goal, print_table, wait_future
 from tqdm import tqdm
 
 from captain_ros.core import robot
@@ -140,24 +140,14 @@ def kill_mid_sweep(node, watch: ArmWatch, horizon_s: float, at_m: float) -> dict
             raise RuntimeError("motion_node did not come up")
 
         def wait(future):
-            done = threading.Event()
-            future.add_done_callback(lambda _f: done.set())
-            if not done.wait(WAIT_S):
-                raise RuntimeError("no answer from motion_node")
-            return future.result()
+            return wait_future(future, WAIT_S)
 
-        def goal(target: np.ndarray, speed_mps: float = 0.0) -> MoveTo.Goal:
-            g = MoveTo.Goal(target_kind=MoveTo.Goal.TARGET_POSE, speed_mps=speed_mps)
-            g.pose.pose.position.x, g.pose.pose.position.y, g.pose.pose.position.z = map(float, target)
-            g.pose.pose.orientation.x, g.pose.pose.orientation.w = 1.0, 0.0  # fingers down
-            return g
-
-        handle = wait(action.send_goal_async(goal(START)))
+        handle = wait(action.send_goal_async(move_to_goal(START)))
         if not handle.accepted or not wait(handle.get_result_async()).result.result.success:
             raise RuntimeError("the move to the sweep's start failed")
         start_tcp = watch.tcp(watch.newest()[1])
         watch.commanded_until_s = None  # from here on: this sweep's stretches only
-        wait(action.send_goal_async(goal(END, SPEED_MPS)))
+        wait(action.send_goal_async(move_to_goal(END, SPEED_MPS)))
         deadline = time.monotonic() + WAIT_S
         while np.linalg.norm(watch.tcp(watch.newest()[1]) - start_tcp) < at_m:
             if time.monotonic() > deadline:

@@ -328,6 +328,9 @@ def test_the_twin_never_runs_past_the_time_its_commander_granted(request, kinema
         ("stop_decel_radps2", -1.0, "stop_decel_radps2 must be > 0"),
         ("goal_lead_min_s", 2.0, "goal_lead_min_s must be in"),
         ("goal_lead_min_s", -0.1, "goal_lead_min_s must be in"),
+        ("horizon_s", -0.05, "horizon_s must be finite and >= 0"),
+        ("horizon_s", float("nan"), "horizon_s must be finite and >= 0"),
+        ("horizon_s", float("inf"), "horizon_s must be finite and >= 0"),
     ],
 )
 def test_the_ros2_control_backend_refuses_bad_limits(client_node, profile, option, value, words):

@@ -26,6 +26,7 @@ from captain_interfaces.action import MoveTo
 from captain_interfaces.msg import CallResult as CallResultMsg
 from captain_interfaces.srv import HarnessCall
 from captain_ros.paths import config_path
+from captain_ros.ros.ros2_control_backend import HORIZON_S
 from captain_ros.ros.spin import SpunActionClient
 
 from .helpers import (
@@ -208,6 +209,22 @@ def test_unconfigured_refuses_and_configure_checks_every_interface(operator, tmp
             f"the configure failure naming {missing}",
         )
         assert "motion node is unconfigured" in op.call("get_robot_state").message
+
+    # a sweep horizon that is none (negative, NaN): configure fails before it looks for the arm, saying why
+    for horizon_s in (-0.05, float("nan")):
+        set_parameters(op.clients["set_parameters"], **GOOD, sweep_horizon_s=horizon_s)
+        assert not op.change(Transition.TRANSITION_CONFIGURE)
+        assert op.state() == "unconfigured"
+        wait_for(
+            lambda h=horizon_s: any(
+                "configure failed" in line
+                and f"horizon_s must be finite and >= 0 s (0: sweeps go whole), got {h}" in line
+                for line in op.output
+            ),
+            30,
+            f"the configure failure naming sweep_horizon_s {horizon_s}",
+        )
+    set_parameters(op.clients["set_parameters"], sweep_horizon_s=HORIZON_S)
 
     op.drive_to("inactive")
     inactive = op.call("get_robot_state")
