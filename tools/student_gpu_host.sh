@@ -67,14 +67,8 @@ wait_for() {
 
 prepare() {
     if [ ! -d "$PROJ/src" ]; then mkdir -p "$PROJ" && cp -r src tools "$PROJ"/; fi
-    if [ ! -f "$STUDENT/captain_student.json" ]; then
-        python3 "$PROJ/tools/carry.py" unpack "$CARRY" --to "$WORK/carried" -q || return 1
-        python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$WORK"/carried/wheels/*.whl ||
-            return 1
-        mkdir -p "$WORK/student" && cp "$WORK/carried/$NAME.gguf" "$WORK/student/"
-        python3 -m training.student build --cache "$WORK/student" || return 1
-    fi
-    say "student folder: $STUDENT"
+    # the bundle first: its transformers (the locked version) converts the student's tokenizer. The host's own (5.17)
+    # writes "<tool_call>" as four ordinary tokens, and a student trained on that is lost behind any other server
     if [ ! -f "$BUNDLE/install.sh" ] && [ -d "$BUNDLE_CARRY" ]; then
         python3 "$PROJ/tools/carry.py" unpack "$BUNDLE_CARRY" --to "$(dirname "$BUNDLE")" -q || return 1
     fi
@@ -84,6 +78,16 @@ prepare() {
         . "$WORK/host.env"
         say "rollout bundle installed: $(wc -l <"$WORK/host.env") settings in $WORK/host.env"
     fi
+    [ -f "$WORK/host.env" ] || { say "no rollout bundle yet (carry its parts into $BUNDLE_CARRY)"; return 1; }
+    if [ ! -f "$STUDENT/captain_student.json" ]; then
+        python3 "$PROJ/tools/carry.py" unpack "$CARRY" --to "$WORK/carried" -q || return 1
+        python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$WORK"/carried/wheels/*.whl ||
+            return 1
+        mkdir -p "$WORK/student" && cp "$WORK/carried/$NAME.gguf" "$WORK/student/"
+        python3 -m training.student build --cache "$WORK/student" || return 1  # checks the chat markers' tokens
+    fi
+    python3 -m training.student check "$STUDENT" || return 1
+    say "student folder: $STUDENT (transformers $(python3 -c 'import transformers; print(transformers.__version__)'))"
 }
 
 sft() {

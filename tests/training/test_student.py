@@ -19,7 +19,7 @@ from training import serve, student
 from training.chat_template import TOOL_TEMPLATE
 from training.gate import render_prompt_ids
 from training.student import Part, StudentError, StudentRecipe
-from training.tiny import tiny_tokenizer
+from training.tiny import tiny_model, tiny_tokenizer
 
 # ------------------------------------------------------------------------------------------------ the build
 
@@ -130,6 +130,33 @@ def test_the_stack_template_passes_and_templates_that_cannot_serve_it_are_refuse
     ]
 
 
+def _cutting_tokenizer_folder(out: Path) -> Path:
+    """A model folder whose tokenizer holds "<tool_call>" in its vocabulary but not as an added token, so it cuts
+    the marker into pieces: what transformers 5.17's GGUF conversion makes of the student's tokenizer."""
+    tiny_model().save_pretrained(out)
+    tiny_tokenizer(chat_template=TOOL_TEMPLATE).save_pretrained(out)
+    spec = json.loads((out / "tokenizer.json").read_text())
+    marker = next(t for t in spec["added_tokens"] if t["content"] == "<tool_call>")
+    spec["added_tokens"].remove(marker)
+    spec["model"]["vocab"]["<tool_call>"] = marker["id"]
+    (out / "tokenizer.json").write_text(json.dumps(spec))
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    config.get("added_tokens_decoder", {}).pop(str(marker["id"]), None)
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    return out
+
+
+def test_a_tokenizer_that_cuts_a_chat_marker_into_pieces_is_refused(tmp_path):
+    with pytest.raises(StudentError) as refused:
+        student.check_model_folder(_cutting_tokenizer_folder(tmp_path))
+    assert "cuts the template's marker '<tool_call>' into 3 tokens" in str(refused.value)
+    assert "its vocabulary holds it as token 2044" in str(refused.value)
+    good = tiny_tokenizer(chat_template=TOOL_TEMPLATE)  # the same tokenizer, marker intact
+    assert student.marker_problems(good, "<|im_start|>assistant\n<tool_call>\nx\n</tool_call><|im_end|>") == []
+    recipe = StudentRecipe("tiny", (), 0, "", "", markers=(("<tool_call>", 2044), ("</tool_call>", 7)))
+    assert student.recipe_marker_problems(good, recipe) == ["'</tool_call>' encodes as [2045], not [7]"]
+
+
 def test_a_folder_without_a_model_is_refused(tmp_path):
     with pytest.raises(
         StudentError, match=r"is not a model folder \(no config.json\)\.\n  what to do: `make setup` builds"
@@ -184,6 +211,7 @@ def folder() -> Path:
 
 def test_the_student_renders_a_stack_request_identically_for_the_trainer_and_the_server(folder):
     tokenizer = student.check_model_folder(folder)
+    assert student.recipe_marker_problems(tokenizer) == []  # <tool_call> is token 151657, as Qwen2.5 wrote it
     messages = stack_request()
     trainer_ids = render_prompt_ids(tokenizer, messages, TOOLS)
     python = serve.vllm_python()
@@ -234,8 +262,6 @@ def test_a_lora_adapter_merges_into_a_folder_that_serves_with_the_same_template(
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
-
-    from training.tiny import tiny_model
 
     base = tmp_path / "base"
     tiny_model().save_pretrained(base)

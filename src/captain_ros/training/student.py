@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -76,6 +77,9 @@ class StudentRecipe:
     gguf_size: int
     gguf_sha256: str
     license: str
+    # the chat markers as the model's own tokenizer writes them (Qwen2.5's ids): every copy of the folder, here or on
+    # a GPU host, must encode each as this one token, or training and serving see different text
+    markers: tuple[tuple[str, int], ...] = ()
 
     @property
     def gguf_name(self) -> str:
@@ -125,6 +129,7 @@ QWEN25_CODER_05B = StudentRecipe(
     gguf_size=491_400_064,
     gguf_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     license="Apache-2.0",
+    markers=(("<|im_start|>", 151644), ("<|im_end|>", 151645), ("<tool_call>", 151657), ("</tool_call>", 151658)),
 )
 STUDENT = QWEN25_CODER_05B
 STAMP = "captain_student.json"  # in the folder: the recipe it was built from
@@ -298,6 +303,13 @@ def convert(gguf: Path, folder: Path, recipe: StudentRecipe = STUDENT) -> Path:
     t0 = time.monotonic()
     _log(f"dequantizing {gguf.name} with transformers (about 90 s on 2 cores)")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    wrong = recipe_marker_problems(tokenizer, recipe)
+    if wrong:
+        raise StudentError(
+            f"{gguf.name}'s tokenizer, as this environment converts it, does not write the chat markers as the model "
+            "was trained to read them:\n  - " + "\n  - ".join(wrong) + "\n  what to do: build with this project's "
+            "locked transformers and tokenizers (requirements/lock.txt; tools/host_bundle.py carries both to a GPU)"
+        )
     model = _plain_model(_load_gguf_dequantized(gguf), torch.bfloat16)
     tokenizer.chat_template = TOOL_TEMPLATE
     # generation stops at the end of the assistant turn, as Qwen's own generation config says
@@ -367,6 +379,7 @@ def template_problems(tokenizer: Any) -> list[str]:
         )
         if probe not in text
     ]
+    problems += marker_problems(tokenizer, text)
     mask = tokenizer.apply_chat_template(
         PROBE, tools=PROBE_TOOLS, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
     ).get("assistant_masks")
@@ -376,6 +389,39 @@ def template_problems(tokenizer: Any) -> list[str]:
             "(use training.chat_template.TOOL_TEMPLATE for Qwen-style models)"
         )
     return problems
+
+
+_MARKER = re.compile(r"<\|[^|<>\s]{1,40}\|>|</?[A-Za-z_][A-Za-z0-9_-]{0,40}>")  # <|im_start|>, <tool_call>, </x>
+
+
+def marker_problems(tokenizer: Any, text: str) -> list[str]:
+    """Markers the template writes (`text`: a rendered request) that the vocabulary holds as one token but the
+    tokenizer cuts into pieces. Such a tokenizer trains and serves a model on text that another, correct copy of the
+    same tokenizer writes differently: a student fine-tuned on a GPU host whose tokenizer wrote "<tool_call>" as four
+    ordinary tokens wrote it so itself, and was lost behind vLLM, whose tokenizer writes it as one (token 151657)."""
+    markers = {m for m in _MARKER.findall(text)} | {t for t in tokenizer.get_added_vocab() if t in text}
+    problems = []
+    for marker in sorted(markers):
+        token_id = tokenizer.convert_tokens_to_ids(marker)
+        if token_id is None or token_id == tokenizer.unk_token_id:
+            continue  # not one token in this vocabulary: plain text, as every copy of it writes it
+        pieces = tokenizer.encode(marker, add_special_tokens=False)
+        if pieces != [token_id]:
+            problems.append(
+                f"the tokenizer cuts the template's marker {marker!r} into {len(pieces)} tokens {pieces[:8]}, though "
+                f"its vocabulary holds it as token {token_id}: rebuild the folder with this project's locked "
+                "transformers and tokenizers (or copy tokenizer files from a folder that passes)"
+            )
+    return problems
+
+
+def recipe_marker_problems(tokenizer: Any, recipe: StudentRecipe = STUDENT) -> list[str]:
+    """The recipe's chat markers this tokenizer does not encode as their pinned single token."""
+    return [
+        f"{marker!r} encodes as {pieces[:8]}, not [{token_id}]"
+        for marker, token_id in recipe.markers
+        if (pieces := tokenizer.encode(marker, add_special_tokens=False)) != [token_id]
+    ]
 
 
 def check_model_folder(folder: Path) -> Any:
