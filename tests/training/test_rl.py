@@ -531,6 +531,20 @@ def test_the_critic_warm_start_is_held_apart_from_every_round():
     assert held_apart == {"g00"} and critic.tasks == (TASK,)
 
 
+def test_cli_refuses_a_model_folder_whose_template_cannot_train_the_stack(tmp_path):
+    """Before any data is read or a weight loaded: a template without generation marks (and, by the same check,
+    a tokenizer that cuts a chat marker into pieces: tests/training/test_student.py) stops the command."""
+    from training.chat_template import TOOL_TEMPLATE
+
+    tiny_model().save_pretrained(tmp_path)
+    unmarked = TOOL_TEMPLATE.replace("{%- generation %}", "").replace("{%- endgeneration %}", "")
+    tiny_tokenizer(chat_template=unmarked).save_pretrained(tmp_path)
+    store = tmp_path / "absent.sqlite"
+    with pytest.raises(SystemExit, match=r"cannot serve the stack:\n  - the chat template has no \{% generation %\}"):
+        main(["sft", "--model", str(tmp_path), "--store", str(store), "--out", str(tmp_path / "out"), "--no-progress"])
+    assert not store.exists() and not (tmp_path / "out").exists()
+
+
 def test_cli_help(capsys):
     with pytest.raises(SystemExit) as done:
         main(["--help"])

@@ -618,16 +618,23 @@ class RLTrainer:
 
 # ---------------------------------------------------------------------------------------------------- CLI
 def _load_policy(path: str | None, tiny: bool) -> tuple[Any, Any]:
-    """(model, tokenizer) from a transformers folder, or the tiny Qwen2 (training.tiny) with --tiny."""
+    """(model, tokenizer) from a transformers folder, or the tiny Qwen2 (training.tiny) with --tiny. A folder whose
+    tokenizer or chat template cannot train the stack is refused with the reasons (training.student)."""
     if tiny:
         from training.tiny import tiny_model, tiny_tokenizer
 
         return tiny_model(), tiny_tokenizer()
     if not path:
         raise SystemExit("give --model DIR (a transformers folder) or --tiny")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    from training.student import StudentError, check_model_folder
+
+    try:
+        tokenizer = check_model_folder(Path(path))
+    except StudentError as exc:
+        raise SystemExit(str(exc)) from None
+    return AutoModelForCausalLM.from_pretrained(path), tokenizer
 
 
 def _device(name: str) -> str:
