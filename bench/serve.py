@@ -1,0 +1,133 @@
+"""training.hf_serve's generation speed with concurrent requests: varlen attention (the default) vs transformers' sdpa.
+
+  .venv/bin/python bench/serve.py                  # the student if `make setup` built it, else the tiny model
+  python bench/serve.py --requests 32 --prompt-tokens 4096 --new-tokens 256     # e.g. on a GPU host
+
+Each attention implementation gets a fresh engine (training.hf_serve.Engine, in this process) and the same
+`--requests` requests, queued together: distinct prompts of `--prompt-tokens` tokens (random ids), `--new-tokens`
+sampled tokens each at temperature 1 (no stop token can end one early: every request samples exactly that many, so
+both implementations do the same work). Reported: sampled tokens per second over the whole batch (prefill
+included), per request, and the ratio to sdpa. Under continuous batching transformers' sdpa runs one masked
+attention of all the batch's queries over all its requests' keys; varlen attends each request to its own cache.
+
+Writes bench/results/serve.json: tokens_per_s_sdpa, tokens_per_s_varlen, varlen_speedup, the setting, the model,
+the device and the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import print_table, write_results
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src" / "captain_ros"))
+
+
+def _model_folder(out: Path) -> tuple[Path, str]:
+    """The student's folder if it is built, else a tiny Qwen2 saved into `out`."""
+    from training.student import default_folder, folder_is_current
+
+    if folder_is_current(default_folder()):
+        return default_folder(), "qwen2.5-coder-0.5b-instruct (the student)"
+    from training.tiny import tiny_model, tiny_tokenizer
+
+    tiny_model().save_pretrained(out)
+    tiny_tokenizer().save_pretrained(out)
+    return out, "tiny Qwen2 (training.tiny; `make setup` builds the student)"
+
+
+def _run(folder: Path, attn: str, args: argparse.Namespace) -> dict:
+    import torch
+
+    from training import hf_serve
+
+    config = hf_serve.ServeConfig(
+        model=str(folder), device=args.device, max_model_len=args.prompt_tokens + args.new_tokens + 8,
+        attn_implementation=attn, seed=0,
+    )  # fmt: skip
+    model, tokenizer, _, _ = hf_serve.load(config)
+    engine = hf_serve.Engine(model, [], config)  # no stop ids: every request samples --new-tokens
+    gen = torch.Generator().manual_seed(0)
+    vocab = min(len(tokenizer), model.config.vocab_size)
+    prompts = [torch.randint(0, vocab, (args.prompt_tokens,), generator=gen).tolist() for _ in range(args.requests)]
+    params = hf_serve.SamplingParams(temperature=1.0)
+    done: list = [None] * args.requests
+    try:
+        engine.generate(prompts[0][:16], 4, params)  # warm-up: kernels, allocator
+        start = threading.Barrier(args.requests + 1)
+
+        def one(i: int) -> None:
+            start.wait()
+            done[i] = engine.generate(prompts[i], args.new_tokens, params)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(args.requests)]
+        for t in threads:
+            t.start()
+        start.wait()
+        t0 = time.perf_counter()
+        for t in threads:
+            t.join()
+        wall_s = time.perf_counter() - t0
+    finally:
+        engine.close()
+    tokens = sum(len(d.token_ids) for d in done)
+    if tokens != args.requests * args.new_tokens:
+        raise RuntimeError(f"{attn}: {tokens} tokens sampled, {args.requests * args.new_tokens} asked for")
+    return {"tokens": tokens, "wall_s": wall_s, "tokens_per_s": tokens / wall_s, "device": str(model.device)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=8, help="concurrent requests (default 8)")
+    parser.add_argument("--prompt-tokens", type=int, default=512, help="prompt length of each (default 512)")
+    parser.add_argument("--new-tokens", type=int, default=32, help="tokens sampled by each (default 32)")
+    parser.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda")
+    args = parser.parse_args(argv)
+    for name in ("requests", "prompt_tokens", "new_tokens"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder, model_name = _model_folder(Path(tmp) / "tiny")
+        runs = {attn: _run(folder, attn, args) for attn in ("sdpa", "varlen")}
+    base = runs["sdpa"]["tokens_per_s"]
+    print_table(
+        f"hf_serve: {args.requests} requests of {args.prompt_tokens} prompt tokens, {args.new_tokens} sampled each "
+        f"({model_name}, {runs['sdpa']['device']})",
+        ["attention", "wall s", "tokens/s", "tokens/s per request", "vs sdpa"],
+        [
+            [attn, f"{r['wall_s']:.1f}", f"{r['tokens_per_s']:.1f}", f"{r['tokens_per_s'] / args.requests:.2f}",
+             f"{r['tokens_per_s'] / base:.2f}x"]
+            for attn, r in runs.items()
+        ],
+    )  # fmt: skip
+    write_results(
+        "serve",
+        {
+            "tokens_per_s_sdpa": base,
+            "tokens_per_s_varlen": runs["varlen"]["tokens_per_s"],
+            "varlen_speedup": runs["varlen"]["tokens_per_s"] / base,
+        },
+        {
+            "requests": args.requests,
+            "prompt_tokens": args.prompt_tokens,
+            "new_tokens": args.new_tokens,
+            "model": model_name,
+            "device": runs["sdpa"]["device"],
+            "runs": runs,
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
