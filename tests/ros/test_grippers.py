@@ -562,3 +562,17 @@ def test_the_opening_after_a_result_comes_from_a_message_published_after_it(offs
     unclocked.update(finger_message(0.20, 0.068))
     assert unclocked.now_s() is None
     assert unclocked.measured_after(None, 0, timeout_s=0.0) == pytest.approx(0.068)
+
+
+def test_motion_node_checks_each_gripper_against_the_action_type_its_client_sends():
+    """grippers.ACTION_TYPES (what motion_node expects on the graph) names the action each gripper kind's client
+    is built with, so a profile with the wrong `gripper.command` is refused at configure, not at the first grasp."""
+    from captain_ros.ros.grippers import ACTION_TYPES, GRASP_ACTION_TYPE, KINDS
+
+    def type_name(action: type) -> str:
+        return f"{action.__module__.split('.')[0]}/action/{action.__name__}"
+
+    sent = {"gripper_command": GripperCommand, "parallel_gripper_command": ParallelGripperCommand, "franka": Move}
+    assert set(ACTION_TYPES) == set(KINDS) - {"joint_trajectory"} == set(sent)
+    assert {kind: type_name(action) for kind, action in sent.items()} == ACTION_TYPES
+    assert type_name(Grasp) == GRASP_ACTION_TYPE

@@ -192,10 +192,17 @@ def test_unconfigured_refuses_and_configure_checks_every_interface(operator, tmp
     assert "motion node is unconfigured" in early.message and not early.executed
     assert not op.trigger("stop").success  # unconfigured, it commands no arm, and says so
 
-    # nothing behind the joint states, then nothing behind the trajectory action: configure fails, naming it
+    # nothing behind the joint states, then nothing behind the trajectory action, then a wrench topic that is the
+    # joint states (a profile naming the wrong topic): configure fails, naming it
+    joints = yaml.safe_load(config_path("robots/panda_twin.yaml").read_text())["interfaces"]["joint_states_topic"]
     for name, interfaces, missing in (
         ("no_arm", {"joint_states_topic": "/no_arm/joint_states"}, "/no_arm/joint_states"),
         ("no_controller", {"trajectory_action": "/no_controller/follow_joint_trajectory"}, "/no_controller/"),
+        (
+            "wrong_wrench",
+            {"wrench_topic": joints},
+            f"{joints} is sensor_msgs/msg/JointState, not geometry_msgs/msg/WrenchStamped (no wrench publisher",
+        ),
     ):
         set_parameters(op.clients["set_parameters"], robot_profile=_bad_profile(tmp_path, name, **interfaces))
         set_parameters(op.clients["set_parameters"], connect_timeout_s=3.0)
@@ -210,7 +217,7 @@ def test_unconfigured_refuses_and_configure_checks_every_interface(operator, tmp
         )
         assert "motion node is unconfigured" in op.call("get_robot_state").message
 
-    # a sweep horizon that is none (negative, NaN): configure fails before it looks for the arm, saying why
+    # a sweep horizon that is none (negative, NaN): configure fails, saying why
     for horizon_s in (-0.05, float("nan")):
         set_parameters(op.clients["set_parameters"], **GOOD, sweep_horizon_s=horizon_s)
         assert not op.change(Transition.TRANSITION_CONFIGURE)

@@ -569,6 +569,13 @@ KINDS: dict[str, type[Gripper]] = {
     "parallel_gripper_command": ParallelGripper,
     "franka": FrankaGripper,
 }
+# the ROS type of each kind's gripper action, and of franka's grasp action (motion_node checks them on the graph)
+ACTION_TYPES = {
+    "gripper_command": "control_msgs/action/GripperCommand",
+    "parallel_gripper_command": "control_msgs/action/ParallelGripperCommand",
+    "franka": "franka_msgs/action/Move",
+}
+GRASP_ACTION_TYPE = "franka_msgs/action/Grasp"
 
 
 def make_gripper(

@@ -80,6 +80,8 @@ from captain_ros.harness.shadow import ShadowError
 from captain_ros.paths import config_path
 from captain_ros.ros.convert import call_result_to_msg
 from captain_ros.ros.description import resolve_profile
+from captain_ros.ros.grippers import ACTION_TYPES as GRIPPER_ACTION_TYPES
+from captain_ros.ros.grippers import GRASP_ACTION_TYPE
 from captain_ros.ros.guard import GuardedActionServer, GuardedNode
 from captain_ros.ros.operator_view import marker_msg
 from captain_ros.ros.ros2_control_backend import HORIZON_S, LOCKSTEP_STATE_TIMEOUT_S, Ros2ControlBackend
@@ -337,6 +339,18 @@ class MotionNode(GuardedNode, LifecycleNode):
         deadline = time.monotonic() + timeout_s
         self.profile = resolve_profile(self, param("robot_profile").value, timeout_s=timeout_s)
         self.config = load_config(Path(param("safety_config").value), Path(param("harness_config").value))
+        # the graph first: a backend subscribing to a topic of another type would fail with the RMW's words
+        wrong, missing = self._wait_for_interfaces(deadline)
+        if wrong:
+            raise BackendError(
+                f"robot profile '{self.profile.name}': {'; '.join(wrong)} (does the profile name the right "
+                "interfaces, and this vendor's gripper command?)"
+            )
+        if missing:
+            raise BackendError(
+                f"robot profile '{self.profile.name}': nothing behind {'; '.join(missing)} within {timeout_s:g} s "
+                "(is the arm's bring-up running, with these controllers active?)"
+            )
         self.backend = Ros2ControlBackend(
             self,
             self.profile,
@@ -347,12 +361,6 @@ class MotionNode(GuardedNode, LifecycleNode):
             stop_decel_radps2=self.config.safety.stop_decel_radps2,
             horizon_s=float(param("sweep_horizon_s").value),
         )
-        missing = self._wait_for_interfaces(deadline)
-        if missing:
-            raise BackendError(
-                f"robot profile '{self.profile.name}': nothing behind {'; '.join(missing)} within {timeout_s:g} s "
-                "(is the arm's bring-up running, with these controllers active?)"
-            )
         self.backend.wait_for_state(max(deadline - time.monotonic(), 1.0))
         watchdog_s = float(param("watchdog_timeout_s").value) or self.config.safety.watchdog_timeout_s
         self.watchdog = Watchdog(watchdog_s, clock=self.clock) if param("watchdog").value else None
@@ -366,60 +374,97 @@ class MotionNode(GuardedNode, LifecycleNode):
         )
 
     def required_interfaces(self) -> list[tuple[str, object]]:
-        """(what, check) for every interface the profile names; check() says whether it is there now."""
+        """(what, check) for every interface the profile names; check() is '' when it is there with the type this
+        node speaks, 'absent', or why its type is wrong."""
         interfaces = self.profile.interfaces
         topic, service = self.resolve_topic_name, self.resolve_service_name
 
-        def publisher(name: str):
-            return lambda: self.count_publishers(name) > 0
+        def typed(name: str, expected: str, count, names_and_types):
+            def check() -> str:
+                if count(name) == 0:
+                    return "absent"
+                types = sorted({t for n, ts in names_and_types() if n == name for t in ts})
+                if types and expected not in types:
+                    return f"{name} is {' and '.join(types)}, not {expected}"
+                return ""
 
-        def subscriber(name: str):
-            return lambda: self.count_subscribers(name) > 0
+            return check
 
-        def server(name: str):
-            return lambda: self.count_services(name) > 0
+        def publisher(name: str, expected: str):
+            return typed(name, expected, self.count_publishers, self.get_topic_names_and_types)
 
-        def action(name: str):  # an action server serves its send_goal service (clients only call it)
-            return server(f"{topic(name)}/_action/send_goal")
+        def subscriber(name: str, expected: str):
+            return typed(name, expected, self.count_subscribers, self.get_topic_names_and_types)
+
+        def server(name: str, expected: str):
+            return typed(name, expected, self.count_services, self.get_service_names_and_types)
+
+        def action(name: str, expected: str):  # an action server serves its send_goal service (clients only call it)
+            return server(f"{topic(name)}/_action/send_goal", f"{expected}_SendGoal")
 
         joints = topic(interfaces.joint_states_topic)
         trajectory = topic(interfaces.trajectory_topic)
         wrench = topic(interfaces.wrench_topic)
         needed = [
-            (f"{joints} (no joint state publisher)", publisher(joints)),
+            (f"{joints} (no joint state publisher)", publisher(joints, "sensor_msgs/msg/JointState")),
             (
                 f"{topic(interfaces.trajectory_action)} (no FollowJointTrajectory server)",
-                action(interfaces.trajectory_action),
+                action(interfaces.trajectory_action, "control_msgs/action/FollowJointTrajectory"),
             ),
-            (f"{trajectory} (no trajectory subscriber: the hold/stop path)", subscriber(trajectory)),
-            (f"{wrench} (no wrench publisher: force sensing)", publisher(wrench)),
+            (
+                f"{trajectory} (no trajectory subscriber: the hold/stop path)",
+                subscriber(trajectory, "trajectory_msgs/msg/JointTrajectory"),
+            ),
+            (f"{wrench} (no wrench publisher: force sensing)", publisher(wrench, "geometry_msgs/msg/WrenchStamped")),
         ]
         gripper = interfaces.gripper
         if gripper.command == "joint_trajectory":  # the controller's topic next to the action (as grippers.py)
             fingers = topic(gripper.action.rsplit("/", 1)[0] + "/joint_trajectory")
-            needed.append((f"{fingers} (no gripper trajectory subscriber)", subscriber(fingers)))
+            needed.append(
+                (
+                    f"{fingers} (no gripper trajectory subscriber)",
+                    subscriber(fingers, "trajectory_msgs/msg/JointTrajectory"),
+                )
+            )
         elif self.profile.has_gripper:  # an arm without a gripper names no gripper interface (profile validation)
-            needed.append((f"{topic(gripper.action)} (no {gripper.command} gripper server)", action(gripper.action)))
+            needed.append(
+                (
+                    f"{topic(gripper.action)} (no {gripper.command} gripper server)",
+                    action(gripper.action, GRIPPER_ACTION_TYPES[gripper.command]),
+                )
+            )
         if gripper.grasp_action:
-            needed.append((f"{topic(gripper.grasp_action)} (no grasp server)", action(gripper.grasp_action)))
+            needed.append(
+                (f"{topic(gripper.grasp_action)} (no grasp server)", action(gripper.grasp_action, GRASP_ACTION_TYPE))
+            )
         if gripper.joint_states_topic:
             finger_states = topic(gripper.joint_states_topic)
-            needed.append((f"{finger_states} (no gripper joint state publisher)", publisher(finger_states)))
+            needed.append(
+                (
+                    f"{finger_states} (no gripper joint state publisher)",
+                    publisher(finger_states, "sensor_msgs/msg/JointState"),
+                )
+            )
         if interfaces.speed_scaling_topic:
             scaling = topic(interfaces.speed_scaling_topic)
-            needed.append((f"{scaling} (no speed scaling publisher)", publisher(scaling)))
+            needed.append((f"{scaling} (no speed scaling publisher)", publisher(scaling, "std_msgs/msg/Float64")))
         if interfaces.force_reflex is not None:
             reflex = service(interfaces.force_reflex.parameter_service)
-            needed.append((f"{reflex} (no force reflex parameter service)", server(reflex)))
+            needed.append(
+                (f"{reflex} (no force reflex parameter service)", server(reflex, "rcl_interfaces/srv/SetParameters"))
+            )
         return needed
 
-    def _wait_for_interfaces(self, deadline: float) -> list[str]:
-        """Poll the ROS graph (discovery takes a moment) until every interface is there; returns those missing."""
+    def _wait_for_interfaces(self, deadline: float) -> tuple[list[str], list[str]]:
+        """Poll the ROS graph (discovery takes a moment) until every interface is there. Returns (of the wrong type,
+        missing): a wrong type ends the wait at once, as this node cannot speak to it."""
         needed = self.required_interfaces()
         while True:
-            missing = [what for what, there in needed if not there()]
-            if not missing or time.monotonic() > deadline:
-                return missing
+            found = [(what, check()) for what, check in needed]
+            wrong = [f"{why} ({what.split(' (', 1)[1]}" for what, why in found if why not in ("", "absent")]
+            missing = [what for what, why in found if why == "absent"]
+            if wrong or not missing or time.monotonic() > deadline:
+                return wrong, missing
             time.sleep(0.1)
 
     def _halt(self, reason: str) -> None:
