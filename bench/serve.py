@@ -30,10 +30,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src" / "captain_ros"))
 
 
-def _model_folder(out: Path) -> tuple[Path, str]:
-    """The student's folder if it is built, else a tiny Qwen2 saved into `out`."""
+def _model_folder(out: Path, given: Path | None) -> tuple[Path, str]:
+    """`given`, else the student's folder if it is built, else a tiny Qwen2 saved into `out`."""
     from training.student import default_folder, folder_is_current
 
+    if given is not None:
+        return given, str(given)
     if folder_is_current(default_folder()):
         return default_folder(), "qwen2.5-coder-0.5b-instruct (the student)"
     from training.tiny import tiny_model, tiny_tokenizer
@@ -89,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-tokens", type=int, default=512, help="prompt length of each (default 512)")
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens sampled by each (default 32)")
     parser.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda")
+    parser.add_argument("--model", type=Path, default=None, help="a model folder (default: the student, else tiny)")
     args = parser.parse_args(argv)
     for name in ("requests", "prompt_tokens", "new_tokens"):
         if getattr(args, name) < 1:
@@ -97,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        folder, model_name = _model_folder(Path(tmp) / "tiny")
+        folder, model_name = _model_folder(Path(tmp) / "tiny", args.model)
         runs = {attn: _run(folder, attn, args) for attn in ("sdpa", "varlen")}
     base = runs["sdpa"]["tokens_per_s"]
     print_table(

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The student's SFT and its evaluation on a GPU host without network (docs/student.md, section 4).
 #
-#   bash tools/student_gpu_host.sh STAGE...      stages: prepare sft eval   (run from the project's root)
+#   bash tools/student_gpu_host.sh STAGE...      stages: prepare sft bench eval   (run from the project's root)
 #
 #   prepare  copies the project to $WORK/proj (later calls may replace the working tree), puts the carried student
 #            back together ($CARRY, tools/carry.py), installs its gguf wheel, builds the bf16 folder
@@ -10,6 +10,8 @@
 #   sft      LoRA SFT on the expert store ($STORE) in the background (setsid: it outlives this call); waits for it
 #            up to $WAIT_S seconds; once done, packs the adapter and the run record into $OUT/adapter (files of at
 #            most 15 MiB) to bring back
+#   bench    bench/serve.py on the student: the server's tokens/s with 32 queued 4k-token requests, varlen vs sdpa
+#            attention (about a minute); its result file into $OUT/bench
 #   eval     the fine-tuned student's evaluation (training.student_eval, the transformers server on the GPU, the
 #            twin, harness and sandbox on the host's cores) in the background; waits up to $WAIT_S seconds; packs
 #            its episode stores (gzip) into $OUT/eval once done, else what is recorded so far into $OUT/eval_partial
@@ -37,7 +39,7 @@ ADAPTER_BACK=${ADAPTER_BACK:-.cache/back/adapter}
 NAME=qwen2.5-coder-0.5b-instruct
 STUDENT=$WORK/student/$NAME
 PROJ=$WORK/proj
-[ $# -gt 0 ] || { sed -n '2,23p' "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,25p' "$0"; exit 2; }
 mkdir -p "$WORK" "$OUT"
 export PYTHONPATH=$PROJ/src/captain_ros:/tmp/site HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 [ -f "$WORK/host.env" ] && . "$WORK/host.env"
@@ -157,8 +159,13 @@ for STAGE in "$@"; do
     case $STAGE in
     prepare) prepare || exit 1 ;;
     sft) sft || exit $? ;;
+    bench)
+        python3 bench/serve.py --model "$STUDENT" --requests 32 --prompt-tokens 4096 --new-tokens 256 2>&1 |
+            grep -v "Loading weights" | tail -12
+        mkdir -p "$OUT/bench" && cp bench/results/serve.json "$OUT/bench/" || exit 1
+        ;;
     eval) eval_stage || exit $? ;;
-    *) echo "unknown stage $STAGE (prepare, sft, eval)" >&2; exit 2 ;;
+    *) echo "unknown stage $STAGE (prepare, sft, bench, eval)" >&2; exit 2 ;;
     esac
 done
 nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader 2>/dev/null
