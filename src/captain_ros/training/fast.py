@@ -338,6 +338,7 @@ def cached_attention(  # noqa: PLR0917 (varlen_attn's argument order)
             raise RuntimeError("torch.nn.attention.varlen.varlen_attn is not available in this torch")
         varlen_attn, causal, gqa = found
         cu_q, cu_k = (c.to(device=q.device, dtype=torch.int32) for c in (cu_q, cu_k))
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # transformers hands over transposed views
         if gqa:
             return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, enable_gqa=True, **causal)
         return varlen_attn(q, _repeat_kv(k, groups), _repeat_kv(v, groups), cu_q, cu_k, max_q, max_k, **causal)
@@ -367,7 +368,7 @@ def cached_attention_self_check(device: str | torch.device, dtype: torch.dtype =
         torch.tensor([0, *itertools.accumulate(x)], dtype=torch.int32, device=device) for x in (lens_q, lens_k)
     )
     args = (q, k, v, cu_q, cu_k, max(lens_q), max(lens_k))
-    got = cached_attention(*args, backend="varlen").float()
+    got = cached_attention(*args, backend="varlen").float()  # (serving passes transposed views: made contiguous)
     want = cached_attention(*args, backend="sdpa").float()
     return float((got - want).abs().max())
 
