@@ -109,14 +109,18 @@ def test_the_jazzy_project_step_waits_for_the_jazzy_wheels_beside_the_main_chain
     import threading
 
     events: list[str] = []
-    wheels_may_finish = threading.Event()
+    wheels_started, wheels_may_finish = threading.Event(), threading.Event()
 
     def step(name):
         def action(self, *_args):
             if name == "jazzy-wheels":
                 events.append("wheels started")
+                wheels_started.set()
                 assert wheels_may_finish.wait(30), "the main chain never got to its project step"
             if name == "project":
+                # the wheels' thread starts with the setup: it is under way by now (a loaded host may not have
+                # scheduled it before the main chain's quick steps ran, hence the wait)
+                assert wheels_started.wait(30), "the Jazzy wheels did not start beside the main chain"
                 wheels_may_finish.set()  # the main chain reached its project while the wheels were still building
             events.append(name)
 

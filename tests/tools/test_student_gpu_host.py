@@ -14,18 +14,31 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="bash is no
 
 def run(tmp_path, *stages):
     env = {**os.environ, "WORK": str(tmp_path / "work"), "OUT": str(tmp_path / "out"), "WAIT_S": "1"}
+    env["ADAPTER_BACK"] = str(tmp_path / "back" / "adapter")  # not the checkout's .cache/back, whatever it holds
     return subprocess.run(["bash", str(SCRIPT), *stages], cwd=ROOT, env=env, capture_output=True, text=True)
 
 
 def test_no_stage_prints_the_usage_and_makes_nothing(tmp_path):
     done = run(tmp_path)
-    assert done.returncode == 2 and "stages: prepare sft eval" in done.stdout
+    assert done.returncode == 2 and "stages: prepare sft bench eval" in done.stdout
     assert not (tmp_path / "work").exists()
 
 
 def test_an_unknown_stage_is_named(tmp_path):
     done = run(tmp_path, "train")
-    assert done.returncode == 2 and "unknown stage train (prepare, sft, eval)" in done.stderr
+    assert done.returncode == 2 and "unknown stage train (prepare, sft, bench, eval)" in done.stderr
+
+
+def test_prepare_without_the_rollout_bundle_says_where_its_parts_go(tmp_path):
+    """The bundle's transformers must convert the student's tokenizer (the host's cuts "<tool_call>" into pieces):
+    prepare stops before the student's build when the bundle is not there."""
+    env_dirs = {"CARRY": tmp_path / "carry", "BUNDLE_CARRY": tmp_path / "carry_hb", "BUNDLE": tmp_path / "hb" / "b"}
+    env = {**os.environ, "WORK": str(tmp_path / "work"), "OUT": str(tmp_path / "out")}
+    env.update({k: str(v) for k, v in env_dirs.items()})
+    done = subprocess.run(["bash", str(SCRIPT), "prepare"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 1
+    assert f"no rollout bundle yet (carry its parts into {tmp_path / 'carry_hb'})" in done.stdout
+    assert not (tmp_path / "work" / "student").exists()  # the student was not built
 
 
 def test_the_evaluation_without_a_fine_tuned_model_says_which_stage_makes_it(tmp_path):
