@@ -399,7 +399,7 @@ def marker_problems(tokenizer: Any, text: str) -> list[str]:
     tokenizer cuts into pieces. Such a tokenizer trains and serves a model on text that another, correct copy of the
     same tokenizer writes differently: a student fine-tuned on a GPU host whose tokenizer wrote "<tool_call>" as four
     ordinary tokens wrote it so itself, and was lost behind vLLM, whose tokenizer writes it as one (token 151657)."""
-    markers = {m for m in _MARKER.findall(text)} | {t for t in tokenizer.get_added_vocab() if t in text}
+    markers = set(_MARKER.findall(text)) | {t for t in tokenizer.get_added_vocab() if t in text}
     problems = []
     for marker in sorted(markers):
         token_id = tokenizer.convert_tokens_to_ids(marker)
