@@ -160,8 +160,10 @@ for STAGE in "$@"; do
     prepare) prepare || exit 1 ;;
     sft) sft || exit $? ;;
     bench)
-        python3 bench/serve.py --model "$STUDENT" --requests 32 --prompt-tokens 4096 --new-tokens 256 2>&1 |
-            grep -v "Loading weights" | tail -12
+        rm -f bench/results/serve.json # the checkout's (another machine's): a failed run must bring back nothing
+        python3 bench/serve.py --model "$STUDENT" --requests 32 --prompt-tokens 4096 --new-tokens 256 \
+            >"$WORK/bench.log" 2>&1 || { tail -c 2000 "$WORK/bench.log"; exit 1; }
+        grep -v "Loading weights" "$WORK/bench.log" | tail -12
         mkdir -p "$OUT/bench" && cp bench/results/serve.json "$OUT/bench/" || exit 1
         ;;
     eval) eval_stage || exit $? ;;

@@ -450,3 +450,20 @@ def test_a_dead_engine_answers_500_and_health_says_so(in_process, monkeypatch):
     assert again.status_code == 500 and "engine" in again.json()["error"]["message"]
     health = httpx.get(f"{root}/health", trust_env=False)
     assert health.status_code == 500 and "dead" in health.json()["error"]["message"]
+
+
+def test_varlen_attention_refuses_what_it_does_not_compute():
+    """A scaling other than 1/sqrt(d), a sliding window or dropout: refused with the way out, never computed wrong."""
+    import torch
+
+    q = torch.zeros(1, 4, 3, 8)
+    kv = torch.zeros(1, 2, 3, 8)
+    cu = {"cu_seq_lens_q": torch.tensor([0, 3]), "cu_seq_lens_k": torch.tensor([0, 3]), "max_length_q": 3}
+    cu["max_length_k"] = 3
+    with pytest.raises(ValueError, match=r"softmax\(q.k / sqrt\(d\)\), this model scales by 0.5"):
+        hf_serve.varlen_attention(None, q, kv, kv, None, scaling=0.5, **cu)
+    for bad in ({"sliding_window": 4}, {"dropout": 0.1}):
+        with pytest.raises(ValueError, match="no sliding window or dropout: serve with --attn-implementation sdpa"):
+            hf_serve.varlen_attention(None, q, kv, kv, None, **bad, **cu)
+    out, _ = hf_serve.varlen_attention(None, q, kv, kv, None, scaling=8**-0.5, **cu)
+    assert out.shape == (1, 3, 4, 8)  # [1, T, H, D], as transformers' flash attention returns
