@@ -42,6 +42,9 @@ ROSDEP_KEYS = {
     "open3d": "python3-open3d-pip",
     "httpx": "python3-httpx",  # the agent's policy client (rosdep/python.yaml)
     "PIL": "python3-pil",  # images attached to model requests
+    # self-collision (captain_ros.core.collision): no distro packages python-fcl or trimesh; both keys are pip keys
+    "fcl": "python-fcl-pip",
+    "trimesh": "python3-trimesh-pip",  # loads the description's collision meshes
 }
 # Imported somewhere in the package but by no node (or by a node only on an optional path, inside the function
 # that needs it), and optional where it is imported: not declared.

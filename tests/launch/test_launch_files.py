@@ -243,6 +243,20 @@ def test_the_harness_launch_lets_the_operator_manage_the_motion_node():
     assert "ros2 lifecycle set /motion configure" in ast.get_docstring(tree)
 
 
+def test_the_self_collision_waiver_is_off_unless_the_operator_names_it():
+    """allow_unchecked_self_collision: a launch argument of harness.launch.py (so of real_arm.launch.py, whose
+    arguments pass through), false by default, given to the motion node as its bool parameter."""
+    tree = ast.parse((ROOT / "launch" / "harness.launch.py").read_text())
+    arguments = {a.args[0].value: a for a in calls(tree, "DeclareLaunchArgument")}
+    assert keyword(arguments["allow_unchecked_self_collision"], "default_value").value == "false"
+    (motion,) = [n for n in node_actions(tree) if keyword(n, "executable").value == "motion_node"]
+    (parameters,) = keyword(motion, "parameters").elts
+    given = dict(zip((k.value for k in parameters.keys), parameters.values, strict=True))
+    value = given["allow_unchecked_self_collision"]
+    assert [a.value for a in ast.walk(value) if isinstance(a, ast.Constant)] == ["allow_unchecked_self_collision"]
+    assert declared_parameter_types("motion_node")["allow_unchecked_self_collision"] == "bool"
+
+
 # ------------------------------------------------------------------ real arm
 @pytest.mark.parametrize(
     ("name", "real_default", "twin_default", "kind"),
@@ -285,21 +299,41 @@ def _urdf_joint(root: ET.Element, child: str) -> tuple[str, np.ndarray]:
     return joint.find("parent").get("link"), transform
 
 
-def test_camera_calibration_is_the_urdf_mounting_until_calibrated():
-    """config/camera_calibration.yaml: each optical frame in the frame the URDF mounts its camera on, with the
-    URDF's nominal values (camera joint composed with optical joint), so the twin and the arm agree."""
-    urdf = ET.parse(ROOT / "urdf" / "panda.urdf").getroot()
-    cameras = yaml.safe_load((ROOT / "config" / "camera_calibration.yaml").read_text())["cameras"]
+@pytest.mark.parametrize(
+    ("profile", "urdf", "parents"),
+    [
+        ("panda_twin", "panda.urdf", {}),
+        ("franka_fr3", "panda.urdf", {"panda_link0": "fr3_link0", "panda_hand": "fr3_hand"}),  # its shadow twin
+        ("ur5e", "ur5e_twin.urdf", {"gripper_base_link": "hand_e_base_link"}),  # the twin's gripper -> the Hand-E
+    ],
+)
+def test_camera_calibration_is_the_twins_mounting_until_calibrated(profile, urdf, parents):
+    """config/camera_calibration/<profile>.yaml: each optical frame in the frame the twin's URDF mounts its camera
+    on (the real arm's name for it), with the URDF's nominal values (camera joint composed with optical joint), so
+    the twin and the arm agree until someone calibrates."""
+    root = ET.parse(ROOT / "urdf" / urdf).getroot()
+    cameras = yaml.safe_load((ROOT / "config" / "camera_calibration" / f"{profile}.yaml").read_text())["cameras"]
     assert set(cameras) == {"head", "wrist"}
     for name, cam in cameras.items():
-        link, optical = _urdf_joint(urdf, cam["child_frame"])
-        parent, mount = _urdf_joint(urdf, link)
-        assert cam["parent_frame"] == parent, f"{name}: the URDF mounts {link} on {parent}"
+        link, optical = _urdf_joint(root, cam["child_frame"])
+        parent, mount = _urdf_joint(root, link)
+        assert cam["parent_frame"] == parents.get(parent, parent), f"{name}: the URDF mounts {link} on {parent}"
         nominal = mount @ optical
         quat = np.array(cam["rotation_xyzw"], dtype=float)
         assert abs(np.linalg.norm(quat) - 1.0) < 1e-5, f"{name}: rotation_xyzw is not a unit quaternion"
         np.testing.assert_allclose(cam["translation_m"], nominal[:3, 3], atol=1e-6, err_msg=name)
         np.testing.assert_allclose(Rotation.from_quat(quat).as_matrix(), nominal[:3, :3], atol=1e-5, err_msg=name)
+
+
+def test_real_arm_takes_the_profiles_calibration_unless_given_one():
+    """camera_calibration defaults to "": camera_extrinsics then reads the profile's own file, through
+    core/camera_calibration.py, which checks it against the profile (its tests: test_camera_calibration.py)."""
+    tree = ast.parse((ROOT / "launch" / "real_arm.launch.py").read_text())
+    arguments = {a.args[0].value: a for a in calls(tree, "DeclareLaunchArgument")}
+    assert keyword(arguments["camera_calibration"], "default_value").value == ""
+    (function,) = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == "camera_extrinsics"]
+    called = {c.func.id for c in ast.walk(function) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+    assert {"load_profile", "calibration_path", "load_calibration"} <= called
 
 
 def test_real_arm_names_its_profile_and_starts_with_approval_on():

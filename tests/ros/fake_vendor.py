@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import rclpy
 from control_msgs.action import FollowJointTrajectory, ParallelGripperCommand
+from franka_msgs.srv import SetForceTorqueCollisionBehavior, SetLoad
 from geometry_msgs.msg import TransformStamped, WrenchStamped
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
@@ -180,6 +181,11 @@ class VendorSpec:
     wrench_tf_parent: str = ""  # UR's tcp_pose_broadcaster: the wrench frame on /tf, child of this URDF frame
     gripper: FakeGripper | None = None  # the gripper's bring-up (a template: copied on every start)
     arm_state_gripper_joints: Callable[[float], dict[str, float]] | None = None  # the gripper in the arm's states
+    # the stand-in's collision meshes are the vendor's package:// URIs, whose packages do not install here: the
+    # motion node refuses such a description unless allow_unchecked_self_collision waives the check
+    meshes_elsewhere: bool = False
+    # franka_hardware's param services (collision behaviour, load), each answering as FakeFrankaSettings does
+    franka_services: tuple[str, str] | None = None
 
     def interfaces(self) -> dict[str, str]:
         """Every interface this bring-up serves that a motion node must find: key (for `omit`) -> name."""
@@ -198,6 +204,8 @@ class VendorSpec:
                 names["grasp_action"] = self.gripper.grasp_action
             if self.arm_state_gripper_joints is None:
                 names["gripper_joint_states"] = self.gripper.joint_states_topic
+        if self.franka_services is not None:
+            names["collision_behavior"], names["set_load"] = self.franka_services
         return names
 
 
@@ -244,6 +252,8 @@ VENDORS: dict[str, VendorSpec] = {
             joint_states_topic="/franka_gripper/joint_states",
             joints=("fr3_finger_joint1", "fr3_finger_joint2"),
         ),
+        # franka_hardware's franka_param_service_server (node service_server)
+        franka_services=("/service_server/set_force_torque_collision_behavior", "/service_server/set_load"),
     ),
     # Universal_Robots_ROS2_Driver jazzy: ur_control.launch.py ur_type:=ur5e, plus PickNik's Hand-E controller
     "ur5e": VendorSpec(
@@ -265,6 +275,7 @@ VENDORS: dict[str, VendorSpec] = {
             distance_joint=True,
         ),
         arm_state_gripper_joints=lambda opening_m: {"hande_finger_distance": HANDE_STROKE_M - opening_m},
+        meshes_elsewhere=True,  # the Hand-E's (robotiq_description)
     ),
     # ros2_control_demos example 7 (r6bot) with a JointTrajectoryController and an F/T broadcaster added
     "ros2_control_demo": VendorSpec(
@@ -277,6 +288,7 @@ VENDORS: dict[str, VendorSpec] = {
         wrench_topic="/force_torque_sensor_broadcaster/wrench",
         wrench_frame="ft_frame",
         start_q=(-1.5707963267948966, 0.0, 0.0, 0.0, 0.0, 0.0),  # joint_1 turned: TCP inside the box
+        meshes_elsewhere=True,  # every link's (ros2_control_demo_description)
     ),
 }
 
@@ -414,6 +426,7 @@ class VendorGraph:
     speed_scaling_percent: float = 100.0
     publish_tf: bool = False  # robot_state_publisher's /tf and /tf_static (and UR's tcp_pose_broadcaster)
     gripper_overrides: dict = field(default_factory=dict)
+    franka_refusal: str = ""  # franka_hardware's services answer success false with this error ("" = success)
 
     def start(self) -> VendorGraph:
         spec, omit = self.spec, self.omit
@@ -462,6 +475,12 @@ class VendorGraph:
             }
             changes = {"goals": [], "speed_mps": 1.0, **changes, **self.gripper_overrides}
             self.gripper = replace(spec.gripper, **changes).start()
+        self.franka_requests: list[tuple[str, object]] = []  # (service name, request) as franka_hardware got them
+        if spec.franka_services is not None:
+            kinds = (("collision_behavior", SetForceTorqueCollisionBehavior), ("set_load", SetLoad))
+            for (key, srv_type), name in zip(kinds, spec.franka_services, strict=True):
+                if key not in omit:
+                    node.create_service(srv_type, name, self._franka_setting(name), callback_group=group)
         if spec.speed_scaling_topic:  # UR's scaled_joint_trajectory_controller
             self.controller.follower.set_speed_scaling(self.speed_scaling_percent / 100.0, self.controller.now_s())
         self._published_static = False
@@ -487,6 +506,17 @@ class VendorGraph:
         self.controller.destroy()
         self.node.destroy_node()
         rclpy.shutdown(context=self.context)
+
+    def _franka_setting(self, name: str):
+        """franka_param_service_server's callback: the request is recorded; the robot refuses it (its error) when
+        franka_refusal is set, as libfranka does while a motion runs."""
+
+        def serve(request, response):
+            self.franka_requests.append((name, request))
+            response.success, response.error = not self.franka_refusal, self.franka_refusal
+            return response
+
+        return serve
 
     # ------------------------------------------------------------------ the control loop
     def _tick(self) -> None:

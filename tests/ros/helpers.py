@@ -74,12 +74,15 @@ def start_script(script: Path, *args: str, ready_timeout_s: float = 60.0) -> sub
     raise RuntimeError(f"{script.name} did not become ready ({ended}):\n{''.join(lines)}")
 
 
-def set_parameters(client, **values: float | str) -> None:
-    """Set parameters (floats, strings) through a node's SetParameters client; every one must be accepted."""
+def set_parameters(client, **values: float | str | bool) -> None:
+    """Set parameters (floats, strings, booleans) through a node's SetParameters client; every one must be
+    accepted."""
     from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
     from rcl_interfaces.srv import SetParameters
 
-    def value(v: float | str) -> ParameterValue:
+    def value(v: float | str | bool) -> ParameterValue:
+        if isinstance(v, bool):
+            return ParameterValue(type=ParameterType.PARAMETER_BOOL, bool_value=v)
         if isinstance(v, str):
             return ParameterValue(type=ParameterType.PARAMETER_STRING, string_value=v)
         return ParameterValue(type=ParameterType.PARAMETER_DOUBLE, double_value=float(v))

@@ -20,7 +20,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "real_arm.py"
 def test_a_motion_node_killed_mid_sweep_leaves_the_arm_stopped_within_its_horizon(tmp_path):
     out = tmp_path / "real_arm.json"
     run = subprocess.run(
-        [sys.executable, str(BENCH), "--kills", "1", "--whole-kills", "1", "--out", str(out)],
+        [sys.executable, str(BENCH), "--kills", "1", "--whole-kills", "1", "--configs", "20", "--out", str(out)],
         cwd=BENCH.parent,
         capture_output=True,
         text=True,
@@ -34,3 +34,4 @@ def test_a_motion_node_killed_mid_sweep_leaves_the_arm_stopped_within_its_horizo
     assert kill["distance_mm"] <= 20.0  # the bound at 0.1 m/s
     assert kill["commanded_rest_ms"] <= 200.0  # the bound: horizon 50 ms + renewal + the stop ramp
     assert whole["distance_mm"] >= 100.0  # sent whole, the controller finished the sweep (up to 35 cm of it)
+    assert result["self_collision_configs"] == 20 and result["self_collision_pairs_checked"] > 0  # timed on meshes

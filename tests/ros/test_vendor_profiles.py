@@ -130,10 +130,18 @@ class Operator:
             assert self.change(DOWN[state]), f"{DOWN[state]} failed from {state}"
             state = self.state()
 
-    def configure(self, profile: str, timeout_s: float) -> tuple[bool, str]:
+    def configure(self, profile: str, timeout_s: float, *, waive: bool | None = None) -> tuple[bool, str]:
         """`robot_profile:=<profile>`, then configure; returns whether it succeeded and, if not, the log line that
-        says why."""
-        set_parameters(self.clients["set_parameters"], robot_profile=profile, connect_timeout_s=timeout_s)
+        says why. `waive` (default: where the stand-in's meshes are not installed here) sets
+        allow_unchecked_self_collision."""
+        spec = VENDORS.get(profile)  # a profile given by path: a copy of the FR3's (primitive geometry)
+        waive = (spec is not None and spec.meshes_elsewhere) if waive is None else waive
+        set_parameters(
+            self.clients["set_parameters"],
+            robot_profile=profile,
+            connect_timeout_s=timeout_s,
+            allow_unchecked_self_collision=waive,
+        )
         start = len(self.lines)
         if self.change(Transition.TRANSITION_CONFIGURE):
             return True, ""
@@ -208,6 +216,8 @@ def served(node, spec: VendorSpec, key: str) -> bool:
         return node.count_services(f"{name}/_action/send_goal") > 0
     if key == "trajectory_topic":
         return node.count_subscribers(name) > 0
+    if key in ("collision_behavior", "set_load"):
+        return node.count_services(name) > 0
     return node.count_publishers(name) > 0
 
 
@@ -317,6 +327,67 @@ def test_configure_without_one_interface_names_exactly_that_one(operator, vendor
         assert missing_names(failure) == [name], failure
         assert operator.state() == "unconfigured"
         graph.stop()  # before the next graph: one bring-up at a time
+
+
+def test_configure_refuses_a_description_whose_collision_meshes_do_not_load_unless_waived(operator, vendor):
+    """The ur5e stand-in's Hand-E collides by robotiq_description's meshes, which no package here holds: configure
+    says so and names the waiver; with it, the node runs and warns that the check covers only what loaded."""
+    vendor("ur5e", **MAIN_GRAPHS["ur5e"])
+    ok, failure = operator.configure("ur5e", CONNECT_TIMEOUT_S, waive=False)
+    assert not ok
+    assert "self-collision cannot be checked on this description" in failure, failure
+    assert "package://robotiq_description/meshes/collision/hande/hand-e.stl is not found" in failure, failure
+    assert "allow_unchecked_self_collision:=true" in failure, failure
+    assert operator.state() == "unconfigured"
+    log = operator.bring_up("ur5e")  # waived (the stand-in's default here)
+    assert "self-collision partly UNCHECKED (allow_unchecked_self_collision is true)" in log, log
+
+
+def test_ur5e_runs_with_the_shadow_check_asked_for_and_says_it_is_off(operator, vendor):
+    """real_arm.launch.py asks for the shadow check; the ur5e profile has no twin: activation warns that the check is
+    off and the arm is guarded by everything else (the FR3's panda_twin shadow is covered by test_shadow.py)."""
+    vendor("ur5e", **MAIN_GRAPHS["ur5e"])
+    set_parameters(operator.clients["set_parameters"], shadow_check=True)
+    try:
+        log = operator.bring_up("ur5e")
+    finally:
+        set_parameters(operator.clients["set_parameters"], shadow_check=False)
+    assert "shadow check OFF: robot profile 'ur5e' has no twin and names no shadow_twin" in log, log
+
+
+def test_fr3_configure_sets_the_profiles_collision_thresholds_and_payload(operator, vendor, tmp_path):
+    """Configure gives franka_hardware the profile's contact and reflex thresholds, then the payload (a profile
+    with a 0.8 kg tool here); a refusal (the arm is moving) fails configure with franka_hardware's reason."""
+    doc = robot.profile_path("franka_fr3").read_text().replace("  mass_kg: 0.0", "  mass_kg: 0.8")
+    doc = doc.replace("center_of_mass_m: [0.0, 0.0, 0.0]", "center_of_mass_m: [0.0, 0.0, 0.05]")
+    (tmp_path / "fr3_tool.yaml").write_text(doc)
+    profile = robot.load_profile(tmp_path / "fr3_tool.yaml")
+    graph = vendor("franka_fr3")
+    log = operator.bring_up(str(tmp_path / "fr3_tool.yaml"))
+    assert "franka_hardware: collision reflex at 20-20 N and 12-20 N m per joint, payload 0.8 kg" in log, log
+    (behavior_name, behavior), (load_name, load) = graph.franka_requests
+    assert behavior_name == "/service_server/set_force_torque_collision_behavior"
+    settings = profile.interfaces.franka
+    assert tuple(behavior.upper_torque_thresholds_nominal) == settings.upper_torque_thresholds_nm
+    assert tuple(behavior.lower_force_thresholds_nominal) == settings.lower_force_thresholds_n
+    assert load_name == "/service_server/set_load" and load.mass == 0.8 and list(load.center_of_mass) == [0, 0, 0.05]
+    operator.unconfigure()
+    graph.stop()
+    vendor("franka_fr3", franka_refusal="libfranka: command not possible in the current mode (Move)")
+    ok, failure = operator.configure("franka_fr3", CONNECT_TIMEOUT_S)
+    assert not ok
+    assert (
+        "/service_server/set_force_torque_collision_behavior refused: libfranka: command not possible in the current "
+        "mode (Move)" in failure
+    ), failure
+
+
+def test_fr3_configure_checks_self_collision_on_its_description(operator, vendor):
+    """The FR3 stand-in's collision geometry loads: configure says how many pairs it checks and of which SRDF."""
+    vendor("franka_fr3")
+    log = operator.bring_up("franka_fr3")
+    assert re.search(r"self-collision: \d+ links with geometry, \d+ pairs checked \(no SRDF", log), log
+    assert "UNCHECKED" not in log
 
 
 # ---------------------------------------------------------------------------------------------- motion

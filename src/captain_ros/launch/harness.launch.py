@@ -76,6 +76,13 @@ def generate_launch_description() -> LaunchDescription:
             "engages and stays until it speaks again, released; 0 = no deadline (the twin); real_arm.launch.py: 0.5",
         ),
         DeclareLaunchArgument(
+            "allow_unchecked_self_collision",
+            default_value="false",
+            choices=["true", "false"],
+            description="run although the robot description's collision geometry does not load here (its meshes' "
+            "package not installed, or no <collision> at all); false = the motion node's configure refuses it",
+        ),
+        DeclareLaunchArgument(
             "shadow_check",
             default_value="false",
             choices=["true", "false"],
@@ -119,6 +126,7 @@ def generate_launch_description() -> LaunchDescription:
                 "approval_mode": typed("approval_mode", bool),
                 "estop_deadline_s": typed("estop_deadline_s", float),
                 "shadow_check": typed("shadow_check", bool),
+                "allow_unchecked_self_collision": typed("allow_unchecked_self_collision", bool),
                 "control_period_s": typed("control_period_s", float),
                 "use_sim_time": typed("use_sim_time", bool),
             }

@@ -6,9 +6,10 @@ by the issue that builds it.
 The arm's own bring-up (Franka's franka_bringup, UR's ur_robot_driver: ros2_control, controllers, its
 robot_state_publisher) and the camera drivers run first, from the vendor's launch files. Their
 robot_state_publisher publishes the arm's links, so this file publishes only what they cannot know:
-where the cameras are (config/camera_calibration.yaml). For an arm whose bring-up starts no
-robot_state_publisher, own_state_publisher:=true starts one with this package's URDF, which also holds
-the cameras' nominal mounting (the calibration transforms are then not published: a frame has one parent).
+where the cameras are (config/camera_calibration/<profile>.yaml, checked against the profile's frames). For an
+arm whose bring-up starts no robot_state_publisher, own_state_publisher:=true starts one with this package's
+URDF, which also holds the cameras' nominal mounting (the calibration transforms are then not published: a frame
+has one parent).
 
 The calibration goes out through tf2_ros's static_transform_publisher with the flag arguments of Humble and
 later (`--x --y --z --qx --qy --qz --qw --frame-id --child-frame-id`; Jazzy and Kilted warn about the old
@@ -22,9 +23,6 @@ static_transform_publisher).
     ros2 launch captain_ros real_arm.launch.py robot_profile:=ur5e camera_calibration:=/path/to/my_calibration.yaml
 """
 
-from pathlib import Path
-
-import yaml
 from launch import LaunchContext, LaunchDescription
 from launch.actions import DeclareLaunchArgument, IncludeLaunchDescription, OpaqueFunction
 from launch.conditions import IfCondition, UnlessCondition
@@ -36,13 +34,17 @@ from launch_ros.substitutions import FindPackageShare
 
 
 def camera_extrinsics(context: LaunchContext) -> list[Node]:
-    """One static_transform_publisher per camera of the calibration file (read when the launch runs): the optical
-    frame `child_frame` in `parent_frame`, a quaternion [x, y, z, w] as tf2 takes it."""
-    path = Path(LaunchConfiguration("camera_calibration").perform(context))
-    cameras = yaml.safe_load(path.read_text())["cameras"]
+    """One static_transform_publisher per camera of the profile's calibration file (config/camera_calibration/
+    <profile>.yaml, or camera_calibration:=<file>), read and checked against the profile when the launch runs: the
+    optical frame `child_frame` in `parent_frame`, a quaternion [x, y, z, w] as tf2 takes it."""
+    from captain_ros.core.camera_calibration import calibration_path, load_calibration
+    from captain_ros.core.robot import load_profile
+
+    profile = load_profile(LaunchConfiguration("robot_profile").perform(context))
+    path = calibration_path(profile, LaunchConfiguration("camera_calibration").perform(context))
     publishers = []
-    for name, cam in cameras.items():
-        (x, y, z), (qx, qy, qz, qw) = cam["translation_m"], cam["rotation_xyzw"]
+    for name, cam in load_calibration(path, profile).items():
+        (x, y, z), (qx, qy, qz, qw) = cam.translation_m, cam.rotation_xyzw
         pose = {"--x": x, "--y": y, "--z": z, "--qx": qx, "--qy": qy, "--qz": qz, "--qw": qw}
         publishers.append(
             Node(
@@ -52,9 +54,9 @@ def camera_extrinsics(context: LaunchContext) -> list[Node]:
                 arguments=[
                     *(str(part) for item in pose.items() for part in item),
                     "--frame-id",
-                    cam["parent_frame"],
+                    cam.parent_frame,
                     "--child-frame-id",
-                    cam["child_frame"],
+                    cam.child_frame,
                 ],
                 output="screen",
             )
@@ -81,8 +83,9 @@ def generate_launch_description() -> LaunchDescription:
         ),
         DeclareLaunchArgument(
             "camera_calibration",
-            default_value=PathJoinSubstitution([FindPackageShare("captain_ros"), "config", "camera_calibration.yaml"]),
-            description="hand-eye calibration: each camera's optical frame in the base or hand frame",
+            default_value="",
+            description='hand-eye calibration: each camera\'s optical frame in the base or hand frame; "" = the '
+            "profile's own, config/camera_calibration/<profile>.yaml (nominal values: calibrate yours)",
         ),
         DeclareLaunchArgument(
             "approval_mode",

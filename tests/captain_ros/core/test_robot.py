@@ -20,6 +20,16 @@ PANDA_FILE = config_path("robots/panda_twin.yaml")
 VENDOR_URDFS = Path(__file__).parents[2] / "ros" / "urdf"  # stand-ins for the vendors' /robot_description
 
 
+FRANKA = {
+    "set_load_service": "/s/set_load",
+    "collision_behavior_service": "/s/cb",
+    "lower_torque_thresholds_nm": [20.0] * 7,
+    "upper_torque_thresholds_nm": [20.0] * 7,
+    "lower_force_thresholds_n": [20.0] * 6,
+    "upper_force_thresholds_n": [20.0] * 6,
+}  # a valid interfaces.franka block
+
+
 def write_profile(tmp_path: Path, edit, name: str = "edited") -> Path:
     """The Panda twin's profile edited, as <name>.yaml (load_profile caches by path: one name per edit)."""
     doc = yaml.safe_load(PANDA_FILE.read_text())
@@ -57,6 +67,16 @@ def test_the_panda_twin_reads_its_numbers_from_the_urdf():
     assert lower[3] == pytest.approx(-3.0718) and upper[3] == pytest.approx(-0.0698)
 
 
+def test_the_fr3_declares_its_payload_and_franka_hardware_settings():
+    fr3 = robot.load_profile("franka_fr3")
+    assert fr3.payload == robot.Payload(0.0, (0.0, 0.0, 0.0))
+    settings = fr3.interfaces.franka
+    assert settings.set_load_service == "/service_server/set_load"
+    assert settings.upper_torque_thresholds_nm == (20.0, 20.0, 18.0, 18.0, 16.0, 14.0, 12.0)
+    assert robot.load_profile("ur5e").interfaces.franka is None
+    assert robot.load_profile("panda_twin").payload.mass_kg == 0.0  # absent: nothing carried
+
+
 def test_a_path_or_a_name_selects_a_profile():
     assert robot.profile_path("ur5e") == config_path("robots/ur5e.yaml")
     assert robot.profile_path("/etc/captain/my_arm.yaml") == Path("/etc/captain/my_arm.yaml")
@@ -89,6 +109,23 @@ def test_an_unknown_profile_lists_the_shipped_ones():
         (lambda d: d["gripper"].__setitem__("joints", []), "joints is empty .* but command, action, pad_links are"),
         (lambda d: d["description"]["camera_frames"].__setitem__("head", None), "camera_frames.head must be a frame"),
         (lambda d: d["interfaces"].__setitem__("camera_qos", "sensor"), "camera_qos must be one of reliable, best_"),
+        (lambda d: d.__setitem__("payload", {"mass_kg": -1.0}), "payload: mass_kg must be a finite mass >= 0"),
+        (lambda d: d.__setitem__("payload", {"center_of_mass_m": [0, 0]}), "center_of_mass_m 3 finite numbers"),
+        (
+            lambda d: d["interfaces"].__setitem__("franka", {**FRANKA, "lower_force_thresholds_n": [20.0] * 5}),
+            "lower_force_thresholds_n must be 6 finite numbers > 0",
+        ),
+        (
+            lambda d: d["interfaces"].__setitem__("franka", {**FRANKA, "lower_torque_thresholds_nm": [30.0] * 7}),
+            "each lower_torque_thresholds_nm must be at most its upper",
+        ),
+        (
+            lambda d: d["interfaces"].__setitem__(
+                "franka", {k: v for k, v in FRANKA.items() if k != "set_load_service"}
+            ),
+            "missing 'set_load_service'",
+        ),
+        (lambda d: d["description"].__setitem__("srdf", "absent.srdf"), "srdf 'absent.srdf' cannot be read"),
     ],
 )
 def test_a_broken_profile_says_which_key_and_why(tmp_path, edit, message):

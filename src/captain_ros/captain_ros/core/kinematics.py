@@ -4,8 +4,9 @@ The kinematic model is the robot alone (no scene), compiled from the robot profi
 the twin and rviz share one description; any serial arm works (the profile names its joints). The IK is
 damped least squares on the TCP pose with joint-limit clamping and a null-space pull toward a rest posture.
 
-Only kinematics are computed here (positions, Jacobians, collision geometry): masses never enter, so a vendor's
-description with massless moving links (the Robotiq Hand-E's fingers) compiles with placeholder ones.
+Only kinematics are computed here (positions, Jacobians; self-collision is FCL's, core/collision.py): masses never
+enter, so a vendor's description with massless moving links (the Robotiq Hand-E's fingers) compiles with placeholder
+ones.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import mujoco
 import numpy as np
 
 from captain_ros.core import robot
+from captain_ros.core.collision import SelfCollisionModel
 
 # Placeholder mass and inertia for moving links a URDF gives none (MuJoCo refuses massless moving bodies: "mass and
 # inertia of moving bodies must be larger than mjMINVAL"). MuJoCo's compiler bounds (boundmass, boundinertia) raise
@@ -46,34 +48,31 @@ class IKResult:
     iterations: int
 
 
-def primitive_urdf(text: str) -> str:
-    """The URDF without visuals and mesh collisions: a vendor's description points at meshes by package:// URIs
-    that only a ROS install resolves, and the kinematics need none of them (self-collision checks then use the
-    primitive shapes alone)."""
+def kinematic_urdf(text: str) -> str:
+    """The URDF without visuals and collisions: a vendor's description points at meshes by package:// URIs that only
+    a ROS install resolves, and the kinematics need none of them (self-collision is core/collision.py's, on FCL)."""
     root = ET.fromstring(text)
     for link in root.iter("link"):
         for element in list(link):
-            if element.tag == "visual" or (element.tag == "collision" and element.find("geometry/mesh") is not None):
+            if element.tag in ("visual", "collision"):
                 link.remove(element)
     return ET.tostring(root, encoding="unicode")
 
 
 @cache
 def _kinematic_model(profile: robot.RobotProfile) -> mujoco.MjModel:
-    spec = mujoco.MjSpec.from_string(primitive_urdf(profile.urdf_text))
+    spec = mujoco.MjSpec.from_string(kinematic_urdf(profile.urdf_text))
     spec.compiler.fusestatic = False
     spec.compiler.boundmass = PLACEHOLDER_MASS_KG  # links without <inertial>: see PLACEHOLDER_MASS_KG
     spec.compiler.boundinertia = PLACEHOLDER_INERTIA_KGM2
     spec.body(profile.tcp_frame).add_site(name="tcp")
-    if len(profile.pad_links) == 2:  # the fingers close onto each other
-        spec.add_exclude(bodyname1=profile.pad_links[0], bodyname2=profile.pad_links[1])
     return spec.compile()
 
 
 def _joint_mimics(model: mujoco.MjModel) -> list[tuple[int, int, float, float, np.ndarray]]:
     """(follower qpos address, leader qpos address, follower ref, leader ref, polynomial) of every joint coupling:
     MuJoCo compiles a URDF <mimic> into one (an equality of type joint: follower - ref = poly(leader - ref)).
-    Kinematics alone does not enforce equalities, so self_collisions places the followers itself."""
+    Kinematics alone does not enforce equalities, so link_poses places the followers itself."""
     out = []
     for i in range(model.neq):
         if model.eq_type[i] != mujoco.mjtEq.mjEQ_JOINT or model.eq_obj2id[i] < 0:
@@ -101,10 +100,11 @@ class Kinematics:
         self._fingers = np.array([self.model.joint(j).qposadr[0] for j in self.profile.finger_joints], dtype=int)
         self._mimics = _joint_mimics(self.model)
         self._bodies: dict[str, int] = {}  # link name -> body id, looked up once (forward runs every control period)
+        self._collision: SelfCollisionModel | None = None
 
-    def self_collisions(self, q_rad: np.ndarray, jaw_opening_m: float | None = None) -> list[tuple[str, str]]:
-        """Pairs of robot links whose collision geometry overlaps at q (parents and children excluded), with the
-        jaw at `jaw_opening_m` (default: fully open)."""
+    def link_poses(self, q_rad: np.ndarray, jaw_opening_m: float | None = None) -> dict[str, np.ndarray]:
+        """Every link's pose in the base frame (4x4) at arm joints q, with the jaw at `jaw_opening_m` (default:
+        fully open; mimicking finger joints follow their leader)."""
         if jaw_opening_m is None:
             jaw_opening_m = self.profile.max_jaw_opening_m()
         self.data.qpos[self._qadr] = q_rad
@@ -114,12 +114,30 @@ class Kinematics:
             x = self.data.qpos[leader] - leader_ref
             self.data.qpos[follower] = follower_ref + sum(c * x**k for k, c in enumerate(poly))
         mujoco.mj_kinematics(self.model, self.data)
-        mujoco.mj_collision(self.model, self.data)
-        pairs = set()
-        for c in self.data.contact[: self.data.ncon]:
-            a, b = self.model.geom_bodyid[c.geom1], self.model.geom_bodyid[c.geom2]
-            pairs.add(tuple(sorted((self.model.body(a).name, self.model.body(b).name))))
-        return sorted(pairs)
+        poses = {}
+        for b in range(1, self.model.nbody):
+            t = np.eye(4)
+            t[:3, :3], t[:3, 3] = self.data.xmat[b].reshape(3, 3), self.data.xpos[b]
+            poses[self.model.body(b).name] = t
+        return poses
+
+    @property
+    def collision(self) -> SelfCollisionModel:
+        """The description's collision geometry (core/collision.py), built on first use: meshes are loaded then."""
+        if self._collision is None:
+            model = SelfCollisionModel.from_urdf(
+                self.profile.urdf_text, srdf_text=self.profile.srdf_text, pad_links=self.profile.pad_links
+            )
+            if not self.profile.srdf_text:
+                model.disable_touching(self.link_poses(self.profile.home_q), "Default: in contact at the home pose")
+            self._collision = model
+        return self._collision
+
+    def self_collisions(self, q_rad: np.ndarray, jaw_opening_m: float | None = None) -> list[tuple[str, str]]:
+        """Pairs of robot links whose collision geometry overlaps at q (pairs that are not checked: see
+        core/collision.py), with the jaw at `jaw_opening_m` (default: fully open)."""
+        model = self.collision
+        return model.collisions(self.link_poses(q_rad, jaw_opening_m)) if model.pairs else []
 
     def forward(self, q_rad: np.ndarray, frame: str | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Pose of `frame` (a URDF link; default the TCP) in the base frame: position (3,), rotation (3, 3)."""

@@ -102,6 +102,30 @@ class ForceReflex:
 
 
 @dataclass(frozen=True)
+class Payload:
+    """What the arm carries beyond the end effector its controller already models (a tool, a fixture), in the
+    flange frame. A force-torque estimate from joint torques (Franka's) reads a payload it was not told of as a
+    constant wrench: 1 kg undeclared is 9.8 N of "contact" on every motion."""
+
+    mass_kg: float = 0.0
+    center_of_mass_m: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class FrankaSettings:
+    """franka_hardware's own services (franka_ros2 v3.4.0), set at configure: the payload (SetLoad) and the
+    contact/collision reflex thresholds (SetForceTorqueCollisionBehavior; the arm refuses them while it moves).
+    Torques in N m per joint, forces in N along and about the TCP's axes (x, y, z, then 3 torques in N m)."""
+
+    set_load_service: str
+    collision_behavior_service: str
+    lower_torque_thresholds_nm: tuple[float, ...]  # contact: over these the arm reports contact
+    upper_torque_thresholds_nm: tuple[float, ...]  # collision: over these the arm stops (a reflex)
+    lower_force_thresholds_n: tuple[float, ...]
+    upper_force_thresholds_n: tuple[float, ...]
+
+
+@dataclass(frozen=True)
 class Interfaces:
     joint_states_topic: str
     trajectory_action: str  # control_msgs/action/FollowJointTrajectory of the arm's trajectory controller
@@ -112,6 +136,7 @@ class Interfaces:
     speed_scaling_topic: str = ""  # std_msgs/Float64: the arm's execution-speed scaling; "" = none
     speed_scaling_unit: str = "fraction"  # "percent" (0..100: UR's speed_scaling_state_broadcaster) or "fraction"
     force_reflex: ForceReflex | None = None
+    franka: FrankaSettings | None = None  # franka_hardware's load, collision-behaviour and recovery interfaces
     wrench_qos: str = "reliable"  # the wrench subscription's reliability: one of WRENCH_QOS
     camera_qos: str = "reliable"  # the camera topics' subscriptions' reliability: one of WRENCH_QOS ("best_effort":
     # a driver that publishes as sensor data, rclcpp::SensorDataQoS; a best-effort subscription hears both)
@@ -150,7 +175,10 @@ class RobotProfile:
     interfaces: Interfaces
     twin: TwinSpec | None = None
     urdf_text: str = ""  # the URDF itself (read from urdf_file, or given)
+    srdf_file: str = ""  # MoveIt's SRDF (its disabled collision pairs): under urdf/, a path or a package:// URI
+    srdf_text: str = ""  # the SRDF itself (read from srdf_file); "" = none (core/collision.py then says what it does)
     shadow_twin: str = ""  # a twin profile with this arm's kinematics, for the shadow check (harness/shadow.py)
+    payload: Payload = Payload()  # carried beyond the modelled end effector (Franka: set at configure)
 
     # ------------------------------------------------------------------ derived from the URDF
     @property
@@ -431,6 +459,49 @@ def _numbers(doc: dict, key: str, where: str, default: Any = ...) -> tuple[float
     return tuple(float(v) for v in value)
 
 
+def _payload(doc: dict, where: str) -> Payload:
+    mass = _get(doc, "mass_kg", where, (int, float), 0.0)
+    com = _numbers(doc, "center_of_mass_m", where, (0.0, 0.0, 0.0))
+    if not (math.isfinite(mass) and mass >= 0) or len(com) != 3 or not all(math.isfinite(c) for c in com):
+        raise ProfileError(f"{where}: mass_kg must be a finite mass >= 0 and center_of_mass_m 3 finite numbers")
+    return Payload(float(mass), (com[0], com[1], com[2]))
+
+
+def _franka(doc: dict, where: str) -> FrankaSettings:
+    thresholds = {}
+    for key, n in (
+        ("lower_torque_thresholds_nm", 7),
+        ("upper_torque_thresholds_nm", 7),
+        ("lower_force_thresholds_n", 6),
+        ("upper_force_thresholds_n", 6),
+    ):
+        values = _numbers(doc, key, where)
+        if len(values) != n or not all(math.isfinite(v) and v > 0 for v in values):
+            raise ProfileError(f"{where}: {key} must be {n} finite numbers > 0, got {list(values)}")
+        thresholds[key] = values
+    for kind in ("torque_thresholds_nm", "force_thresholds_n"):
+        if any(lo > hi for lo, hi in zip(thresholds[f"lower_{kind}"], thresholds[f"upper_{kind}"], strict=True)):
+            raise ProfileError(f"{where}: each lower_{kind} must be at most its upper_{kind}")
+    return FrankaSettings(
+        set_load_service=_get(doc, "set_load_service", where),
+        collision_behavior_service=_get(doc, "collision_behavior_service", where),
+        **thresholds,
+    )
+
+
+def _read_srdf(name: str, where: str) -> str:
+    """An SRDF named by a profile: a file under urdf/ of this package, a path, or a package:// URI."""
+    from captain_ros.core.collision import resolve_uri
+
+    path = urdf_path(name) if "/" not in name else resolve_uri(name)
+    try:
+        if path is None:
+            raise OSError("not found (package:// is looked up under AMENT_PREFIX_PATH's share/)")
+        return Path(path).read_text()
+    except OSError as exc:
+        raise ProfileError(f"{where}: srdf '{name}' cannot be read: {exc}") from exc
+
+
 def _parse(doc: dict, source: str) -> RobotProfile:
     if not isinstance(doc, dict):
         raise ProfileError(f"{source}: a robot profile is a mapping")
@@ -472,6 +543,10 @@ def _parse(doc: dict, source: str) -> RobotProfile:
             urdf_text = urdf_path(urdf_file).read_text()
         except OSError as exc:
             raise ProfileError(f"{d}: urdf '{urdf_file}' cannot be read: {exc}") from exc
+    franka = _get(ifc, "franka", i, dict, None)
+    payload = _get(doc, "payload", source, dict, {})
+    srdf_file = _get(desc, "srdf", d, str, "")
+    srdf_text = _read_srdf(srdf_file, d) if srdf_file else ""
     radii = _get(desc, "self_filter_chain_m", d, dict, {})
     return RobotProfile(
         name=_get(doc, "name", source),
@@ -508,6 +583,7 @@ def _parse(doc: dict, source: str) -> RobotProfile:
             force_reflex=None
             if reflex is None
             else ForceReflex(_get(reflex, "parameter_service", i), _get(reflex, "parameter", i)),
+            franka=None if franka is None else _franka(franka, f"{i}.franka"),
             wrench_qos=wrench_qos,
             camera_qos=camera_qos,
         ),
@@ -521,4 +597,7 @@ def _parse(doc: dict, source: str) -> RobotProfile:
             link_colors={str(k): tuple(float(c) for c in v) for k, v in (twin.get("link_colors") or {}).items()},
         ),
         urdf_text=urdf_text,
+        srdf_file=srdf_file,
+        srdf_text=srdf_text,
+        payload=_payload(payload, f"{source}: payload"),
     )

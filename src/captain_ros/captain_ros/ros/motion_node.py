@@ -71,6 +71,7 @@ from captain_ros.core import robot
 from captain_ros.core.clock import ForwardClock
 from captain_ros.core.config import load_config
 from captain_ros.core.contract import CallResult, FailureCategory
+from captain_ros.core.kinematics import Kinematics
 from captain_ros.core.operator_view import planned_sweep_marker
 from captain_ros.harness.approval import load_supervisor_config
 from captain_ros.harness.backend import BackendError
@@ -86,6 +87,8 @@ from captain_ros.ros.guard import GuardedActionServer, GuardedNode
 from captain_ros.ros.operator_view import marker_msg
 from captain_ros.ros.ros2_control_backend import HORIZON_S, LOCKSTEP_STATE_TIMEOUT_S, Ros2ControlBackend
 from captain_ros.ros.safety import SafetySupervisor
+
+WAIVER = "allow_unchecked_self_collision"  # the parameter that runs a description whose collision geometry won't load
 
 FEEDBACK_EVERY_S = 0.05
 HALT_WAIT_S = 10.0  # deactivation: how long the running call may take to end after its stop
@@ -206,6 +209,15 @@ class MotionNode(GuardedNode, LifecycleNode):
             ),
         )
         self.declare_parameter(
+            "allow_unchecked_self_collision",  # WAIVER
+            False,
+            describe(
+                description="configure refuses a robot description whose collision geometry cannot be loaded here "
+                "(meshes by package:// URIs that no AMENT_PREFIX_PATH package holds, or none at all): self-collision "
+                "would go unchecked. true runs anyway, with the check on what loaded; the log names what did not"
+            ),
+        )
+        self.declare_parameter(
             "approval_timeout_s",
             0.0,
             describe(
@@ -222,6 +234,7 @@ class MotionNode(GuardedNode, LifecycleNode):
         self.backend: Ros2ControlBackend | None = None
         self.watchdog: Watchdog | None = None
         self.harness: Harness | None = None  # built by the first activation after configure
+        self.kinematics: Kinematics | None = None  # the profile's, its self-collision geometry checked (configure)
         self.failure = ""  # why the last transition failed (the lifecycle service's reply is only a bool)
         self._state = "unconfigured"  # this node's lifecycle state, for the reasons it gives
         self._active = False  # goals and calls are accepted
@@ -269,12 +282,19 @@ class MotionNode(GuardedNode, LifecycleNode):
                 self.harness = Harness(
                     self.backend,
                     self.config,
+                    kinematics=self.kinematics,
                     clock=self.clock,
                     watchdog=self.watchdog,
                     approver=self.safety.approver,
                     estop=self.safety.estop,
                 )
-                if self.get_parameter("shadow_check").value:
+                if self.get_parameter("shadow_check").value and not (self.profile.twin or self.profile.shadow_twin):
+                    self.get_logger().warning(
+                        f"shadow check OFF: robot profile '{self.profile.name}' has no twin and names no shadow_twin, "
+                        "so there is no twin to play its actions in; every other check stands (shadow_check:=false "
+                        "says you know; a profile with a shadow_twin turns the check on)"
+                    )
+                elif self.get_parameter("shadow_check").value:
                     self.harness.enable_shadow()
                     twin = self.harness.shadow.profile.name
                     self.get_logger().info(
@@ -338,6 +358,7 @@ class MotionNode(GuardedNode, LifecycleNode):
             raise ValueError(f"connect_timeout_s must be > 0, got {timeout_s}")
         deadline = time.monotonic() + timeout_s
         self.profile = resolve_profile(self, param("robot_profile").value, timeout_s=timeout_s)
+        self.kinematics = self._check_collision_geometry(self.profile)
         self.config = load_config(Path(param("safety_config").value), Path(param("harness_config").value))
         # the graph first: a backend subscribing to a topic of another type would fail with the RMW's words
         wrong, missing = self._wait_for_interfaces(deadline)
@@ -351,6 +372,13 @@ class MotionNode(GuardedNode, LifecycleNode):
                 f"robot profile '{self.profile.name}': nothing behind {'; '.join(missing)} within {timeout_s:g} s "
                 "(is the arm's bring-up running, with these controllers active?)"
             )
+        if self.profile.interfaces.franka is not None:  # before anything moves: franka_hardware refuses it mid-motion
+            from captain_ros.ros.franka import apply_settings
+
+            settings = apply_settings(
+                self, self.profile.interfaces.franka, self.profile.payload, max(deadline - time.monotonic(), 5.0)
+            )
+            self.get_logger().info(settings)
         self.backend = Ros2ControlBackend(
             self,
             self.profile,
@@ -372,6 +400,31 @@ class MotionNode(GuardedNode, LifecycleNode):
             approval_timeout_s=float(param("approval_timeout_s").value),
             cell_timeout_s=self.config.agent.cell_timeout_s,
         )
+
+    def _check_collision_geometry(self, profile: robot.RobotProfile) -> Kinematics:
+        """The profile's kinematics, once its self-collision check is known to work on the description's geometry
+        (core/collision.py) or the operator waived it by name."""
+        kinematics = Kinematics(profile=profile)
+        model = kinematics.collision
+        problems = model.coverage_problems()
+        srdf = f"SRDF {profile.srdf_file}" if profile.srdf_text else "no SRDF: pairs touching at home skipped"
+        if not problems:
+            self.get_logger().info(
+                f"self-collision: {len(model.parts)} links with geometry, {len(model.pairs)} pairs checked ({srdf})"
+            )
+            return kinematics
+        listed = "; ".join(problems[:4]) + (f"; and {len(problems) - 4} more" if len(problems) > 4 else "")
+        if not self.get_parameter(WAIVER).value:
+            raise BackendError(
+                f"robot profile '{profile.name}': self-collision cannot be checked on this description: {listed}. "
+                "Source the workspace that installs the arm's description package (its meshes resolve through "
+                f"AMENT_PREFIX_PATH), or set {WAIVER}:=true to run with the check on what loaded"
+            )
+        self.get_logger().warning(
+            f"self-collision partly UNCHECKED ({WAIVER} is true): {listed}; {len(model.pairs)} pairs "
+            f"checked among {len(model.parts)} links with geometry"
+        )
+        return kinematics
 
     def required_interfaces(self) -> list[tuple[str, object]]:
         """(what, check) for every interface the profile names; check() is '' when it is there with the type this
@@ -448,6 +501,14 @@ class MotionNode(GuardedNode, LifecycleNode):
         if interfaces.speed_scaling_topic:
             scaling = topic(interfaces.speed_scaling_topic)
             needed.append((f"{scaling} (no speed scaling publisher)", publisher(scaling, "std_msgs/msg/Float64")))
+        if interfaces.franka is not None:
+            from captain_ros.ros.franka import COLLISION_BEHAVIOR_TYPE, SET_LOAD_TYPE
+
+            for name, kind, what in (
+                (interfaces.franka.collision_behavior_service, COLLISION_BEHAVIOR_TYPE, "collision thresholds"),
+                (interfaces.franka.set_load_service, SET_LOAD_TYPE, "payload"),
+            ):
+                needed.append((f"{service(name)} (no franka_hardware {what} service)", server(service(name), kind)))
         if interfaces.force_reflex is not None:
             reflex = service(interfaces.force_reflex.parameter_service)
             needed.append(
@@ -492,7 +553,7 @@ class MotionNode(GuardedNode, LifecycleNode):
     def _release(self) -> None:
         """Let go of the arm: no harness, no backend (its node and thread end)."""
         self._active = False
-        self.harness = None
+        self.harness = self.kinematics = None
         backend, self.backend = self.backend, None
         if backend is not None:
             backend.close()

@@ -15,8 +15,9 @@ ground truth is never used here.
 Each image's camera pose is that of the image's own frame (header.frame_id) in the base frame at the image's
 stamp, the first of:
   1. a hand-eye calibration on /tf_static that hangs the frame on a link of the arm (real_arm.launch.py's, from
-     config/camera_calibration.yaml: a fixed camera's on the base, a wrist camera's on the hand), chained with
-     that link at the image's joint state: the time-correct answer, without waiting for robot_state_publisher;
+     config/camera_calibration/<profile>.yaml: a fixed camera's on the base, a wrist camera's on the hand),
+     chained with that link at the image's joint state: the time-correct answer, without waiting for
+     robot_state_publisher;
   2. /tf at the image's stamp, interpolated (the twin publishes its links and cameras there), waiting up to
      `tf_wait_s` for /tf to reach the stamp;
   3. the URDF at the image's joint state, for setups without /tf.
@@ -257,7 +258,8 @@ class PerceptionNode(GuardedNode, Node):
         named = f" (the profile names '{expected}')" if expected != frame else ""
         raise BackendError(
             f"{camera}: cannot place the image's frame '{frame}'{named} in {base}: {problem}. It is not a link of the "
-            "arm's URDF either: publish it on /tf or /tf_static (config/camera_calibration.yaml, real_arm.launch.py)"
+            "arm's URDF either: publish it on /tf or /tf_static (config/camera_calibration/<profile>.yaml, "
+            "real_arm.launch.py)"
         )
 
     def _on_receipt(self, msg: CallResultMsg) -> None:
