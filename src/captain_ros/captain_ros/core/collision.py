@@ -9,12 +9,12 @@ Pairs that are not checked, as MoveIt's planning scene does not check them:
   `fr3_link8` flange frame, are passed through), and two finger pads (they close onto each other);
 - every `<disable_collisions>` pair of the robot's SRDF, where one is given (MoveIt Setup Assistant's output:
   pairs that never collide, or always do);
-- without an SRDF, pairs already in contact at the profile's home pose (Setup Assistant's "Default" rule): a real
-  mesh description has some (the Franka hand's mesh reaches into link 5's at the Panda's home pose), and a check
-  that reported them would refuse every motion.
+- without an SRDF, pairs already in contact at the profile's home pose (Setup Assistant's "Default" rule: Franka's
+  SRDF lists panda_hand/panda_link5 as one): a check that reported them would refuse every motion.
 
-A description whose arm links have no usable geometry (no `<collision>`, or meshes that do not resolve here) has
-`problems`: the motion node refuses such a profile unless the operator waives the check by name.
+Geometry that cannot be used (a mesh that does not resolve here, a malformed shape) and a description with fewer
+than two links of geometry are `coverage_problems()`: the motion node refuses such a description unless the
+operator waives the check by name.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from urllib.parse import unquote, urlparse
 
 import fcl
 import numpy as np
+from scipy.spatial.transform import Rotation
 
 
 class CollisionError(ValueError):
@@ -35,8 +36,8 @@ class CollisionError(ValueError):
 
 
 def package_prefixes() -> list[Path]:
-    """Where `package://` URIs are looked for, in ament's order: each AMENT_PREFIX_PATH entry's `share/`, then
-    ROS_PACKAGE_PATH entries (package folders or folders of them), as ROS 2's resource retriever does."""
+    """Where `package://` URIs are looked for: each AMENT_PREFIX_PATH entry's `share/`, in order (where ROS 2's
+    ament index puts a package), then ROS_PACKAGE_PATH's folders (ROS 1's variable: a package folder or its parent)."""
     out = [Path(p) / "share" for p in os.environ.get("AMENT_PREFIX_PATH", "").split(os.pathsep) if p]
     for p in os.environ.get("ROS_PACKAGE_PATH", "").split(os.pathsep):
         if p:
@@ -44,12 +45,12 @@ def package_prefixes() -> list[Path]:
     return out
 
 
-def resolve_uri(uri: str, prefixes: list[Path] | None = None) -> Path | None:
+def resolve_uri(uri: str) -> Path | None:
     """The file a URDF mesh `filename` names (`package://pkg/path`, `file:///path`, or a path), or None."""
     parsed = urlparse(uri)
     if parsed.scheme == "package":
         rel = unquote(parsed.path).lstrip("/")
-        for prefix in package_prefixes() if prefixes is None else prefixes:
+        for prefix in package_prefixes():
             path = prefix / parsed.netloc / rel
             if path.is_file():
                 return path
@@ -59,28 +60,20 @@ def resolve_uri(uri: str, prefixes: list[Path] | None = None) -> Path | None:
 
 
 def _origin(element: ET.Element | None) -> np.ndarray:
-    """The 4x4 transform of a URDF <origin> (identity where absent): xyz, then rpy as fixed-axis x, y, z."""
+    """The 4x4 transform of a URDF <origin> (identity where absent): xyz, then rpy about the fixed x, y, z axes."""
     t = np.eye(4)
-    if element is None:
-        return t
-    xyz = [float(v) for v in element.get("xyz", "0 0 0").split()]
-    r, p, y = (float(v) for v in element.get("rpy", "0 0 0").split())
-    cr, sr, cp, sp, cy, sy = np.cos(r), np.sin(r), np.cos(p), np.sin(p), np.cos(y), np.sin(y)
-    t[:3, :3] = [
-        [cy * cp, cy * sp * sr - sy * cr, cy * sp * cr + sy * sr],
-        [sy * cp, sy * sp * sr + cy * cr, sy * sp * cr - cy * sr],
-        [-sp, cp * sr, cp * cr],
-    ]
-    t[:3, 3] = xyz
+    if element is not None:
+        t[:3, :3] = Rotation.from_euler("xyz", [float(v) for v in element.get("rpy", "0 0 0").split()]).as_matrix()
+        t[:3, 3] = [float(v) for v in element.get("xyz", "0 0 0").split()]
     return t
 
 
-def _mesh_geometry(shape: ET.Element, prefixes: list[Path] | None) -> tuple[fcl.BVHModel | None, str]:
+def _mesh_geometry(shape: ET.Element) -> tuple[fcl.BVHModel | None, str]:
     """A <mesh>'s triangles (at its scale) as FCL's bounding-volume hierarchy, or None and why not."""
     import trimesh
 
     uri = shape.get("filename", "")
-    path = resolve_uri(uri, prefixes)
+    path = resolve_uri(uri)
     if path is None:
         return None, f"mesh {uri} is not found (package:// is looked up under AMENT_PREFIX_PATH's share/)"
     try:
@@ -105,7 +98,7 @@ PRIMITIVES = {  # URDF primitive -> its FCL shape (FCL's cylinder, like URDF's, 
 }
 
 
-def _geometry(element: ET.Element, prefixes: list[Path] | None) -> tuple[fcl.CollisionGeometry | None, str]:
+def _geometry(element: ET.Element) -> tuple[fcl.CollisionGeometry | None, str]:
     """FCL geometry of a <geometry> element, or None and why not."""
     shape = next(iter(element), None)
     if shape is None:
@@ -116,13 +109,12 @@ def _geometry(element: ET.Element, prefixes: list[Path] | None) -> tuple[fcl.Col
         except (AttributeError, TypeError, ValueError) as exc:
             return None, f"<{shape.tag} {shape.attrib}> is malformed: {exc}"
     if shape.tag == "mesh":
-        return _mesh_geometry(shape, prefixes)
+        return _mesh_geometry(shape)
     return None, f"<{shape.tag}> is not a URDF geometry"
 
 
 @dataclass
 class _Part:
-    link: str
     offset: np.ndarray  # the collision origin in the link frame (4x4)
     obj: fcl.CollisionObject
 
@@ -143,7 +135,6 @@ class SelfCollisionModel:
         *,
         srdf_text: str = "",
         pad_links: tuple[str, ...] = (),
-        prefixes: list[Path] | None = None,
     ) -> SelfCollisionModel:
         try:
             root = ET.fromstring(urdf_text)
@@ -155,11 +146,11 @@ class SelfCollisionModel:
             name = link.get("name", "")
             for k, col in enumerate(link.findall("collision")):
                 geometry = col.find("geometry")
-                geom, why = (None, "no <geometry>") if geometry is None else _geometry(geometry, prefixes)
+                geom, why = (None, "no <geometry>") if geometry is None else _geometry(geometry)
                 if geom is None:
                     problems.append(f"link {name}, collision {k}: {why}")
                     continue
-                parts.setdefault(name, []).append(_Part(name, _origin(col.find("origin")), fcl.CollisionObject(geom)))
+                parts.setdefault(name, []).append(_Part(_origin(col.find("origin")), fcl.CollisionObject(geom)))
         parent = {j.find("child").get("link"): j.find("parent").get("link") for j in root.iter("joint")}
         disabled: dict[tuple[str, str], str] = {}
         for link in parts:  # Adjacent: the nearest ancestor with geometry
@@ -182,13 +173,11 @@ class SelfCollisionModel:
             out.append(f"{len(self.parts)} link(s) have collision geometry: there is nothing to check")
         return out
 
-    def disable_touching(self, link_poses: dict[str, np.ndarray], reason: str) -> list[tuple[str, str]]:
-        """Stop checking the pairs in contact at these link poses (4x4 each); returns them."""
-        touching = self.collisions(link_poses)
-        for pair in touching:
+    def disable_touching(self, link_poses: dict[str, np.ndarray], reason: str) -> None:
+        """Stop checking the pairs in contact at these link poses (4x4 each), for `reason`."""
+        for pair in self.collisions(link_poses):
             self.disabled[pair] = reason
         self.pairs = [p for p in self.pairs if p not in self.disabled]
-        return touching
 
     def collisions(self, link_poses: dict[str, np.ndarray]) -> list[tuple[str, str]]:
         """Checked pairs whose geometry overlaps at these link poses (link -> 4x4 in any one frame), sorted."""
