@@ -47,9 +47,10 @@ from rclpy.executors import MultiThreadedExecutor
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from scipy.spatial.transform import Rotation
 from sensor_msgs.msg import JointState
-from std_msgs.msg import Float64, String
+from std_msgs.msg import Bool, Float64, String
 from tf2_msgs.msg import TFMessage
 from trajectory_msgs.msg import JointTrajectory as JointTrajectoryMsg
+from ur_dashboard_msgs.msg import RobotMode, SafetyMode
 
 from captain_ros.core.trajectory import JointTrajectory, TrajectoryError, TrajectoryFollower, duration_to_s
 
@@ -186,6 +187,8 @@ class VendorSpec:
     meshes_elsewhere: bool = False
     # franka_hardware's param services (collision behaviour, load), each answering as FakeFrankaSettings does
     franka_services: tuple[str, str] | None = None
+    # io_and_status_controller's latched robot mode, safety mode and program state (UR), published on change
+    ur_status_topics: tuple[str, str, str] | None = None
 
     def interfaces(self) -> dict[str, str]:
         """Every interface this bring-up serves that a motion node must find: key (for `omit`) -> name."""
@@ -206,6 +209,8 @@ class VendorSpec:
                 names["gripper_joint_states"] = self.gripper.joint_states_topic
         if self.franka_services is not None:
             names["collision_behavior"], names["set_load"] = self.franka_services
+        if self.ur_status_topics is not None:
+            names["robot_mode"], names["safety_mode"], names["program_running"] = self.ur_status_topics
         return names
 
 
@@ -276,6 +281,11 @@ VENDORS: dict[str, VendorSpec] = {
         ),
         arm_state_gripper_joints=lambda opening_m: {"hande_finger_distance": HANDE_STROKE_M - opening_m},
         meshes_elsewhere=True,  # the Hand-E's (robotiq_description)
+        ur_status_topics=(
+            "/io_and_status_controller/robot_mode",
+            "/io_and_status_controller/safety_mode",
+            "/io_and_status_controller/robot_program_running",
+        ),
     ),
     # ros2_control_demos example 7 (r6bot) with a JointTrajectoryController and an F/T broadcaster added
     "ros2_control_demo": VendorSpec(
@@ -475,12 +485,7 @@ class VendorGraph:
             }
             changes = {"goals": [], "speed_mps": 1.0, **changes, **self.gripper_overrides}
             self.gripper = replace(spec.gripper, **changes).start()
-        self.franka_requests: list[tuple[str, object]] = []  # (service name, request) as franka_hardware got them
-        if spec.franka_services is not None:
-            kinds = (("collision_behavior", SetForceTorqueCollisionBehavior), ("set_load", SetLoad))
-            for (key, srv_type), name in zip(kinds, spec.franka_services, strict=True):
-                if key not in omit:
-                    node.create_service(srv_type, name, self._franka_setting(name), callback_group=group)
+        self._vendor_states(node, group)
         if spec.speed_scaling_topic:  # UR's scaled_joint_trajectory_controller
             self.controller.follower.set_speed_scaling(self.speed_scaling_percent / 100.0, self.controller.now_s())
         self._published_static = False
@@ -506,6 +511,44 @@ class VendorGraph:
         self.controller.destroy()
         self.node.destroy_node()
         rclpy.shutdown(context=self.context)
+
+    def _vendor_states(self, node, group) -> None:
+        """franka_hardware's param services and io_and_status_controller's UR state, where the vendor has them."""
+        spec, omit = self.spec, self.omit
+        self.franka_requests: list[tuple[str, object]] = []  # (service name, request) as franka_hardware got them
+        self._stopped_by_ur = False
+        if spec.franka_services is not None:
+            kinds = (("collision_behavior", SetForceTorqueCollisionBehavior), ("set_load", SetLoad))
+            for (key, srv_type), name in zip(kinds, spec.franka_services, strict=True):
+                if key not in omit:
+                    node.create_service(srv_type, name, self._franka_setting(name), callback_group=group)
+        if spec.ur_status_topics is not None:  # a UR powered on, brakes released, External Control playing
+            kinds = (("robot_mode", RobotMode), ("safety_mode", SafetyMode), ("program_running", Bool))
+            for (key, msg_type), name in zip(kinds, spec.ur_status_topics, strict=True):
+                if key not in omit:
+                    self._publishers[key] = node.create_publisher(msg_type, name, LATCHED)
+            self._publish_ur_status(RobotMode.RUNNING, SafetyMode.NORMAL, True)  # the follower runs as set
+
+    def set_ur_status(self, robot_mode: int, safety_mode: int, program_running: bool) -> None:
+        """Publish a UR's state as io_and_status_controller does (latched); a safety mode that stops the arm also
+        stops the scaled trajectory controller (speed scaling 0), as on the robot."""
+        self._publish_ur_status(robot_mode, safety_mode, program_running)
+        moving = robot_mode == RobotMode.RUNNING and safety_mode in (SafetyMode.NORMAL, SafetyMode.REDUCED)
+        self._stopped_by_ur = not (moving and program_running)
+        self.controller.follower.set_speed_scaling(self._scaling_percent() / 100.0, self.controller.now_s())
+
+    def _publish_ur_status(self, robot_mode: int, safety_mode: int, program_running: bool) -> None:
+        for key, msg in (
+            ("robot_mode", RobotMode(mode=robot_mode)),
+            ("safety_mode", SafetyMode(mode=safety_mode)),
+            ("program_running", Bool(data=program_running)),
+        ):
+            if key in self._publishers:
+                self._publishers[key].publish(msg)
+
+    def _scaling_percent(self) -> float:
+        """The speed scaling the UR applies: the slider's, 0 while its state stops the arm."""
+        return 0.0 if self._stopped_by_ur else self.speed_scaling_percent
 
     def _franka_setting(self, name: str):
         """franka_param_service_server's callback: the request is recorded; the robot refuses it (its error) when
@@ -541,7 +584,7 @@ class VendorGraph:
             wrench.header.stamp, wrench.header.frame_id = stamp, self.wrench_frame
             self._publishers["wrench"].publish(wrench)  # no external force
         if "speed_scaling" in self._publishers:
-            self._publishers["speed_scaling"].publish(Float64(data=float(self.speed_scaling_percent)))
+            self._publishers["speed_scaling"].publish(Float64(data=float(self._scaling_percent())))
         if self.publish_tf:
             self._publish_tf(positions, stamp)
 

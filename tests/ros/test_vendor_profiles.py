@@ -438,3 +438,36 @@ def test_ur_motion_at_half_speed_scaling(operator, vendor):
     graph = vendor("ur5e", speed_scaling_percent=50.0, **MAIN_GRAPHS["ur5e"])
     operator.bring_up("ur5e")
     check_move(operator, graph, "ur-half-speed", delta=np.array([0.0, 0.1, 0.0]), speed_mps=0.05)
+
+
+def test_ur_protective_stop_ends_the_motion_as_such_and_refuses_the_next(operator, vendor):
+    """io_and_status_controller reports a protective stop while a move runs: the move ends naming it (not as a
+    pause or a stall, which is what the speed scaling of 0 alone would look like), the next move is refused
+    with the reason before anything is sent, and once the pendant clears it moves again. A program that is not
+    playing is named too."""
+    from ur_dashboard_msgs.msg import RobotMode, SafetyMode
+
+    graph = vendor("ur5e", **MAIN_GRAPHS["ur5e"])
+    operator.bring_up("ur5e")
+    start, quaternion = tcp_pose(operator)
+    handle = result_of(
+        operator.move.send_goal_async(pose_goal(start + [0.0, 0.15, 0.0], quaternion, "ur-stop", speed_mps=0.03)), 30
+    )
+    assert handle.accepted
+    wait_for(lambda: graph.controller.goals, DEADLINE_S, "the move's goal at the controller")
+    graph.set_ur_status(RobotMode.RUNNING, SafetyMode.PROTECTIVE_STOP, True)
+    wrapped = result_of(handle.get_result_async(), 120)
+    assert not wrapped.result.result.success
+    assert "the UR is in a protective stop (safety mode PROTECTIVE_STOP)" in wrapped.result.result.message
+    sent = len(graph.controller.goals)
+    _, result = operator.run(pose_goal(start, quaternion, "ur-refused"))
+    assert not result.success and "protective stop" in result.message, result.message
+    assert len(graph.controller.goals) == sent  # refused before a goal went out
+    graph.set_ur_status(RobotMode.RUNNING, SafetyMode.NORMAL, False)
+    attempt = lambda: operator.run(pose_goal(start, quaternion, "ur-back"))[1].message  # noqa: E731
+    # the motion node hears the new state a moment later: until then the refusal names the protective stop
+    wait_for(lambda: "External Control program is not running" in attempt(), DEADLINE_S, "the program refusal")
+    assert len(graph.controller.goals) == sent
+    graph.set_ur_status(RobotMode.RUNNING, SafetyMode.NORMAL, True)
+    wait_for(lambda: "External Control" not in attempt(), DEADLINE_S, "the UR state to clear")  # moves back
+    check_move(operator, graph, "ur-after-stop")

@@ -126,6 +126,17 @@ class FrankaSettings:
 
 
 @dataclass(frozen=True)
+class URStatus:
+    """A UR's state as Universal_Robots_ROS2_Driver's io_and_status_controller publishes it (latched, on change):
+    motions need the robot mode RUNNING, the safety mode NORMAL or REDUCED and the External Control program
+    running; anything else is reported by name (a protective stop as a protective stop)."""
+
+    robot_mode_topic: str  # ur_dashboard_msgs/msg/RobotMode
+    safety_mode_topic: str  # ur_dashboard_msgs/msg/SafetyMode
+    program_running_topic: str  # std_msgs/msg/Bool
+
+
+@dataclass(frozen=True)
 class Interfaces:
     joint_states_topic: str
     trajectory_action: str  # control_msgs/action/FollowJointTrajectory of the arm's trajectory controller
@@ -136,7 +147,8 @@ class Interfaces:
     speed_scaling_topic: str = ""  # std_msgs/Float64: the arm's execution-speed scaling; "" = none
     speed_scaling_unit: str = "fraction"  # "percent" (0..100: UR's speed_scaling_state_broadcaster) or "fraction"
     force_reflex: ForceReflex | None = None
-    franka: FrankaSettings | None = None  # franka_hardware's load, collision-behaviour and recovery interfaces
+    franka: FrankaSettings | None = None  # franka_hardware's load and collision-behaviour services
+    ur_status: URStatus | None = None  # a UR's robot mode, safety mode and program state
     wrench_qos: str = "reliable"  # the wrench subscription's reliability: one of WRENCH_QOS
     camera_qos: str = "reliable"  # the camera topics' subscriptions' reliability: one of WRENCH_QOS ("best_effort":
     # a driver that publishes as sensor data, rclcpp::SensorDataQoS; a best-effort subscription hears both)
@@ -544,6 +556,7 @@ def _parse(doc: dict, source: str) -> RobotProfile:
         except OSError as exc:
             raise ProfileError(f"{d}: urdf '{urdf_file}' cannot be read: {exc}") from exc
     franka = _get(ifc, "franka", i, dict, None)
+    ur_status = _get(ifc, "ur_status", i, dict, None)
     payload = _get(doc, "payload", source, dict, {})
     srdf_file = _get(desc, "srdf", d, str, "")
     srdf_text = _read_srdf(srdf_file, d) if srdf_file else ""
@@ -584,6 +597,14 @@ def _parse(doc: dict, source: str) -> RobotProfile:
             if reflex is None
             else ForceReflex(_get(reflex, "parameter_service", i), _get(reflex, "parameter", i)),
             franka=None if franka is None else _franka(franka, f"{i}.franka"),
+            ur_status=None
+            if ur_status is None
+            else URStatus(
+                *(
+                    _get(ur_status, k, f"{i}.ur_status")
+                    for k in ("robot_mode_topic", "safety_mode_topic", "program_running_topic")
+                )
+            ),
             wrench_qos=wrench_qos,
             camera_qos=camera_qos,
         ),

@@ -509,6 +509,17 @@ class MotionNode(GuardedNode, LifecycleNode):
                 (interfaces.franka.set_load_service, SET_LOAD_TYPE, "payload"),
             ):
                 needed.append((f"{service(name)} (no franka_hardware {what} service)", server(service(name), kind)))
+        if interfaces.ur_status is not None:
+            from captain_ros.ros.ur_status import ROBOT_MODE_TYPE, SAFETY_MODE_TYPE
+
+            for name, kind in (
+                (interfaces.ur_status.robot_mode_topic, ROBOT_MODE_TYPE),
+                (interfaces.ur_status.safety_mode_topic, SAFETY_MODE_TYPE),
+                (interfaces.ur_status.program_running_topic, "std_msgs/msg/Bool"),
+            ):
+                needed.append(
+                    (f"{topic(name)} (no io_and_status_controller: the UR's state)", publisher(topic(name), kind))
+                )
         if interfaces.force_reflex is not None:
             reflex = service(interfaces.force_reflex.parameter_service)
             needed.append(

@@ -238,6 +238,12 @@ class Ros2ControlBackend(ArmBackend):
         if interfaces.speed_scaling_topic:
             self._scaling_topic = topic(interfaces.speed_scaling_topic)
             link.create_subscription(Float64, self._scaling_topic, self._on_speed_scaling, 10, callback_group=group)
+        # a UR's robot and safety modes: a motion is refused, and a running one ends, naming why the arm cannot move
+        self._ur = None
+        if interfaces.ur_status is not None:
+            from captain_ros.ros.ur_status import URStatusWatch
+
+            self._ur = URStatusWatch(link, interfaces.ur_status, topic, group, on_change=self._wake)
         # the fingers' measured positions: the arm's joint states carry them unless the gripper publishes its own
         finger_topic = topic(interfaces.gripper.joint_states_topic) if interfaces.gripper.joint_states_topic else ""
         apart = bool(finger_topic) and finger_topic != topic(interfaces.joint_states_topic)
@@ -278,6 +284,10 @@ class Ros2ControlBackend(ArmBackend):
             self._arm_fingers.update(msg)
         if self._lockstep is not None:
             self._lockstep.on_state(stamp_ns(msg.header.stamp))  # grants the twin a horizon past it
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
     def _publish_grant(self, until_ns: int) -> None:
         self._grant_pub.publish(Header(stamp=stamp_msg_ns(until_ns), frame_id=self._link.get_fully_qualified_name()))
@@ -382,6 +392,14 @@ class Ros2ControlBackend(ArmBackend):
                     f"no speed scaling on {self._scaling_topic} yet: the arm is taken to run at full speed until it "
                     "comes (a slowed or paused arm then fails its motions as stalled)"
                 )
+        if self._ur is not None:  # latched: heard at once where io_and_status_controller runs
+            left = max(0.0, deadline - time.monotonic())
+            with self._cond:
+                self._cond.wait_for(self._ur.heard, left)
+            if not self._ur.heard():
+                raise BackendError(f"{self._ur.refusal()}, waited {timeout_s:.0f} s")
+            if why := self._ur.refusal():
+                self._link.get_logger().warning(f"{why}: motions are refused until it can move")
         if self._lockstep is not None and not self._lockstep.wait_enabled(deadline - time.monotonic()):
             self._link.get_logger().warning(
                 f"the twin has not said it runs in lockstep ({lockstep.TAKEN_TOPIC}): goals are stamped ahead of its "
@@ -600,6 +618,8 @@ class Ros2ControlBackend(ArmBackend):
         in lockstep the goal is stamped at the sim time granted already, which it cannot have passed (no lead).
         With a horizon the goal carries the sweep's first stretch only (`_extend_sweep` sends the rest)."""
         mirror = self._mirror_or_fail()
+        if self._ur is not None and (why := self._ur.refusal()):
+            raise BackendError(why)
         if not self._arm_action.wait_for_server(timeout_sec=self._server_timeout):
             raise BackendError(f"the arm controller's action server {self._action_name} is not available")
         self._end_sweep()
@@ -852,6 +872,8 @@ class Ros2ControlBackend(ArmBackend):
                 if self._goal_failure:
                     failure, self._goal_failure = self._goal_failure, ""
                     raise BackendError(f"the arm controller aborted the trajectory ({failure})")
+                if self._ur is not None and (why := self._ur.refusal()):
+                    raise BackendError(why)
                 if _stamp_s(self._joints) >= start + self._period - 1e-9:
                     return
                 left = deadline - time.monotonic()
