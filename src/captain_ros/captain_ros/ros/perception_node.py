@@ -287,12 +287,14 @@ class PerceptionNode(GuardedNode, Node):
         raise BackendError(f"{camera}: no colour and depth image pair within {SYNC_TOLERANCE_S * 1000:.0f} ms")
 
     def _wait_for_pair(self, camera: str) -> tuple:
-        """A synchronised colour + depth pair; waits up to `pair_wait_s`, since one stream can run a frame
-        ahead of the other (the subscriptions keep filling in other executor threads meanwhile)."""
+        """A synchronised colour + depth pair and the newest camera info; waits up to `pair_wait_s`, since one
+        stream can run a frame ahead of the others (the subscriptions keep filling in other executor threads
+        meanwhile): at start-up the first images may come before the first info message."""
         deadline = time.monotonic() + self.get_parameter("pair_wait_s").value
         while True:
             try:
-                return self._pair(camera, self._fresh(camera, "color"), self._fresh(camera, "depth"))
+                color, depth, t_color = self._pair(camera, self._fresh(camera, "color"), self._fresh(camera, "depth"))
+                return color, depth, t_color, self._fresh(camera, "info")[0]
             except BackendError:
                 if time.monotonic() > deadline:
                     raise
@@ -302,9 +304,8 @@ class PerceptionNode(GuardedNode, Node):
         joint_history = self._fresh("", "joints")
         images, stamp, q, jaw = {}, 0.0, None, 0.0
         for cam in cameras:
-            raw_color, raw_depth, t_color = self._wait_for_pair(cam)
+            raw_color, raw_depth, t_color, info = self._wait_for_pair(cam)
             color, depth = raw_color.message(), raw_depth.message()
-            info = self._fresh(cam, "info")[0]
             joints = min(joint_history, key=lambda m: abs(_seconds(m.header.stamp) - t_color))
             index = {n: i for i, n in enumerate(joints.name)}
             q_cam = np.array([joints.position[index[j]] for j in self.profile.arm_joints])
