@@ -12,13 +12,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import Bool
 from ur_dashboard_msgs.msg import RobotMode, SafetyMode
 
 from captain_ros.core.robot import URStatus
+from captain_ros.ros.description import LATCHED  # as io_and_status_controller publishes: transient local
 
-LATCHED = QoSProfile(depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL, reliability=ReliabilityPolicy.RELIABLE)
 ROBOT_MODE_TYPE, SAFETY_MODE_TYPE = "ur_dashboard_msgs/msg/RobotMode", "ur_dashboard_msgs/msg/SafetyMode"
 MOVING_SAFETY_MODES = (SafetyMode.NORMAL, SafetyMode.REDUCED)
 
