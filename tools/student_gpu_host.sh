@@ -4,12 +4,14 @@
 #   bash tools/student_gpu_host.sh STAGE...      stages: prepare sft bench eval   (run from the project's root)
 #
 #   prepare  copies the project to $WORK/proj (later calls may replace the working tree), puts the carried student
-#            back together ($CARRY, tools/carry.py), installs its gguf wheel, builds the bf16 folder
-#            (training.student build), and puts together and installs the rollout bundle (tools/host_bundle.py:
-#            carried into $BUNDLE_CARRY, unpacked into $BUNDLE, its install.sh run)
-#   sft      LoRA SFT on the expert store ($STORE) in the background (setsid: it outlives this call); waits for it
-#            up to $WAIT_S seconds; once done, packs the adapter and the run record into $OUT/adapter (files of at
-#            most 15 MiB) to bring back
+#            back together ($CARRY, tools/carry.py), installs its wheels (gguf, and the locked transformers and
+#            tokenizers), builds the bf16 folder (training.student build), and, where it was carried, puts together
+#            and installs the rollout bundle (tools/host_bundle.py: carried into $BUNDLE_CARRY, unpacked into
+#            $BUNDLE, its install.sh run; only the eval stage needs it)
+#   sft      LoRA SFT in the background (setsid: it outlives this call) on the examples built beforehand by
+#            `training.rl sft-data --max-tokens 24576` ($EXAMPLES, carried with the student) or else on the expert
+#            store ($STORE); waits for it up to $WAIT_S seconds; once done, packs the adapter and the run record
+#            into $OUT/adapter (files of at most 15 MiB) to bring back
 #   bench    bench/serve.py on the student: the server's tokens/s with 32 queued 4k-token requests, varlen vs sdpa
 #            attention (about a minute); its result file into $OUT/bench
 #   eval     the fine-tuned student's evaluation (training.student_eval, the transformers server on the GPU, the
@@ -22,7 +24,7 @@
 # Every stage is idempotent: rerun the same command to keep waiting, or after a lost call. What a stage starts logs
 # to $WORK/<stage>.log. Variables (defaults): CARRY (/tmp/carry), BUNDLE_CARRY (/tmp/carry_hb), BUNDLE
 # (/tmp/hb/host_bundle), STORE (.cache/store/rollout.sqlite), WORK (/tmp/work), OUT (./back), WAIT_S (500),
-# WORKERS (32), EPOCHS (3), RANK (32), ADAPTER_BACK (.cache/back/adapter).
+# WORKERS (32), EPOCHS (3), RANK (32), ADAPTER_BACK (.cache/back/adapter), EXAMPLES ($WORK/carried/sft_data.pkl.xz).
 set -u -o pipefail
 
 CARRY=${CARRY:-/tmp/carry}
@@ -36,6 +38,7 @@ WORKERS=${WORKERS:-32}
 EPOCHS=${EPOCHS:-3}
 RANK=${RANK:-32}
 ADAPTER_BACK=${ADAPTER_BACK:-.cache/back/adapter}
+EXAMPLES=${EXAMPLES:-$WORK/carried/sft_data.pkl.xz}
 NAME=qwen2.5-coder-0.5b-instruct
 STUDENT=$WORK/student/$NAME
 PROJ=$WORK/proj
@@ -80,7 +83,9 @@ prepare() {
         . "$WORK/host.env"
         say "rollout bundle installed: $(wc -l <"$WORK/host.env") settings in $WORK/host.env"
     fi
-    [ -f "$WORK/host.env" ] || { say "no rollout bundle yet (carry its parts into $BUNDLE_CARRY)"; return 1; }
+    # without the bundle the SFT still runs: the student's carry holds the locked transformers (and tokenizers)
+    # wheels beside gguf, so the tokenizer is converted as here; only the eval stage needs the bundle
+    [ -f "$WORK/host.env" ] || say "no rollout bundle (carry its parts into $BUNDLE_CARRY for the eval stage)"
     if [ ! -f "$STUDENT/captain_student.json" ]; then
         python3 "$PROJ/tools/carry.py" unpack "$CARRY" --to "$WORK/carried" -q || return 1
         python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$WORK"/carried/wheels/*.whl ||
@@ -93,9 +98,15 @@ prepare() {
 }
 
 sft() {
-    [ -f "$STORE" ] && cp -n "$STORE" "$WORK/expert.sqlite"
+    local data
+    if [ -f "$EXAMPLES" ]; then  # built here beforehand by `training.rl sft-data` (the same options as below)
+        data=(--examples "$EXAMPLES")
+    else
+        [ -f "$STORE" ] && cp -n "$STORE" "$WORK/expert.sqlite"
+        data=(--store "$WORK/expert.sqlite")
+    fi
     background "training.rl sft" "$WORK/sft/sft_run.json" "$WORK/sft.log" \
-        python3 -m training.rl sft --model "$STUDENT" --store "$WORK/expert.sqlite" --out "$WORK/sft" \
+        python3 -m training.rl sft --model "$STUDENT" "${data[@]}" --out "$WORK/sft" \
         --lora-rank "$RANK" --epochs "$EPOCHS" --lr 2e-4 --warmup 5 --rows 1 --grad-accum 8 --max-tokens 24576 \
         --gradient-checkpointing --no-progress
     if wait_for "$WORK/sft/sft_run.json" "training.rl sft"; then
@@ -117,6 +128,7 @@ eval_stage() {
             python3 -m training.student merge "$WORK/sft/adapter" --base "$STUDENT" --out "$WORK/sft/model" || return 1
     fi
     [ -f "$WORK/sft/model/config.json" ] || { say "no fine-tuned model yet (run the sft stage, or carry the adapter that came back as ADAPTER_BACK)"; return 1; }
+    [ -f "$WORK/host.env" ] || { say "no rollout bundle installed: carry its parts into $BUNDLE_CARRY, run prepare"; return 1; }
     background "training.student_eval run" "$WORK/sft_eval/done" "$WORK/eval.log" \
         bash -c "python3 -m training.student_eval run --model '$WORK/sft/model' --label student-sft \
             --out '$WORK/sft_eval' --server transformers --workers $WORKERS --no-progress && touch '$WORK/sft_eval/done'"

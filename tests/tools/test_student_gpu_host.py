@@ -29,19 +29,29 @@ def test_an_unknown_stage_is_named(tmp_path):
     assert done.returncode == 2 and "unknown stage train (prepare, sft, bench, eval)" in done.stderr
 
 
-def test_prepare_without_the_rollout_bundle_says_where_its_parts_go(tmp_path):
-    """The bundle's transformers must convert the student's tokenizer (the host's cuts "<tool_call>" into pieces):
-    prepare stops before the student's build when the bundle is not there."""
+def test_prepare_without_the_rollout_bundle_goes_on_to_the_student_and_says_the_eval_needs_it(tmp_path):
+    """The SFT needs no bundle (the student's carry holds the locked transformers, which converts its tokenizer as
+    here): prepare says the eval stage will need it and goes on to the student, whose missing parts stop it."""
     env_dirs = {"CARRY": tmp_path / "carry", "BUNDLE_CARRY": tmp_path / "carry_hb", "BUNDLE": tmp_path / "hb" / "b"}
     env = {**os.environ, "WORK": str(tmp_path / "work"), "OUT": str(tmp_path / "out")}
     env.update({k: str(v) for k, v in env_dirs.items()})
     done = subprocess.run(["bash", str(SCRIPT), "prepare"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert done.returncode == 1
-    assert f"no rollout bundle yet (carry its parts into {tmp_path / 'carry_hb'})" in done.stdout
+    assert f"no rollout bundle (carry its parts into {tmp_path / 'carry_hb'} for the eval stage)" in done.stdout
+    assert str(tmp_path / "carry") in done.stdout + done.stderr  # the student's parts are not there
     assert not (tmp_path / "work" / "student").exists()  # the student was not built
 
 
 def test_the_evaluation_without_a_fine_tuned_model_says_which_stage_makes_it(tmp_path):
     done = run(tmp_path, "eval")
     assert done.returncode == 1 and "no fine-tuned model yet (run the sft stage, or carry the adapter" in done.stdout
+    assert not (tmp_path / "work" / "eval.log").exists()  # nothing started
+
+
+def test_the_evaluation_without_the_rollout_bundle_says_so_before_starting(tmp_path):
+    model = tmp_path / "work" / "sft" / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    done = run(tmp_path, "eval")
+    assert done.returncode == 1 and "no rollout bundle installed: carry its parts into" in done.stdout
     assert not (tmp_path / "work" / "eval.log").exists()  # nothing started

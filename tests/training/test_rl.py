@@ -721,6 +721,38 @@ def test_a_full_round_from_twin_episodes_to_the_policy_server(student, recorded,
 
 
 @pytest.mark.slow
+def test_sft_data_file_trains_as_the_store_does_and_refuses_other_options(recorded, tmp_path, capsys):
+    """`sft-data` renders a store's examples once (on a CPU); `sft --examples` trains on exactly those, and a file
+    built with other data options or another tokenizer is refused, naming why."""
+    from training.data import DataConfig, SFTDataMismatch, load_sft_data, tokenizer_fingerprint
+    from training.tiny import tiny_tokenizer
+
+    store, data = str(recorded.trainer_store), tmp_path / "sft_data.pkl.xz"
+    options = ["--tiny", "--max-tokens", "8192"]
+    assert main(["sft-data", "--store", store, "--out", str(data), *options]) == 0
+    assert "SFT data:" in capsys.readouterr().out and not data.with_name(data.name + ".tmp").exists()
+    runs = {}
+    for name, source in (("store", ["--store", store]), ("file", ["--examples", str(data)])):
+        out = tmp_path / name
+        assert (
+            main(["sft", *source, *options, "--device", "cpu", "--no-progress", "--out", str(out), "--steps", "2"]) == 0
+        )
+        runs[name] = json.loads((out / "sft_run.json").read_text())
+        runs[name]["losses"] = [row["loss"] for row in read_metrics(out / "sft_metrics.jsonl")]
+    for key in ("episodes", "requests", "examples", "rows", "supervised_tokens", "losses"):
+        assert runs["file"][key] == runs["store"][key], key
+    assert runs["file"]["store"] == store  # the record names the store the file was built from
+    with pytest.raises(SystemExit, match="max_trajectory_tokens=4096"):  # built at 8,192 tokens a row
+        main(["sft", "--examples", str(data), "--tiny", "--max-tokens", "4096", "--out", str(tmp_path / "x")])
+    with pytest.raises(SystemExit, match="not both"):
+        main(["sft", "--examples", str(data), "--store", store, "--tiny", "--out", str(tmp_path / "x")])
+    tokenizer = tiny_tokenizer()
+    tokenizer.add_tokens(["<tool_call_>"])  # one more added token: another tokenizer
+    with pytest.raises(SFTDataMismatch, match="another tokenizer"):
+        load_sft_data(data, tokenizer, DataConfig(strict_success=True, max_trajectory_tokens=8192))
+    assert tokenizer_fingerprint(tokenizer) != tokenizer_fingerprint(tiny_tokenizer())
+
+
 def test_cli_sft_then_rl_on_the_expert_store(recorded, tmp_path, capsys):
     store = str(recorded.trainer_store)
     out = tmp_path / "sft"

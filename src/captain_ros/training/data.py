@@ -57,12 +57,16 @@ trainer indexes it, so no mask (no tensor at all) is held for the whole data set
 from __future__ import annotations
 
 import ast
+import hashlib
 import itertools
 import json
+import lzma
+import pickle
 import random
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from training.gate import (
@@ -688,6 +692,82 @@ def sft_examples(
             stats.per_request += 1
             examples += episode_examples(tokenizer, reader, eid, config, gate, stats=stats)
     return examples
+
+
+# ------------------------------------------------------------------------------------------- SFT data files
+SFT_DATA_FORMAT = 1
+
+
+class SFTDataMismatch(ValueError):
+    """An SFT data file built for another tokenizer, data configuration or format."""
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """sha256 over what decides the examples' ids: the vocabulary, the added tokens (how the chat markers encode:
+    a tokenizer that cuts `<tool_call>` into pieces has the same vocabulary), the chat template, and the ids of a
+    probe that holds every added token."""
+    added = {
+        i: (t.content, t.special, t.single_word, t.lstrip, t.rstrip, t.normalized)
+        for i, t in tokenizer.added_tokens_decoder.items()
+    }
+    probe = "def f(x):\n    return x  # \u00e9\n" + " ".join(t for t, *_ in added.values())
+    parts = (
+        sorted(tokenizer.get_vocab().items()),
+        sorted(added.items()),
+        tokenizer.chat_template or "",
+        tokenizer.encode(probe, add_special_tokens=False),
+    )
+    return hashlib.sha256(json.dumps(parts, separators=(",", ":"), default=str).encode()).hexdigest()
+
+
+def save_sft_data(
+    path: Any,
+    tokenizer: Any,
+    config: DataConfig,
+    *,
+    source: str,
+    gate: Any,
+    stats: TrajectoryStats,
+    examples: list[Example],
+) -> Path:
+    """Write the examples `sft_examples` built (with the gate's summary and the stats) as one file, lzma-compressed,
+    so a GPU host trains on them without re-rendering the store (`python -m training.rl sft-data`). Written under a
+    temporary name and renamed: an interrupted write leaves no file."""
+    path = Path(path)
+    record = {
+        "format": SFT_DATA_FORMAT,
+        "tokenizer": tokenizer_fingerprint(tokenizer),
+        "config": repr(config),
+        "source": source,
+        "gate": str(gate),
+        "stats": stats,
+        "examples": examples,
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    with lzma.open(tmp, "wb", preset=6) as f:
+        pickle.dump(record, f, protocol=pickle.HIGHEST_PROTOCOL)
+    tmp.replace(path)
+    return path
+
+
+def load_sft_data(path: Any, tokenizer: Any, config: DataConfig) -> dict[str, Any]:
+    """A file of `save_sft_data` (a pickle: read only files you made), refused unless it was built for this
+    tokenizer (`tokenizer_fingerprint`) and this data configuration. Returns its record (source, gate, stats,
+    examples)."""
+    with lzma.open(path, "rb") as f:
+        record = pickle.load(f)
+    if not isinstance(record, dict) or record.get("format") != SFT_DATA_FORMAT:
+        raise SFTDataMismatch(f"{path} is not an SFT data file of format {SFT_DATA_FORMAT}")
+    if record["tokenizer"] != tokenizer_fingerprint(tokenizer):
+        raise SFTDataMismatch(
+            f"{path} was built with another tokenizer (vocabulary, added tokens or chat template differ): rebuild "
+            "it with this model's folder"
+        )
+    if record["config"] != repr(config):
+        raise SFTDataMismatch(
+            f"{path} was built with {record['config']}, not {config!r}: rebuild it with these options"
+        )
+    return record
 
 
 class MicroBatches(Sequence):

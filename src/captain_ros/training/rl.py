@@ -1,5 +1,5 @@
 """One RL update from a round (CaPtain §3.3 Eq. 8-10, App. A.2 "RL"; AgenticRoboRL L_RL as the alternative), the
-metrics log, and the trainer's command line (`python -m training.rl {sft,rl,plot} --help`).
+metrics log, and the trainer's command line (`python -m training.rl {sft-data,sft,rl,plot} --help`).
 
 `RLTrainer.update(round)` does, for the round's kept groups (training.rounds):
 
@@ -725,7 +725,7 @@ def _write_sft_outputs(out: Path, served: Any, tokenizer: Any, *, result: Any, c
     seen = round(sum(len(r) for r in rows) / n_batches * steps * args.grad_accum)  # mean micro-batch x used
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     record = {
-        "store": str(args.store),
+        "store": run["source"],
         "episodes": stats.episodes,
         "unsuccessful_skipped": stats.unsuccessful_skipped,
         "whole_trajectories": stats.whole,
@@ -749,13 +749,78 @@ def _write_sft_outputs(out: Path, served: Any, tokenizer: Any, *, result: Any, c
     (out / "sft_run.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
+def _data_config(args: argparse.Namespace) -> Any:
+    from training.data import DataConfig
+
+    return DataConfig(
+        seed=args.seed,
+        whole_episodes=not args.per_request,
+        strict_success=not args.keep_missed_finish,  # a solved scene without finish() would teach not finishing
+        max_trajectory_tokens=args.max_tokens,
+    )
+
+
+def _sft_data(args: argparse.Namespace, tokenizer: Any) -> dict[str, Any]:
+    """The SFT examples: from --examples (a file of `sft-data`, checked against this tokenizer and these options),
+    else built from --store (the prompt gate over every request, then `training.data.sft_examples`)."""
+    from training.data import SFTDataMismatch, TrajectoryStats, load_sft_data, sft_examples
+
+    config = _data_config(args)
+    if getattr(args, "examples", None) and args.store:
+        raise SystemExit("give --store or --examples, not both")
+    if getattr(args, "examples", None):
+        try:
+            return load_sft_data(args.examples, tokenizer, config)
+        except (OSError, SFTDataMismatch) as exc:
+            raise SystemExit(f"--examples: {exc}") from None
+    if not args.store:
+        raise SystemExit("give --store (an episode store) or --examples (a file of `python -m training.rl sft-data`)")
+    from captain_ros.bridge.store import EpisodeReader
+    from training.gate import gate_episodes
+
+    reader = EpisodeReader(args.store)
+    gate = gate_episodes(tokenizer, reader)
+    stats = TrajectoryStats()
+    examples = sft_examples(tokenizer, reader, config=config, gate=gate, stats=stats)
+    return {"source": str(args.store), "gate": gate, "stats": stats, "examples": examples}
+
+
+def cmd_sft_data(args: argparse.Namespace) -> int:
+    """Build the SFT examples of a store once (here, on CPU) and write them to one file that `sft --examples` reads:
+    a GPU host then spends no time rendering and gating thousands of long prompts."""
+    from training.data import save_sft_data
+
+    if args.tiny:
+        from training.tiny import tiny_tokenizer
+
+        tokenizer = tiny_tokenizer()
+    elif args.model:
+        from training.student import StudentError, check_model_folder
+
+        try:
+            tokenizer = check_model_folder(Path(args.model))
+        except StudentError as exc:
+            raise SystemExit(str(exc)) from None
+    else:
+        raise SystemExit("give --model DIR (a transformers folder) or --tiny")
+    t0 = time.perf_counter()
+    data = _sft_data(args, tokenizer)
+    print(data["gate"], file=sys.stderr)
+    print(data["stats"], file=sys.stderr)
+    out = save_sft_data(args.out, tokenizer, _data_config(args), **data)
+    tokens = sum(len(e.input_ids) for e in data["examples"])
+    print(
+        f"SFT data: {len(data['examples'])} examples, {tokens:,} tokens, built in {time.perf_counter() - t0:.0f} s "
+        f"-> {out} ({out.stat().st_size / 2**20:.1f} MiB)"
+    )
+    return 0
+
+
 def cmd_sft(args: argparse.Namespace) -> int:
     """SFT on a store's successful episodes: gate, examples (whole trajectories where the history only grows),
     packing, train_sft, then a servable folder (and, with LoRA, the adapter alone) and a run record."""
-    from captain_ros.bridge.store import EpisodeReader
-    from training.data import DataConfig, MicroBatches, TrajectoryStats, sft_examples
+    from training.data import MicroBatches
     from training.fast import FastConfig
-    from training.gate import gate_episodes
     from training.sft import SFTConfig as Config
     from training.sft import train_sft
 
@@ -770,18 +835,10 @@ def cmd_sft(args: argparse.Namespace) -> int:
     model.to(dist_info.device if dist_info else _device(args.device))
     if args.gradient_checkpointing:  # recompute each layer's activations in backward: whole trajectories fit
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    reader = EpisodeReader(args.store)
-    gate = gate_episodes(tokenizer, reader)
-    stats = TrajectoryStats()
-    config_data = DataConfig(
-        seed=args.seed,
-        whole_episodes=not args.per_request,
-        strict_success=not args.keep_missed_finish,  # a solved scene without finish() would teach not finishing
-        max_trajectory_tokens=args.max_tokens,
-    )
-    examples = sft_examples(tokenizer, reader, config=config_data, gate=gate, stats=stats)
+    data = _sft_data(args, tokenizer)
+    examples, stats = data["examples"], data["stats"]
     if main:
-        print(gate, file=sys.stderr)
+        print(data["gate"], file=sys.stderr)
         print(stats, file=sys.stderr)
     rows, too_long = pack_examples(examples, args.max_tokens)
     if too_long and main:
@@ -821,7 +878,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
         served = unsharded_copy(result.model)  # gathered on rank 0 (None elsewhere)
     seconds = time.perf_counter() - t0
     if main:
-        run = {"args": args, "stats": stats, "examples": examples, "rows": rows, "n_batches": len(batches)}
+        run = {"args": args, "source": data["source"], "stats": stats, "examples": examples, "rows": rows}
+        run["n_batches"] = len(batches)
         _write_sft_outputs(out, served, tokenizer, result=result, config=config, run={**run, "seconds": seconds})
     if dist_info is not None:
         shutdown()
@@ -926,8 +984,8 @@ def parser() -> argparse.ArgumentParser:
     )
     sub = top.add_subparsers(dest="command", required=True)
 
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--store", required=True, help="episode store (SQLite) the rollouts shipped to")
+    def common(p: argparse.ArgumentParser, store_required: bool = True) -> None:
+        p.add_argument("--store", required=store_required, help="episode store (SQLite) the rollouts shipped to")
         p.add_argument("--out", required=True, help="output folder (model, metrics, checkpoints)")
         p.add_argument("--model", help="transformers folder of the policy to train")
         p.add_argument("--tiny", action="store_true", help="use the tiny Qwen2 of training.tiny (tests, CPU)")
@@ -936,20 +994,44 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
+    def data_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--per-request", action="store_true", help="one example per request, not per trajectory")
+        p.add_argument(
+            "--keep-missed-finish", action="store_true", help="also imitate solved episodes that never called finish()"
+        )
+
+    data = sub.add_parser(
+        "sft-data",
+        help="build a store's SFT examples once and write them to one file (--out) for `sft --examples`",
+        description="Gate and render a store's SFT examples with a model's tokenizer, and write them (lzma pickle) to "
+        "--out: a GPU host reads them with `sft --examples FILE` instead of rendering the store itself. --max-tokens, "
+        "--seed and the data options must match the sft run's (it checks them, and the tokenizer).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    data.add_argument("--store", required=True, help="episode store (SQLite) of the episodes to imitate")
+    data.add_argument("--out", required=True, help="the file to write (e.g. sft_data.pkl.xz)")
+    data.add_argument("--model", help="transformers folder whose tokenizer and chat template render the examples")
+    data.add_argument("--tiny", action="store_true", help="the tiny Qwen2's tokenizer (tests)")
+    data.add_argument("--max-tokens", type=int, default=16384, help="tokens per packed row (as the sft run's)")
+    data.add_argument("--seed", type=int, default=0)
+    data_options(data)
+    data.set_defaults(func=cmd_sft_data)
+
     sft = sub.add_parser(
         "sft",
         help="supervised fine-tuning on a store (CaPtain Eq. 2)",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    common(sft)
+    common(sft, store_required=False)
+    sft.add_argument(
+        "--examples",
+        help="train on this file of `sft-data` (built from a store with this model's tokenizer) instead of --store",
+    )
+    data_options(sft)
     sft.add_argument("--steps", type=int, default=100, help="optimizer steps (unless --epochs)")
     sft.add_argument("--epochs", type=float, default=None, help="passes over the data; sets the number of steps")
     sft.add_argument("--lora-rank", type=int, default=0, help="train LoRA adapters of this rank (0: all weights)")
     sft.add_argument("--lora-alpha", type=float, default=0.0, help="LoRA alpha (0: twice the rank)")
-    sft.add_argument("--per-request", action="store_true", help="one example per request, not per trajectory")
-    sft.add_argument(
-        "--keep-missed-finish", action="store_true", help="also imitate solved episodes that never called finish()"
-    )
     sft.add_argument(
         "--gradient-checkpointing", action="store_true", help="recompute activations in backward (less memory)"
     )
