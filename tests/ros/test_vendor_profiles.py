@@ -324,7 +324,8 @@ def test_configure_without_one_interface_names_exactly_that_one(operator, vendor
                 break
             time.sleep(0.5)
         assert not ok, f"configure succeeded without {name}"
-        assert missing_names(failure) == [name], failure
+        seen = {k: served(node, spec, k) for k in spec.interfaces()}  # this process's view, to tell DDS from the node
+        assert missing_names(failure) == [name], f"{failure}\nthe test's own node sees: {seen}"
         assert operator.state() == "unconfigured"
         graph.stop()  # before the next graph: one bring-up at a time
 

@@ -358,8 +358,12 @@ class MotionNode(GuardedNode, LifecycleNode):
             raise ValueError(f"connect_timeout_s must be > 0, got {timeout_s}")
         deadline = time.monotonic() + timeout_s
         self.profile = resolve_profile(self, param("robot_profile").value, timeout_s=timeout_s)
+        own_work = time.monotonic()
         self.kinematics = self._check_collision_geometry(self.profile)
         self.config = load_config(Path(param("safety_config").value), Path(param("harness_config").value))
+        # loading meshes and building the collision models is this node's own work, seconds on a busy host: it is
+        # not time the arm's bring-up was given to appear, so the wait for the interfaces below does not lose it
+        deadline += time.monotonic() - own_work
         # the graph first: a backend subscribing to a topic of another type would fail with the RMW's words
         wrong, missing = self._wait_for_interfaces(deadline)
         if wrong:
