@@ -152,3 +152,39 @@ def test_a_plan_names_a_known_server():
     assert ev.EvalPlan(server="transformers").server == "transformers"
     with pytest.raises(ValueError, match="unknown server 'tgi': vllm or transformers"):
         ev.EvalPlan(server="tgi")
+
+
+def test_sigterm_unwinds_the_run_command_so_its_servers_are_stopped(tmp_path):
+    """`kill` (SIGTERM) on `run` raises SystemExit inside the evaluation, so its finally blocks (model server, rollout
+    workers) run, as on Ctrl-C; without the handler Python dies at once and leaves them running. The evaluation
+    here is a stand-in that waits in a try/finally; the real one's cleanup is its `finally: server.stop()`."""
+    import signal
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from training import student_eval as ev\n"
+        "def stand_in(model, label, out, plan, progress=True):\n"
+        "    try:\n"
+        "        print('evaluating', flush=True)\n"
+        "        time.sleep(120)\n"
+        "    finally:\n"
+        "        Path(out).mkdir(parents=True, exist_ok=True)\n"
+        "        (Path(out) / 'cleaned_up').write_text('yes')\n"
+        "ev.evaluate = stand_in\n"
+        "ev.main(sys.argv[1:])\n"
+    )
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, "run", "--model", str(tmp_path), "--label", "x", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline().strip() == "evaluating"  # the handler is installed before the evaluation starts
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "stopped by signal 15: rerun the same command to resume" in err
+    assert (out / "cleaned_up").read_text() == "yes"

@@ -21,6 +21,7 @@ most `requests_budget` requests of at most `max_new_tokens` tokens each, with th
 from __future__ import annotations
 
 import platform
+import signal
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -273,6 +274,10 @@ def compare(a: Sequence[EvalRow], b: Sequence[EvalRow], metric: str = "strict") 
     }
 
 
+def _stop_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(f"[eval] stopped by signal {signum}: rerun the same command to resume")
+
+
 def main(argv: list[str] | None = None) -> int:
     """`run`: one model's evaluation (resumable) where bench/student.py cannot run it, e.g. on a GPU host."""
     import argparse
@@ -294,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers < 1:
         parser.error(f"--workers must be at least 1, got {args.workers}")
     plan = EvalPlan(workers=args.workers, server=args.server)
+    # SIGTERM (kill, a job scheduler) unwinds like Ctrl-C: the finally blocks stop the model server and the rollout
+    # workers instead of leaving them running; finished episodes are in the store and a rerun resumes after them
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     evaluate(args.model, args.label, args.out, plan, progress=not args.no_progress)
     result = summary(args.out)["success"]["overall"]["rates"]
     print(f"[eval] {args.label}: strict {result['strict']['rate']}, host {result['host']['rate']} ({args.out})")
