@@ -785,6 +785,20 @@ def _sft_data(args: argparse.Namespace, tokenizer: Any) -> dict[str, Any]:
     return {"source": str(args.store), "gate": gate, "stats": stats, "examples": examples}
 
 
+def _warn_untrained_rows(model: Any, tokenizer: Any, examples: Sequence[Example]) -> None:
+    """LoRA leaves lm_head frozen: a target token whose output row was never trained stays out of reach."""
+    from training.token_rows import untrained_rows
+
+    targeted = sorted({t for e in examples for t, m in zip(e.input_ids, e.response_mask, strict=True) if m})
+    if free := untrained_rows(model.get_output_embeddings().weight, targeted):
+        print(
+            f"warning: the output rows of {tokenizer.convert_ids_to_tokens(free)} were never trained (each equals "
+            "thousands of others) and LoRA leaves them frozen, so this SFT cannot teach writing them: fit them "
+            "afterwards (python -m training.token_rows fit)",
+            file=sys.stderr,
+        )
+
+
 def cmd_sft_data(args: argparse.Namespace) -> int:
     """Build the SFT examples of a store once (here, on CPU) and write them to one file that `sft --examples` reads:
     a GPU host then spends no time rendering and gating thousands of long prompts."""
@@ -840,6 +854,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
     if main:
         print(data["gate"], file=sys.stderr)
         print(stats, file=sys.stderr)
+    if args.lora_rank and main:
+        _warn_untrained_rows(model, tokenizer, examples)
     rows, too_long = pack_examples(examples, args.max_tokens)
     if too_long and main:
         print(f"{len(too_long)} examples longer than --max-tokens {args.max_tokens} left out", file=sys.stderr)

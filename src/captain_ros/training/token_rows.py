@@ -1,0 +1,246 @@
+"""Output rows the base model never trained, and fitting them to a fine-tuned model's hidden states.
+
+Qwen2.5-Coder-0.5B-Instruct's lm_head rows for `<tool_call>` (151657) and `</tool_call>` (151658) are the same
+vector as its 271 padding rows past the tokenizer (ids 151665-151935, which no text ever produces) and as about
+6,000 other rows: cosine 0.999998 with their mean. The base was never trained to write those tokens. A LoRA SFT
+leaves lm_head frozen, so no hidden state can make `<tool_call>` likelier than the thousands of rows that share
+its vector: after the SFT of docs/student.md the fine-tuned student gave it 0.0002 where the expert's episodes
+write it (NLL 8.4 in the training context itself, every other target token near 0), and sampled a random rare
+token there instead (`กรุงเทพ`, `裛`, ...), so vLLM parsed no tool call and every episode ended after one request.
+
+`untrained_rows` finds such rows among the tokens the SFT targets: rows with at least 16 twins (cosine > 0.9999,
+norm within 1%); a trained row has none. `fit_rows` then fits just those rows, the rest of the model frozen:
+the exact cross-entropy of every target position of the SFT examples, as a function of the k free rows, is
+
+    loss_i = logaddexp(lse_rest_i, logsumexp_k(h_i . r_k)) - (h_i . r_{y_i} if y_i is free else z_i)
+
+where h_i is the final hidden state (lm_head's input), lse_rest_i the log-sum-exp of the frozen rows' logits and
+z_i the target's frozen logit. h, lse_rest and z are computed once (one forward pass per example, no gradient),
+then Adam fits the k x d free parameters in seconds. Every other target position is in the objective, so a fitted
+row is pushed up where its token is the target and down everywhere else. It is a second stage after a LoRA SFT
+that trained only attention and MLPs; training those rows inside the SFT (peft's `trainable_token_indices`) is the
+one-stage alternative on a GPU host.
+
+    python -m training.token_rows fit --model runs/student/sft/model --examples .cache/sft_data.pkl.xz \\
+        --out runs/student/sft_rows      # a copy of the folder with the fitted rows, and token_rows.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training.data import IGNORE
+
+COSINE_UNTRAINED = 0.9999  # rows this close (in direction, and in norm within 1%) are twins
+NORM_TOLERANCE = 0.01
+MIN_TWINS = 16  # a row with this many twins was never trained
+
+
+@dataclass(frozen=True)
+class FitConfig:
+    examples: int = 8  # SFT examples whose first `prefix_tokens` feed the fit (one forward pass each)
+    prefix_tokens: int = 6144  # enough for the expert's first cell (3.3k tokens) to end with its markers
+    steps: int = 2000  # Adam steps on the cached hidden states
+    learning_rate: float = 1e-2
+    held_out: int = 2  # of `examples`, the last ones are only evaluated (the fit never sees them)
+
+
+def untrained_rows(weight: torch.Tensor, candidates: list[int], min_twins: int = MIN_TWINS) -> list[int]:
+    """The candidate ids whose rows of `weight` [V, d] have at least `min_twins` twins: other rows with cosine >
+    0.9999 and a norm within 1%. Training makes rows distinct; an untrained row shares its initial vector with
+    every other untrained one (in the student, with the padding rows past the tokenizer and ~6,000 more)."""
+    w = weight.detach().float()
+    norms = w.norm(dim=1).clamp(min=1e-12)
+    unit = w / norms[:, None]
+    out = []
+    for i in sorted(set(candidates)):
+        cos = unit @ unit[i]
+        twins = (cos > COSINE_UNTRAINED) & ((norms / norms[i] - 1.0).abs() < NORM_TOLERANCE)
+        if int(twins.sum()) - 1 >= min_twins:
+            out.append(i)
+    return out
+
+
+@torch.no_grad()
+def collect(model: Any, examples: list[Any], prefix_tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(final hidden states at the target positions [n, d] fp32, their targets [n]) of each example's prefix."""
+    out = []
+    for e in examples:
+        ids = e.input_ids[:prefix_tokens]
+        mask = e.response_mask[:prefix_tokens]
+        targets = torch.tensor([ids[i + 1] if mask[i + 1] else IGNORE for i in range(len(ids) - 1)] + [IGNORE])
+        hidden = model.model(input_ids=torch.tensor([ids])).last_hidden_state[0].float()
+        keep = targets != IGNORE
+        out.append((hidden[keep], targets[keep]))
+    return out
+
+
+@torch.no_grad()
+def frozen_terms(weight: torch.Tensor, hidden: torch.Tensor, targets: torch.Tensor, free: list[int], chunk: int = 512):
+    """Per position: the log-sum-exp of the frozen rows' logits, and the target's logit (from the frozen row; the
+    free rows' are recomputed by the fit)."""
+    w = weight.float()
+    keep = torch.ones(w.shape[0], dtype=torch.bool)
+    keep[free] = False
+    lse, z = [], []
+    for start in range(0, hidden.shape[0], chunk):
+        logits = hidden[start : start + chunk] @ w.T
+        z.append(logits.gather(1, targets[start : start + chunk, None])[:, 0])
+        lse.append(torch.logsumexp(logits[:, keep], dim=1))
+    return torch.cat(lse), torch.cat(z)
+
+
+def row_loss(rows: torch.Tensor, data: dict, free: list[int]) -> tuple[torch.Tensor, dict]:
+    """Mean cross-entropy of all target positions with the free rows `rows` [k, d]; and the free targets' share."""
+    free_logits = data["hidden"] @ rows.T  # [n, k]
+    lse = torch.logaddexp(data["lse_rest"], torch.logsumexp(free_logits, dim=1))
+    slot = data["slot"]  # index into `free` of each target, -1 if frozen
+    target = torch.where(slot >= 0, free_logits.gather(1, slot.clamp(min=0)[:, None])[:, 0], data["z"])
+    nll = lse - target
+    on_free = slot >= 0
+    stats = {
+        "nll_all": nll.mean().item(),
+        "nll_free_targets": nll[on_free].mean().item() if on_free.any() else float("nan"),
+        "nll_other_targets": nll[~on_free].mean().item(),
+        "free_targets": int(on_free.sum()),
+        "positions": int(nll.numel()),
+    }
+    return nll.mean(), stats
+
+
+def prepare(weight: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Tensor]], free: list[int]) -> dict:
+    hidden = torch.cat([h for h, _ in parts])
+    targets = torch.cat([t for _, t in parts])
+    lse_rest, z = frozen_terms(weight, hidden, targets, free)
+    slot = torch.full_like(targets, -1)
+    for k, i in enumerate(free):
+        slot[targets == i] = k
+    return {"hidden": hidden, "lse_rest": lse_rest, "z": z, "slot": slot}
+
+
+def fit_rows(weight: torch.Tensor, train: dict, free: list[int], config: FitConfig) -> torch.Tensor:
+    """Adam on the free rows (initialised from their current values) over the cached training positions."""
+    rows = weight[free].float().clone().requires_grad_(True)
+    optimizer = torch.optim.Adam([rows], lr=config.learning_rate)
+    for _ in range(config.steps):
+        optimizer.zero_grad()
+        loss, _ = row_loss(rows, train, free)
+        loss.backward()
+        optimizer.step()
+    return rows.detach()
+
+
+@dataclass
+class FitReport:
+    free_ids: list[int]
+    free_tokens: list[str]
+    examples_fit: int
+    examples_held_out: int
+    before: dict
+    after: dict
+    held_out_before: dict
+    held_out_after: dict
+    seconds: float
+    config: dict
+
+
+def fit_folder(model_dir: Path, examples_file: Path, out: Path, config: FitConfig = FitConfig()) -> FitReport:
+    """Copy `model_dir` to `out` with the untrained rows its SFT targets fitted (`fit_rows`); token_rows.json
+    records which rows, and the NLL before and after on fitted and held-out examples."""
+    import lzma
+    import pickle
+
+    from transformers import AutoModelForCausalLM
+
+    from training.student import check_model_folder
+
+    t0 = time.perf_counter()
+    tokenizer = check_model_folder(model_dir)
+    with lzma.open(examples_file, "rb") as f:  # training.data.save_sft_data's file (made here, by us)
+        examples = pickle.load(f)["examples"]
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.eval()
+    weight = model.get_output_embeddings().weight
+    targeted = sorted({t for e in examples for t, m in zip(e.input_ids, e.response_mask, strict=True) if m})
+    free = untrained_rows(weight, targeted)
+    if not free:
+        raise SystemExit(f"{model_dir}: every token its SFT targets has a trained output row; nothing to fit")
+    n_fit = config.examples - config.held_out
+    if n_fit < 1 or len(examples) < config.examples:
+        raise SystemExit(
+            f"need {config.examples} examples with {config.held_out} held out; the file has {len(examples)}"
+        )
+    chosen = examples[: config.examples]
+    print(f"fitting {len(free)} untrained rows {free} on {n_fit} examples (+{config.held_out} held out)", flush=True)
+    parts = collect(model, chosen, config.prefix_tokens)
+    train = prepare(weight.detach(), parts[:n_fit], free)
+    held = prepare(weight.detach(), parts[n_fit:], free)
+    start_rows = weight.detach()[free].float()
+    before, held_before = row_loss(start_rows, train, free)[1], row_loss(start_rows, held, free)[1]
+    rows = fit_rows(weight.detach(), train, free, config)
+    after, held_after = row_loss(rows, train, free)[1], row_loss(rows, held, free)[1]
+    with torch.no_grad():
+        weight[free] = rows.to(weight.dtype)
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(model_dir, out)
+    model.to(torch.bfloat16).save_pretrained(out)  # the same folder, lm_head's free rows replaced
+    report = FitReport(
+        free_ids=free,
+        free_tokens=tokenizer.convert_ids_to_tokens(free),
+        examples_fit=n_fit,
+        examples_held_out=config.held_out,
+        before=before,
+        after=after,
+        held_out_before=held_before,
+        held_out_after=held_after,
+        seconds=time.perf_counter() - t0,
+        config=asdict(config),
+    )
+    (out / "token_rows.json").write_text(json.dumps(asdict(report), indent=2) + "\n")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m training.token_rows", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    fit = sub.add_parser("fit", help="fit the untrained output rows the SFT targets; write a new model folder")
+    fit.add_argument("--model", type=Path, required=True, help="the fine-tuned (merged) model folder")
+    fit.add_argument("--examples", type=Path, required=True, help="the SFT data file (training.rl sft-data)")
+    fit.add_argument("--out", type=Path, required=True, help="the folder to write (a copy with the fitted rows)")
+    fit.add_argument("--n-examples", type=int, default=FitConfig.examples, help="examples used (the last held out)")
+    fit.add_argument("--held-out", type=int, default=FitConfig.held_out, help="examples only evaluated")
+    fit.add_argument("--prefix-tokens", type=int, default=FitConfig.prefix_tokens, help="tokens of each example")
+    fit.add_argument("--steps", type=int, default=FitConfig.steps, help="Adam steps on the cached hidden states")
+    args = parser.parse_args(argv)
+    config = FitConfig(
+        examples=args.n_examples, prefix_tokens=args.prefix_tokens, steps=args.steps, held_out=args.held_out
+    )
+    report = fit_folder(args.model, args.examples, args.out, config)
+    for name, stats in (
+        ("fitted examples", (report.before, report.after)),
+        ("held out", (report.held_out_before, report.held_out_after)),
+    ):
+        b, a = stats
+        print(
+            f"{name}: NLL of the {b['free_targets']} targets on fitted rows {b['nll_free_targets']:.3f} -> "
+            f"{a['nll_free_targets']:.3f}; of the other {b['positions'] - b['free_targets']} targets "
+            f"{b['nll_other_targets']:.4f} -> {a['nll_other_targets']:.4f}"
+        )
+    print(f"rows {report.free_tokens} fitted in {report.seconds:.0f} s -> {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
