@@ -74,13 +74,15 @@ def untrained_rows(weight: torch.Tensor, candidates: list[int], min_twins: int =
 def collect(model: Any, examples: list[Any], prefix_tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(final hidden states at the target positions [n, d] fp32, their targets [n]) of each example's prefix."""
     out = []
-    for e in examples:
+    for n, e in enumerate(examples, 1):
+        t0 = time.perf_counter()
         ids = e.input_ids[:prefix_tokens]
         mask = e.response_mask[:prefix_tokens]
         targets = torch.tensor([ids[i + 1] if mask[i + 1] else IGNORE for i in range(len(ids) - 1)] + [IGNORE])
         hidden = model.model(input_ids=torch.tensor([ids])).last_hidden_state[0].float()
         keep = targets != IGNORE
         out.append((hidden[keep], targets[keep]))
+        print(f"  example {n}/{len(examples)}: {len(ids)} tokens in {time.perf_counter() - t0:.0f} s", flush=True)
     return out
 
 
