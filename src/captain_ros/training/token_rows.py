@@ -21,8 +21,9 @@ row is pushed up where its token is the target and down everywhere else. It is a
 that trained only attention and MLPs; training those rows inside the SFT (peft's `trainable_token_indices`) is the
 one-stage alternative on a GPU host.
 
-    python -m training.token_rows fit --model runs/student/sft/model --examples .cache/sft_data.pkl.xz \\
-        --out runs/student/sft_rows      # a copy of the folder with the fitted rows, and token_rows.json
+    python -m training.token_rows fit --model runs/student/sft/merged --examples .cache/sft_data.pkl.xz \\
+        --out runs/student/sft/model     # a copy with the fitted rows, token_rows.json, token_rows.safetensors
+    python -m training.token_rows apply --model MERGED --rows token_rows.safetensors --out OUT   # again, no fit
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from training.data import IGNORE
 COSINE_UNTRAINED = 0.9999  # rows this close (in direction, and in norm within 1%) are twins
 NORM_TOLERANCE = 0.01
 MIN_TWINS = 16  # a row with this many twins was never trained
+ROWS_FILE = "token_rows.safetensors"  # the fitted rows alone: {"ids": [k], "rows": [k, d] bf16}
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,41 @@ class FitReport:
     config: dict
 
 
+def _write_with_rows(model: Any, model_dir: Path, out: Path, ids: list[int], rows: torch.Tensor) -> Path:
+    """`model_dir` copied to `out`.partial with lm_head's rows `ids` replaced (bf16), and the rows alone in
+    ROWS_FILE (what `apply` puts back into a merged folder). The caller renames it to `out` when complete."""
+    from safetensors.torch import save_file
+
+    weight = model.get_output_embeddings().weight
+    with torch.no_grad():
+        weight[ids] = rows.to(weight.dtype)
+    partial = out.with_name(out.name + ".partial")  # renamed when complete: no half-written folder under `out`
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(model_dir, partial)
+    model.to(torch.bfloat16).save_pretrained(partial)
+    save_file(
+        {"ids": torch.tensor(ids), "rows": weight[ids].detach().to(torch.bfloat16).contiguous()}, partial / ROWS_FILE
+    )
+    return partial
+
+
+def apply_rows(model_dir: Path, rows_file: Path, out: Path) -> Path:
+    """A copy of `model_dir` (e.g. the adapter merged into the student) with the lm_head rows of `rows_file` (a
+    ROWS_FILE written by `fit`) put in place: the fitted student again, without fitting."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    saved = load_file(rows_file)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    ids = [int(i) for i in saved["ids"]]
+    if max(ids) >= model.get_output_embeddings().weight.shape[0]:
+        raise SystemExit(f"{rows_file} holds rows {ids}; {model_dir}'s lm_head has fewer")
+    partial = _write_with_rows(model, model_dir, out, ids, saved["rows"])
+    shutil.rmtree(out, ignore_errors=True)
+    partial.replace(out)
+    return out
+
+
 def fit_folder(model_dir: Path, examples_file: Path, out: Path, config: FitConfig = FitConfig()) -> FitReport:
     """Copy `model_dir` to `out` with the untrained rows its SFT targets fitted (`fit_rows`); token_rows.json
     records which rows, and the NLL before and after on fitted and held-out examples."""
@@ -190,12 +227,7 @@ def fit_folder(model_dir: Path, examples_file: Path, out: Path, config: FitConfi
     before, held_before = row_loss(start_rows, train, free)[1], row_loss(start_rows, held, free)[1]
     rows = fit_rows(weight.detach(), train, free, config)
     after, held_after = row_loss(rows, train, free)[1], row_loss(rows, held, free)[1]
-    with torch.no_grad():
-        weight[free] = rows.to(weight.dtype)
-    if out.exists():
-        shutil.rmtree(out)
-    shutil.copytree(model_dir, out)
-    model.to(torch.bfloat16).save_pretrained(out)  # the same folder, lm_head's free rows replaced
+    partial = _write_with_rows(model, model_dir, out, free, rows)
     report = FitReport(
         free_ids=free,
         free_tokens=tokenizer.convert_ids_to_tokens(free),
@@ -208,7 +240,9 @@ def fit_folder(model_dir: Path, examples_file: Path, out: Path, config: FitConfi
         seconds=time.perf_counter() - t0,
         config=asdict(config),
     )
-    (out / "token_rows.json").write_text(json.dumps(asdict(report), indent=2) + "\n")
+    (partial / "token_rows.json").write_text(json.dumps(asdict(report), indent=2) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    partial.replace(out)
     return report
 
 
@@ -225,7 +259,14 @@ def main(argv: list[str] | None = None) -> int:
     fit.add_argument("--held-out", type=int, default=FitConfig.held_out, help="examples only evaluated")
     fit.add_argument("--prefix-tokens", type=int, default=FitConfig.prefix_tokens, help="tokens of each example")
     fit.add_argument("--steps", type=int, default=FitConfig.steps, help="Adam steps on the cached hidden states")
+    apply = sub.add_parser("apply", help="put fitted rows (token_rows.safetensors) into a model folder's lm_head")
+    apply.add_argument("--model", type=Path, required=True, help="the folder, e.g. the adapter merged into the student")
+    apply.add_argument("--rows", type=Path, required=True, help=f"the {ROWS_FILE} that `fit` wrote")
+    apply.add_argument("--out", type=Path, required=True, help="the folder to write")
     args = parser.parse_args(argv)
+    if args.command == "apply":
+        print(f"rows of {args.rows} put into {args.model}: {apply_rows(args.model, args.rows, args.out)}")
+        return 0
     config = FitConfig(
         examples=args.n_examples, prefix_tokens=args.prefix_tokens, steps=args.steps, held_out=args.held_out
     )
