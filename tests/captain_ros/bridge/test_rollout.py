@@ -196,3 +196,28 @@ def test_workers_exit_when_their_manager_is_killed(tmp_path):
         _wait_for(lambda: not any(alive(pid) for pid in pids), "the orphaned workers to exit")
     finally:
         manager.kill()
+
+
+def test_the_episode_budget_runs_on_the_twins_simulated_time():
+    """A twin worker's wall-time budget is the twin's time (as the agent node's ROS clock on the twin): waiting for
+    a slow model server spends none of it, and a reset (time back to 0) does not give it back or take it away."""
+    from types import SimpleNamespace
+
+    from captain_ros.bridge.rollout import RolloutConfig, episode_clock
+
+    twin = SimpleNamespace(time_s=0.0)
+    link = SimpleNamespace(twin=None)
+    clock = episode_clock(RolloutConfig(Path("unused.sqlite"), "http://unused/v1"), link)
+    assert clock() == 0.0  # no twin yet
+    link.twin = twin
+    twin.time_s = 2.5
+    time.sleep(0.01)  # host time passes: the budget does not see it
+    assert clock() == 2.5
+    twin.time_s = 0.0  # the next episode's reset
+    assert clock() == 2.5
+    twin.time_s = 1.0
+    assert clock() == 3.5
+    assert (
+        episode_clock(RolloutConfig(Path("unused.sqlite"), "http://unused/v1", backend="libero"), link)
+        is time.monotonic
+    )

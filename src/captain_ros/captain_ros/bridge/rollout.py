@@ -153,6 +153,17 @@ def make_link(config: RolloutConfig, harness: Any, name: str) -> tuple[Any, Any]
     return link, TwinPrivileged(lambda: link.twin)
 
 
+def episode_clock(config: RolloutConfig, link: Any) -> Callable[[], float]:
+    """The clock the episode's wall-time budget runs on: the twin's simulated time, as in the agent node on the
+    twin (its ROS clock), so a slow model server (vLLM on 2 CPU cores writes 8 tokens/s per request) spends no
+    robot time; LIBERO's server keeps the host's monotonic clock."""
+    if config.backend == "libero":
+        return time.monotonic
+    from captain_ros.core.clock import ForwardClock
+
+    return ForwardClock(lambda: link.twin.time_s if link.twin is not None else 0.0)  # resets only step back
+
+
 class RolloutWorker:
     """Runs episodes one at a time: the simulator (the twin, or a LIBERO server) and harness in-process, the policy
     through the proxy, records into the store. Used by worker processes and by Ray actors alike."""
@@ -183,7 +194,14 @@ class RolloutWorker:
                 request_timeout_s=config.request_timeout_s,
             )
         )
-        self.runner = EpisodeRunner(self.link, policy, harness, sandbox_factory=sandbox, runs_dir=config.runs_dir)
+        self.runner = EpisodeRunner(
+            self.link,
+            policy,
+            harness,
+            sandbox_factory=sandbox,
+            runs_dir=config.runs_dir,
+            clock=episode_clock(config, self.link),
+        )
 
     def run(self, job: Job) -> dict[str, Any]:
         from captain_ros.bridge.recorder import EpisodeMeta, EpisodeRecorder
