@@ -69,7 +69,7 @@ def test_fitting_makes_the_untrained_token_likely_where_it_is_the_target_only():
 
 
 def test_apply_puts_the_saved_rows_into_a_copy_of_the_folder(tmp_path):
-    from safetensors.torch import save_file
+    import numpy as np
     from transformers import AutoModelForCausalLM
 
     from training.tiny import tiny_model
@@ -79,9 +79,10 @@ def test_apply_puts_the_saved_rows_into_a_copy_of_the_folder(tmp_path):
     model.save_pretrained(tmp_path / "merged")
     head = model.get_output_embeddings().weight.detach()
     rows = torch.randn(2, head.shape[1]).to(torch.bfloat16)
-    save_file({"ids": torch.tensor([3, 7]), "rows": rows}, tmp_path / ROWS_FILE)
+    np.savez(tmp_path / ROWS_FILE, ids=np.array([3, 7]), rows=rows.float().numpy())
     out = apply_rows(tmp_path / "merged", tmp_path / ROWS_FILE, tmp_path / "model")
     applied = AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16).get_output_embeddings().weight
     torch.testing.assert_close(applied[[3, 7]], rows, rtol=0, atol=0)
     torch.testing.assert_close(applied[:3], head[:3].to(torch.bfloat16), rtol=0, atol=0)  # the rest as it was
     assert (out / ROWS_FILE).is_file() and not (tmp_path / "model.partial").exists()
+    assert [p.name for p in out.glob("*.safetensors")] == ["model.safetensors"]  # vLLM loads every one as weights

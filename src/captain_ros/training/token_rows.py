@@ -22,8 +22,8 @@ that trained only attention and MLPs; training those rows inside the SFT (peft's
 one-stage alternative on a GPU host.
 
     python -m training.token_rows fit --model runs/student/sft/merged --examples .cache/sft_data.pkl.xz \\
-        --out runs/student/sft/model     # a copy with the fitted rows, token_rows.json, token_rows.safetensors
-    python -m training.token_rows apply --model MERGED --rows token_rows.safetensors --out OUT   # again, no fit
+        --out runs/student/sft/model     # a copy with the fitted rows, token_rows.json, token_rows.npz
+    python -m training.token_rows apply --model MERGED --rows token_rows.npz --out OUT   # again, no fit
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from training.data import IGNORE
@@ -44,7 +45,9 @@ from training.data import IGNORE
 COSINE_UNTRAINED = 0.9999  # rows this close (in direction, and in norm within 1%) are twins
 NORM_TOLERANCE = 0.01
 MIN_TWINS = 16  # a row with this many twins was never trained
-ROWS_FILE = "token_rows.safetensors"  # the fitted rows alone: {"ids": [k], "rows": [k, d] bf16}
+# the fitted rows alone: ids [k], rows [k, d] (bf16 values as float32: exact). Not .safetensors: vLLM loads every
+# *.safetensors of a model folder as a checkpoint shard
+ROWS_FILE = "token_rows.npz"
 
 
 @dataclass(frozen=True)
@@ -160,8 +163,6 @@ class FitReport:
 def _write_with_rows(model: Any, model_dir: Path, out: Path, ids: list[int], rows: torch.Tensor) -> Path:
     """`model_dir` copied to `out`.partial with lm_head's rows `ids` replaced (bf16), and the rows alone in
     ROWS_FILE (what `apply` puts back into a merged folder). The caller renames it to `out` when complete."""
-    from safetensors.torch import save_file
-
     weight = model.get_output_embeddings().weight
     with torch.no_grad():
         weight[ids] = rows.to(weight.dtype)
@@ -169,24 +170,22 @@ def _write_with_rows(model: Any, model_dir: Path, out: Path, ids: list[int], row
     shutil.rmtree(partial, ignore_errors=True)
     shutil.copytree(model_dir, partial)
     model.to(torch.bfloat16).save_pretrained(partial)
-    save_file(
-        {"ids": torch.tensor(ids), "rows": weight[ids].detach().to(torch.bfloat16).contiguous()}, partial / ROWS_FILE
-    )
+    saved = weight[ids].detach().to(torch.bfloat16).float().numpy()
+    np.savez(partial / ROWS_FILE, ids=np.array(ids, dtype=np.int64), rows=saved)
     return partial
 
 
 def apply_rows(model_dir: Path, rows_file: Path, out: Path) -> Path:
     """A copy of `model_dir` (e.g. the adapter merged into the student) with the lm_head rows of `rows_file` (a
     ROWS_FILE written by `fit`) put in place: the fitted student again, without fitting."""
-    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    saved = load_file(rows_file)
+    with np.load(rows_file) as saved:
+        ids, rows = [int(i) for i in saved["ids"]], torch.from_numpy(saved["rows"])
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
-    ids = [int(i) for i in saved["ids"]]
     if max(ids) >= model.get_output_embeddings().weight.shape[0]:
         raise SystemExit(f"{rows_file} holds rows {ids}; {model_dir}'s lm_head has fewer")
-    partial = _write_with_rows(model, model_dir, out, ids, saved["rows"])
+    partial = _write_with_rows(model, model_dir, out, ids, rows)
     shutil.rmtree(out, ignore_errors=True)
     partial.replace(out)
     return out
@@ -259,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     fit.add_argument("--held-out", type=int, default=FitConfig.held_out, help="examples only evaluated")
     fit.add_argument("--prefix-tokens", type=int, default=FitConfig.prefix_tokens, help="tokens of each example")
     fit.add_argument("--steps", type=int, default=FitConfig.steps, help="Adam steps on the cached hidden states")
-    apply = sub.add_parser("apply", help="put fitted rows (token_rows.safetensors) into a model folder's lm_head")
+    apply = sub.add_parser("apply", help="put fitted rows (token_rows.npz) into a model folder's lm_head")
     apply.add_argument("--model", type=Path, required=True, help="the folder, e.g. the adapter merged into the student")
     apply.add_argument("--rows", type=Path, required=True, help=f"the {ROWS_FILE} that `fit` wrote")
     apply.add_argument("--out", type=Path, required=True, help="the folder to write")
