@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.data import IGNORE
+from training.data import IGNORE, tokenizer_fingerprint
 
 COSINE_UNTRAINED = 0.9999  # rows this close (in direction, and in norm within 1%) are twins
 NORM_TOLERANCE = 0.01
@@ -204,7 +204,10 @@ def fit_folder(model_dir: Path, examples_file: Path, out: Path, config: FitConfi
     t0 = time.perf_counter()
     tokenizer = check_model_folder(model_dir)
     with lzma.open(examples_file, "rb") as f:  # training.data.save_sft_data's file (made here, by us)
-        examples = pickle.load(f)["examples"]
+        record = pickle.load(f)
+    if record.get("tokenizer") != tokenizer_fingerprint(tokenizer):
+        raise SystemExit(f"{examples_file} was built with another tokenizer than {model_dir}'s: rebuild it (sft-data)")
+    examples = record["examples"]
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.eval()
     weight = model.get_output_embeddings().weight
