@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics[f"{name}_tool_call_parse_rate"] = b["tool_call_parse_rate"]
         metrics[f"{name}_cell_raise_rate"] = b["cell_raise_rate"]
         metrics[f"{name}_tool_calls"] = b["replies_with_tool_call"]
+        metrics[f"{name}_unread_tool_calls"] = b.get("replies_with_unread_tool_call", 0)
         metrics[f"{name}_fenced_replies"] = b["replies_with_fenced_block_only"]
         metrics[f"{name}_replies"] = b["requests"]
         metrics[f"{name}_cell_errors"] = ", ".join(f"{k} {v}" for k, v in b["cell_error_types"].items()) or "none"

@@ -17,14 +17,14 @@
 #   eval     the fine-tuned student's evaluation (training.student_eval, the transformers server on the GPU, the
 #            twin, harness and sandbox on the host's cores) in the background; waits up to $WAIT_S seconds; packs
 #            its episode stores (gzip) into $OUT/eval once done, else what is recorded so far into $OUT/eval_partial
-#            (copied back into $WORK/sft_eval/ on a fresh host, the evaluation resumes from it). On a fresh host
-#            after the sft stage's, it merges the adapter that came back, carried as $ADAPTER_BACK (the folder
-#            $OUT/adapter came back as), into the student first
+#            (copied back into $WORK/sft_eval/ on a fresh host, the evaluation resumes from it). It serves this
+#            host's SFT with its marker rows fitted (training.token_rows fit on $EXAMPLES), or else $FINE_TUNED (an
+#            adapter/ and its token_rows.npz, by default the one kept in models/) merged into the student
 #
 # Every stage is idempotent: rerun the same command to keep waiting, or after a lost call. What a stage starts logs
 # to $WORK/<stage>.log. Variables (defaults): CARRY (/tmp/carry), BUNDLE_CARRY (/tmp/carry_hb), BUNDLE
 # (/tmp/hb/host_bundle), STORE (.cache/store/rollout.sqlite), WORK (/tmp/work), OUT (./back), WAIT_S (500),
-# WORKERS (32), EPOCHS (3), RANK (32), ADAPTER_BACK (.cache/back/adapter), EXAMPLES ($WORK/carried/sft_data.pkl.xz).
+# WORKERS (65), EPOCHS (3), RANK (32), FINE_TUNED (models/qwen2.5-coder-0.5b-captain-sft), EXAMPLES ($WORK/carried/sft_data.pkl.xz).
 set -u -o pipefail
 
 CARRY=${CARRY:-/tmp/carry}
@@ -34,10 +34,10 @@ STORE=${STORE:-.cache/store/rollout.sqlite}
 WORK=${WORK:-/tmp/work}
 OUT=${OUT:-./back}
 WAIT_S=${WAIT_S:-500}
-WORKERS=${WORKERS:-32}
+WORKERS=${WORKERS:-65}
 EPOCHS=${EPOCHS:-3}
 RANK=${RANK:-32}
-ADAPTER_BACK=${ADAPTER_BACK:-.cache/back/adapter}
+FINE_TUNED=${FINE_TUNED:-models/qwen2.5-coder-0.5b-captain-sft}
 EXAMPLES=${EXAMPLES:-$WORK/carried/sft_data.pkl.xz}
 NAME=qwen2.5-coder-0.5b-instruct
 STUDENT=$WORK/student/$NAME
@@ -122,13 +122,20 @@ sft() {
 }
 
 eval_stage() {
-    if [ ! -f "$WORK/sft/model/config.json" ] && [ -f "$ADAPTER_BACK/adapter.carry-manifest.json" ]; then
-        say "no fine-tuned model on this host: merging the adapter that came back ($ADAPTER_BACK)"
-        python3 "$PROJ/tools/carry.py" unpack "$ADAPTER_BACK" --to "$WORK/sft" -q &&
-            python3 -m training.student merge "$WORK/sft/adapter" --base "$STUDENT" --out "$WORK/sft/model" || return 1
-    fi
-    [ -f "$WORK/sft/model/config.json" ] || { say "no fine-tuned model yet (run the sft stage, or carry the adapter that came back as ADAPTER_BACK)"; return 1; }
     [ -f "$WORK/host.env" ] || { say "no rollout bundle installed: carry its parts into $BUNDLE_CARRY, run prepare"; return 1; }
+    # the served student: the adapter merged and the untrained marker rows fitted (training.token_rows; LoRA cannot
+    # reach them, and without them no reply is a tool call)
+    if [ -f "$WORK/sft/model/config.json" ] && [ ! -f "$WORK/sft/model/token_rows.npz" ]; then
+        say "this host's SFT: fitting its marker rows (training.token_rows fit)"
+        python3 -m training.token_rows fit --model "$WORK/sft/model" --examples "$EXAMPLES" --out "$WORK/sft/fitted" \
+            --prefix-tokens 5400 && rm -rf "$WORK/sft/model" && mv "$WORK/sft/fitted" "$WORK/sft/model" || return 1
+    elif [ ! -f "$WORK/sft/model/config.json" ]; then
+        [ -f "$FINE_TUNED/token_rows.npz" ] || { say "no fine-tuned student: run the sft stage, or set FINE_TUNED to a folder with adapter/ and token_rows.npz"; return 1; }
+        say "merging $FINE_TUNED (adapter, fitted rows) into the student"
+        python3 -m training.student merge "$FINE_TUNED/adapter" --base "$STUDENT" --out "$WORK/sft/merged" &&
+            python3 -m training.token_rows apply --model "$WORK/sft/merged" --rows "$FINE_TUNED/token_rows.npz" \
+                --out "$WORK/sft/model" && rm -rf "$WORK/sft/merged" || return 1
+    fi
     background "training.student_eval run" "$WORK/sft_eval/done" "$WORK/eval.log" \
         bash -c "python3 -m training.student_eval run --model '$WORK/sft/model' --label student-sft \
             --out '$WORK/sft_eval' --server transformers --workers $WORKERS --no-progress && touch '$WORK/sft_eval/done'"

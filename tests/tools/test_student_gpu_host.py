@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="bash is no
 
 def run(tmp_path, *stages):
     env = {**os.environ, "WORK": str(tmp_path / "work"), "OUT": str(tmp_path / "out"), "WAIT_S": "1"}
-    env["ADAPTER_BACK"] = str(tmp_path / "back" / "adapter")  # not the checkout's .cache/back, whatever it holds
+    env["FINE_TUNED"] = str(tmp_path / "none")  # not the student kept in models/
     return subprocess.run(["bash", str(SCRIPT), *stages], cwd=ROOT, env=env, capture_output=True, text=True)
 
 
@@ -43,8 +43,10 @@ def test_prepare_without_the_rollout_bundle_goes_on_to_the_student_and_says_the_
 
 
 def test_the_evaluation_without_a_fine_tuned_model_says_which_stage_makes_it(tmp_path):
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "host.env").write_text("")  # as if the bundle were installed
     done = run(tmp_path, "eval")
-    assert done.returncode == 1 and "no fine-tuned model yet (run the sft stage, or carry the adapter" in done.stdout
+    assert done.returncode == 1 and "no fine-tuned student: run the sft stage, or set FINE_TUNED" in done.stdout
     assert not (tmp_path / "work" / "eval.log").exists()  # nothing started
 
 

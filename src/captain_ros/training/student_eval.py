@@ -155,9 +155,10 @@ def generation_of(out: Path) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------------------------------ behaviour
 def behaviour(episodes: Iterable[Any]) -> dict[str, Any]:
     """What a model did with the harness over valid episodes (EpisodeReader episodes)."""
+    from captain_ros.agent.policy_client import unread_tool_call
     from training.credit import well_formed_python_call
 
-    requests = tool_calls = parsed = fenced = neither = cells = raised = 0
+    requests = tool_calls = parsed = unread = fenced = neither = cells = raised = 0
     output_tokens: list[int] = []
     per_episode_requests: list[int] = []
     misuse: Counter[str] = Counter()
@@ -175,6 +176,8 @@ def behaviour(episodes: Iterable[Any]) -> dict[str, Any]:
             if calls:
                 tool_calls += 1
                 parsed += all(well_formed_python_call(c) for c in calls)
+            elif unread_tool_call(response.get("content") or "", response.get("finish_reason") or ""):
+                unread += 1  # a <tool_call> block the server could not read
             elif any(c.get("source") == "fenced" for c in step_cells):
                 fenced += 1
             else:
@@ -194,8 +197,10 @@ def behaviour(episodes: Iterable[Any]) -> dict[str, Any]:
         "requests": requests,
         "requests_per_episode": requests / n if n else None,
         "output_tokens_per_episode": sum(output_tokens) / n if n else None,
-        "tool_call_parse_rate": parsed / tool_calls if tool_calls else None,
+        # of the replies that tried a tool call, those the server read as well-formed python calls
+        "tool_call_parse_rate": parsed / (tool_calls + unread) if tool_calls + unread else None,
         "replies_with_tool_call": tool_calls,
+        "replies_with_unread_tool_call": unread,
         "replies_with_fenced_block_only": fenced,
         "replies_with_neither": neither,
         "cells": cells,

@@ -16,7 +16,7 @@ import pytest
 
 from captain_ros.agent.episode import EpisodeRunner, Outcome
 from captain_ros.agent.link import InProcessLink, LinkError
-from captain_ros.agent.policy_client import PolicyClient, PolicyConfig
+from captain_ros.agent.policy_client import PolicyClient, PolicyConfig, unread_tool_call
 from captain_ros.agent.sandbox import Sandbox, SandboxLimits, _python_dirs
 from captain_ros.core.config import load_config
 
@@ -29,6 +29,7 @@ class Reply:
     tool_calls: list = field(default_factory=list)
     latency_s: float = 0.0
     usage: dict = field(default_factory=dict)
+    finish_reason: str = "stop"
 
 
 def cell(code: str, call_id: str = "call-1") -> Reply:
@@ -201,6 +202,36 @@ def test_a_reply_with_no_tool_call_ends_the_episode(link, tmp_path):
     result = run(link, policy, tmp_path, requests=10)
     assert result.outcome is Outcome.FAILURE and result.valid and "no tool call" in result.reason
     assert result.requests == 2 and len(policy.prompts) == 2 and not result.finished
+
+
+def test_a_tool_call_block_the_server_could_not_read_is_explained_and_the_episode_goes_on(link, tmp_path):
+    """vLLM's hermes parser hands a reply back as plain content when its <tool_call> block is not JSON (here the
+    Python-style escape \' a student wrote inside a string). It tried to call the tool: the model is told the JSON
+    error and where, nothing runs, the request counts, and a reply without any tool call still ends the episode."""
+    slip = '<tool_call>\n{"name": "python", "arguments": {"code": "print(\\\'hi\\\')"}}\n</tool_call>'
+    cut = Reply('<tool_call>\n{"name": "python", "arguments": {"code": "print(1)', finish_reason="length")
+    policy = Scripted([Reply("I look.\n" + slip), cut, cell("print('ok')"), Reply("Nothing more to do.")])
+    result = run(link, policy, tmp_path, requests=10)
+    assert result.requests == 4 and "no tool call" in result.reason
+    first, second = policy.prompts[1][-1], policy.prompts[2][-1]
+    assert first["role"] == "user" and first["content"].startswith("Your tool call could not be read, so nothing ran")
+    assert "Invalid \\escape" in first["content"] and "print(\\'hi" in first["content"]
+    assert "a JSON string knows only the escapes" in first["content"]
+    assert "token limit inside a <tool_call> block" in second["content"]
+    requests = [r for r in transcript(result) if r["type"] == "request"]
+    assert [r["request"] for r in requests] == [1, 2, 3, 4]
+    assert not [r for r in transcript(result) if r["type"] == "call"]  # nothing ran before the well-formed cell
+
+
+def test_unread_tool_call_names_the_first_bad_block_and_ignores_replies_without_one():
+    good = '<tool_call>{"name": "python", "arguments": {"code": "x"}}</tool_call>'
+    assert unread_tool_call("plain text, no block") is None
+    assert unread_tool_call(good) == "the server did not read its <tool_call> block as a tool call"
+    assert "not JSON: Expecting" in unread_tool_call(good + "<tool_call>{name: 1}</tool_call>")
+    assert unread_tool_call('<tool_call>["python"]</tool_call>').startswith('a <tool_call> block is not {"name"')
+    unclosed = '<tool_call>{"name": "python", "arguments": {"code": "x'
+    assert "not JSON: Unterminated string" in unread_tool_call(unclosed)
+    assert "token limit" in unread_tool_call(unclosed, "length")
 
 
 def test_malformed_replies_are_explained_and_the_episode_goes_on(link, tmp_path):

@@ -53,6 +53,7 @@ class Turn:
     replies: list[dict] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)  # the robot calls the turn ran, for compaction
     fenced_code: str = ""  # the cell taken from a fenced code block of a reply without a tool call
+    unread_tool_call: str = ""  # why the reply's <tool_call> block was not read (policy_client.unread_tool_call)
 
     def messages(self) -> list[dict]:
         return [self.assistant, *self.replies]

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from captain_ros.agent.context import Context, Turn, cut_text, image_part
 from captain_ros.agent.link import HarnessLink, LinkError
+from captain_ros.agent.policy_client import unread_tool_call
 from captain_ros.agent.prompt import SYSTEM_PROMPT, TOOLS, parameters, task_md
 from captain_ros.agent.sandbox import SandboxError, remove_scratch
 from captain_ros.agent.transcript import Transcript
@@ -312,7 +313,8 @@ class _Episode:
                 return self._end(Outcome.INFRASTRUCTURE, self.infrastructure)
             if self.finished:
                 return self._end(None, "finish() accepted")
-            if not turn.assistant.get("tool_calls") and not turn.fenced_code and self.cfg.end_on_no_tool_call:
+            attempted = turn.assistant.get("tool_calls") or turn.fenced_code or turn.unread_tool_call
+            if not attempted and self.cfg.end_on_no_tool_call:
                 return self._end(None, "the reply had no tool call: the episode ends")
 
     def _spent(self) -> str | None:
@@ -341,6 +343,18 @@ class _Episode:
             assistant["tool_calls"] = calls
         turn = Turn(self.requests, assistant)
         self.event("reply", request=self.requests, content=content, tool_calls=len(calls))
+        unread = "" if calls else unread_tool_call(content, getattr(completion, "finish_reason", "") or "")
+        if unread:  # it tried to call the tool: say what was wrong, costing the request, instead of ending
+            turn.unread_tool_call = unread
+            self.event("unread_tool_call", request=self.requests, reason=unread)
+            turn.replies.append(
+                {
+                    "role": "user",
+                    "content": f"Your tool call could not be read, so nothing ran: {unread}. Reply with one call of "
+                    "the `python` tool holding a cell of code.\n" + self.budget_line(),
+                }
+            )
+            return turn
         fenced = fenced_python(content) if not calls and self.cfg.accept_fenced_code else None
         if fenced is not None:  # a small local model that answers in a code block instead of a tool call
             turn.fenced_code = fenced

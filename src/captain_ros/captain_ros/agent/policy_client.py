@@ -312,6 +312,41 @@ def _tool_call(call: Any) -> dict:
     return {"id": str(call.get("id") or ""), "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+
+
+def unread_tool_call(content: str, finish_reason: str = "") -> str | None:
+    """Why a reply's `<tool_call>` block did not become a tool call; None when the reply holds no such block.
+
+    The hermes parser hands a reply back as plain content when any of its blocks is not JSON of the form
+    {"name": ..., "arguments": ...} (a slip such as `\\'` inside a string, or a reply cut at max_tokens). Such a reply
+    tried to call a tool, so the harness tells the policy what was wrong rather than taking it for a reply that
+    ended the episode. The reason names the first bad block's fault and the text around it."""
+    rest = content
+    while (start := rest.find(TOOL_CALL_OPEN)) >= 0:
+        rest = rest[start + len(TOOL_CALL_OPEN) :]
+        end = rest.find(TOOL_CALL_CLOSE)
+        body, rest = (rest[:end], rest[end + len(TOOL_CALL_CLOSE) :]) if end >= 0 else (rest, "")
+        if end < 0 and finish_reason == "length":
+            return "the reply reached its token limit inside a <tool_call> block; write a shorter cell"
+        try:
+            call = json.loads(body)
+        except json.JSONDecodeError as exc:
+            near = body[max(0, exc.pos - 40) : exc.pos + 20]
+            hint = (
+                '; a JSON string knows only the escapes \\\\ \\" \\/ \\b \\f \\n \\r \\t \\uXXXX'
+                if "escape" in exc.msg
+                else ""
+            )
+            where = f"line {exc.lineno} column {exc.colno}"
+            return f"a <tool_call> block is not JSON: {exc.msg} at {where}, here: `{near}`{hint}"
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str) or "arguments" not in call:
+            return 'a <tool_call> block is not {"name": "python", "arguments": {"code": "..."}}'
+    if TOOL_CALL_OPEN in content:
+        return "the server did not read its <tool_call> block as a tool call"
+    return None
+
+
 def _parse_completion(data: Any, model: str, latency_s: float) -> Completion:
     """`data` as a Completion; KeyError, TypeError or ValueError when it is not a chat completion."""
     if not isinstance(data, dict):
