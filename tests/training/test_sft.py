@@ -209,6 +209,47 @@ def test_each_epoch_is_a_seeded_permutation_of_the_micro_batches():
     assert [sft.batch_index(p, 5, SFTConfig(shuffle=False)) for p in range(7)] == [0, 1, 2, 3, 4, 0, 1]
 
 
+@pytest.mark.parametrize("fast", [False, True], ids=["transformers", "fast"])
+def test_untrained_output_rows_are_trained_beside_lora_and_merge_with_the_adapter(tmp_path, fast):
+    """A target token whose lm_head row the base never trained (it equals many others) is out of LoRA's reach: with
+    SFTConfig.trainable_rows that row trains beside the adapters at its own rate (peft trainable_token_indices),
+    the twins stay as they were, and the saved adapter carries the row into the merged model."""
+    peft = pytest.importorskip("peft")
+    from transformers import Qwen2ForCausalLM
+
+    from training.fast import FastConfig
+    from training.token_rows import untrained_rows
+
+    def untied() -> Qwen2ForCausalLM:
+        config = tiny_model().config
+        config.tie_word_embeddings = False  # as the student's head is
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(config)
+        with torch.no_grad():  # the target and 20 twins share one vector, as the student's marker rows do
+            model.lm_head.weight[1980:2001] = model.lm_head.weight[1979]
+        return model
+
+    ex = synthetic(12, 4, seed=21)
+    ex.input_ids[8] = 1990  # a target position (past the prompt) holds the untrained token
+    batches = [data.collate(data.pack_examples([ex], 64)[0], PAD, mask=not fast)]
+    model = untied()
+    before = model.lm_head.weight.detach().clone()
+    assert untrained_rows(before, [1990, 1500]) == [1990]
+    config = SFTConfig(
+        max_steps=4, learning_rate=1e-3, lora_rank=4, trainable_rows=(1990,), rows_learning_rate=5e-2,
+        fast=FastConfig() if fast else None, progress=False,
+    )  # fmt: skip
+    result = sft.train_sft(model, batches, config)
+    head = result.model.get_output_embeddings().weight.detach()
+    assert not torch.equal(head[1990], before[1990])  # trained
+    assert torch.equal(head[1980:1990], before[1980:1990]) and torch.equal(head[1991:2001], before[1991:2001])
+    assert result.metrics[-1]["loss"] < result.metrics[0]["loss"]
+    result.model.save_pretrained(tmp_path / "adapter")
+    merged = peft.PeftModel.from_pretrained(untied(), tmp_path / "adapter").merge_and_unload()
+    torch.testing.assert_close(merged.lm_head.weight[1990], head[1990])
+    assert torch.equal(merged.lm_head.weight[1991], before[1991])
+
+
 def test_lora_trains_only_the_adapters():
     pytest.importorskip("peft")
     exs = [synthetic(10, 4, seed=20)]

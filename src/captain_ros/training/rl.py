@@ -737,6 +737,7 @@ def _write_sft_outputs(out: Path, served: Any, tokenizer: Any, *, result: Any, c
         "steps": steps,
         "epochs": args.epochs,
         "lora_rank": config.lora_rank,
+        "trained_rows": list(config.trainable_rows),  # output rows trained beside LoRA (SFTConfig.trainable_rows)
         "learning_rate": args.lr,
         "fast_path": config.fast is not None,
         "supervised_tokens": trained,
@@ -785,18 +786,27 @@ def _sft_data(args: argparse.Namespace, tokenizer: Any) -> dict[str, Any]:
     return {"source": str(args.store), "gate": gate, "stats": stats, "examples": examples}
 
 
-def _warn_untrained_rows(model: Any, tokenizer: Any, examples: Sequence[Example]) -> None:
-    """LoRA leaves lm_head frozen: a target token whose output row was never trained stays out of reach."""
+def _untrained_target_rows(model: Any, tokenizer: Any, examples: Sequence[Example], trainable: bool) -> list[int]:
+    """The output rows of target tokens the base never trained (training.token_rows.untrained_rows): LoRA leaves
+    lm_head frozen, so without training them beside the adapters no hidden state can single those tokens out."""
     from training.token_rows import untrained_rows
 
     targeted = sorted({t for e in examples for t, m in zip(e.input_ids, e.response_mask, strict=True) if m})
-    if free := untrained_rows(model.get_output_embeddings().weight, targeted):
+    free = untrained_rows(model.get_output_embeddings().weight, targeted)
+    if free and trainable:
         print(
-            f"warning: the output rows of {tokenizer.convert_ids_to_tokens(free)} were never trained (each equals "
-            "thousands of others) and LoRA leaves them frozen, so this SFT cannot teach writing them: fit them "
-            "afterwards (python -m training.token_rows fit)",
+            f"training the output rows of {tokenizer.convert_ids_to_tokens(free)} beside the LoRA adapters: the base "
+            "never trained them (each equals thousands of others) and LoRA leaves lm_head frozen",
             file=sys.stderr,
         )
+    elif free:
+        print(
+            f"warning: the output rows of {tokenizer.convert_ids_to_tokens(free)} were never trained and this run "
+            "leaves them frozen, so it cannot teach writing them: fit them afterwards (python -m training.token_rows "
+            "fit)",
+            file=sys.stderr,
+        )
+    return free if trainable else []
 
 
 def cmd_sft_data(args: argparse.Namespace) -> int:
@@ -854,8 +864,9 @@ def cmd_sft(args: argparse.Namespace) -> int:
     if main:
         print(data["gate"], file=sys.stderr)
         print(stats, file=sys.stderr)
-    if args.lora_rank and main:
-        _warn_untrained_rows(model, tokenizer, examples)
+    free_rows: list[int] = []
+    if args.lora_rank and main:  # trained beside the adapters, except under FSDP (not supported there)
+        free_rows = _untrained_target_rows(model, tokenizer, examples, trainable=dist_info is None)
     rows, too_long = pack_examples(examples, args.max_tokens)
     if too_long and main:
         print(f"{len(too_long)} examples longer than --max-tokens {args.max_tokens} left out", file=sys.stderr)
@@ -873,6 +884,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
         seed=args.seed,
         lora_rank=args.lora_rank,
         lora_alpha=args.lora_alpha or 2.0 * args.lora_rank,
+        trainable_rows=tuple(free_rows),
+        rows_learning_rate=args.rows_lr,
         checkpoint_dir=str(out / "checkpoint"),
         progress=not args.no_progress,
         fast=FastConfig() if fast else None,
@@ -1050,6 +1063,13 @@ def parser() -> argparse.ArgumentParser:
     sft.add_argument("--lora-alpha", type=float, default=0.0, help="LoRA alpha (0: twice the rank)")
     sft.add_argument(
         "--gradient-checkpointing", action="store_true", help="recompute activations in backward (less memory)"
+    )
+    sft.add_argument(
+        "--rows-lr",
+        type=float,
+        default=1e-2,
+        help="learning rate of the output rows a LoRA run trains beside its adapters: those of target tokens the base "
+        "never trained, found by training.token_rows (default 1e-2)",
     )
     sft.add_argument("--no-fast", action="store_true", help="the transformers forward even where training.fast applies")
     sft.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step")

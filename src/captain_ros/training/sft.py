@@ -55,6 +55,10 @@ class SFTConfig:
     lora_alpha: float = 16.0
     lora_dropout: float = 0.0
     lora_targets: tuple[str, ...] = LORA_TARGETS
+    # output rows (lm_head) trained beside the LoRA adapters (peft trainable_token_indices): rows the base never
+    # trained, which LoRA cannot reach (training.token_rows.untrained_rows); their own, larger learning rate
+    trainable_rows: tuple[int, ...] = ()
+    rows_learning_rate: float = 1e-2
     checkpoint_dir: str | None = None
     checkpoint_every_steps: int = 0  # 0: only at the end (when checkpoint_dir is set)
     progress: bool = True
@@ -167,19 +171,30 @@ def apply_lora(model: Any, config: SFTConfig) -> Any:
         from peft import LoraConfig, get_peft_model
     except ImportError as exc:
         raise ImportError("LoRA (lora_rank > 0) needs peft: pip install peft") from exc
+    rows = {}
+    if config.trainable_rows:
+        head = model.get_output_embeddings()
+        name = next(n for n, m in model.named_modules() if m is head)
+        rows = {"trainable_token_indices": {name: sorted(config.trainable_rows)}}
     lora = LoraConfig(
         r=config.lora_rank,
         lora_alpha=config.lora_alpha,
         lora_dropout=config.lora_dropout,
         target_modules=list(config.lora_targets),
         task_type="CAUSAL_LM",
+        **rows,
     )
     return get_peft_model(model, lora)
 
 
 def make_optimizer(model: Any, config: SFTConfig) -> tuple[Any, Any]:
-    """AdamW on the trainable parameters and a linear warm-up to a constant learning rate."""
-    params = [p for p in model.parameters() if p.requires_grad]
+    """AdamW on the trainable parameters and a linear warm-up to a constant learning rate; trained output rows
+    (SFTConfig.trainable_rows) at their own rate."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    rows = [p for n, p in named if "trainable_tokens_delta" in n]
+    params: list = [{"params": [p for n, p in named if "trainable_tokens_delta" not in n]}]
+    if rows:
+        params.append({"params": rows, "lr": config.rows_learning_rate})
     optimizer = torch.optim.AdamW(
         params,
         lr=config.learning_rate,
