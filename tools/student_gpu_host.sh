@@ -18,13 +18,14 @@
 #            twin, harness and sandbox on the host's cores) in the background; waits up to $WAIT_S seconds; packs
 #            its episode stores (gzip) into $OUT/eval once done, else what is recorded so far into $OUT/eval_partial
 #            (copied back into $WORK/sft_eval/ on a fresh host, the evaluation resumes from it). It serves this
-#            host's SFT with its marker rows fitted (training.token_rows fit on $EXAMPLES), or else $FINE_TUNED (an
-#            adapter/ and its token_rows.npz, by default the one kept in models/) merged into the student
+#            host's SFT (its marker rows fitted by training.token_rows on $EXAMPLES unless the SFT trained them), or
+#            else $FINE_TUNED (an adapter/ and its token_rows.npz, by default the one kept in models/) merged into
+#            the student
 #
 # Every stage is idempotent: rerun the same command to keep waiting, or after a lost call. What a stage starts logs
 # to $WORK/<stage>.log. Variables (defaults): CARRY (/tmp/carry), BUNDLE_CARRY (/tmp/carry_hb), BUNDLE
 # (/tmp/hb/host_bundle), STORE (.cache/store/rollout.sqlite), WORK (/tmp/work), OUT (./back), WAIT_S (500),
-# WORKERS (65), EPOCHS (3), RANK (32), FINE_TUNED (models/qwen2.5-coder-0.5b-captain-sft), EXAMPLES ($WORK/carried/sft_data.pkl.xz).
+# WORKERS (24), EPOCHS (3), RANK (32), FINE_TUNED (models/qwen2.5-coder-0.5b-captain-sft), EXAMPLES ($WORK/carried/sft_data.pkl.xz).
 set -u -o pipefail
 
 CARRY=${CARRY:-/tmp/carry}
@@ -34,7 +35,7 @@ STORE=${STORE:-.cache/store/rollout.sqlite}
 WORK=${WORK:-/tmp/work}
 OUT=${OUT:-./back}
 WAIT_S=${WAIT_S:-500}
-WORKERS=${WORKERS:-65}
+WORKERS=${WORKERS:-24}
 EPOCHS=${EPOCHS:-3}
 RANK=${RANK:-32}
 FINE_TUNED=${FINE_TUNED:-models/qwen2.5-coder-0.5b-captain-sft}
@@ -125,7 +126,9 @@ eval_stage() {
     [ -f "$WORK/host.env" ] || { say "no rollout bundle installed: carry its parts into $BUNDLE_CARRY, run prepare"; return 1; }
     # the served student: the adapter merged and the untrained marker rows fitted (training.token_rows; LoRA cannot
     # reach them, and without them no reply is a tool call)
-    if [ -f "$WORK/sft/model/config.json" ] && [ ! -f "$WORK/sft/model/token_rows.npz" ]; then
+    if [ -f "$WORK/sft/model/config.json" ] && [ ! -f "$WORK/sft/model/token_rows.npz" ] &&
+        ! python3 -c 'import json, sys; sys.exit(not json.load(open(sys.argv[1])).get("trained_rows"))' \
+            "$WORK/sft/sft_run.json" 2>/dev/null; then  # the SFT did not train the marker rows itself
         say "this host's SFT: fitting its marker rows (training.token_rows fit)"
         python3 -m training.token_rows fit --model "$WORK/sft/model" --examples "$EXAMPLES" --out "$WORK/sft/fitted" \
             --prefix-tokens 5400 && rm -rf "$WORK/sft/model" && mv "$WORK/sft/fitted" "$WORK/sft/model" || return 1
