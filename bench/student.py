@@ -34,6 +34,7 @@ from _common import RESULTS, print_table, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "runs" / "student"
+KEPT = ROOT / "models" / "qwen2.5-coder-0.5b-captain-sft"  # the fine-tuned student kept in the repository
 TARGET_SFT_STRICT = 0.5  # CaPtain-4B: 0% -> 55.4% with SFT on LIBERO
 
 
@@ -43,8 +44,18 @@ def _rate(summary: dict, metric: str) -> tuple[float | None, list]:
 
 
 def _sft_record(sft_dir: Path) -> dict:
-    path = sft_dir / "sft_run.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    """The SFT's run record: the one beside a fine-tuned folder made here, else the kept student's."""
+    for path in (sft_dir / "sft_run.json", KEPT / "sft_run.json"):
+        if path.is_file():
+            return json.loads(path.read_text())
+    return {}
+
+
+def _where(runs: list[dict]) -> str:
+    """Where an evaluation's runs generated, in words: "vLLM (CPU)" or "training.hf_serve on NVIDIA H100 ..."."""
+    names = {"vllm": "vLLM", "transformers": "training.hf_serve", None: "an unrecorded server"}
+    said = {f"{names.get(r['server'], r['server'])} on {r.get('gpu') or 'CPU'}" for r in runs}
+    return " and ".join(sorted(said))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         "student_sft_host_ci95": _rate(sft, "host")[1] if sft else None,
         "student_episodes": zs["success"]["overall"]["valid"],
         "student_sft_episodes": sft["success"]["overall"]["valid"] if sft else None,
+        # plan episodes the SFT evaluation has not finished (a GPU host's time ran out): not counted anywhere
+        "student_sft_unfinished": len(ev.plan_jobs(plan)) - len(ev.rows_of(folders["sft"][1])) if sft else None,
         "sft_tokens_per_s": record.get("tokens_per_s"),
         "sft_ran_on": record.get("machine"),
     }
@@ -111,13 +124,23 @@ def main(argv: list[str] | None = None) -> int:
         metrics["paired_starts"] = pair["pairs"]
     else:
         metrics["sft_vs_zero_shot_mcnemar_p"] = None
+    unfinished = metrics["student_sft_unfinished"]
     if sft:
-        metrics["sft_summary"] = (
+        partial = (
+            f"PARTIAL: {metrics['student_sft_episodes']} of {len(ev.plan_jobs(plan))} episodes finished, "
+            f"{unfinished} unfinished are not counted (the rate is over the episodes that ended first); "
+            if unfinished
+            else ""
+        )
+        metrics["sft_summary"] = partial + (
             f"after SFT {metrics['student_sft_strict']:.1%} strict (95% CI {metrics['student_sft_strict_ci95'][0]:.1%}"
             f"-{metrics['student_sft_strict_ci95'][1]:.1%}), {metrics['student_sft_host']:.1%} host on the same "
             f"{metrics['paired_starts']} paired starts (exact McNemar p = "
-            f"{metrics['sft_vs_zero_shot_mcnemar_p']:.2g}); "
-            f"SFT ran at {metrics['sft_tokens_per_s'] or float('nan'):,.0f} tokens/s on {record.get('machine')}"
+            f"{metrics['sft_vs_zero_shot_mcnemar_p']:.2g}); of its {metrics['sft_replies']} replies "
+            f"{metrics['sft_tool_calls']} were tool calls and {metrics['sft_unread_tool_calls']} held a <tool_call> "
+            f"block that was not JSON; evaluated with {_where(ev.generation_of(folders['sft'][1]))}; the SFT ran at "
+            f"{metrics['sft_tokens_per_s'] or float('nan'):,.0f} tokens/s on "
+            f"{(record.get('machine') or {}).get('gpu') or 'an unknown machine'}"
         )
     else:
         metrics["sft_summary"] = (
@@ -137,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(
             [
                 name,
-                o["valid"],
+                f"{o['valid']} ({unfinished} unfinished)" if name == "sft" and unfinished else o["valid"],
                 f"{o['rates']['strict']['rate']:.1%}",
                 f"{o['rates']['host']['rate']:.1%}",
                 f"{b['requests_per_episode']:.1f}",

@@ -171,8 +171,9 @@ for store in sorted(src.glob("*/rollout.sqlite")):
     with open(out / "rollout.sqlite", "rb") as f, gzip.open(out / "rollout.sqlite.gz", "wb") as g:
         shutil.copyfileobj(f, g)
     (out / "rollout.sqlite").unlink()
-    if (store.parent / "summary.json").is_file():
-        shutil.copy(store.parent / "summary.json", out)
+    for name in ("run.json", "summary.json"):  # where it ran (from its start), and its summary once done
+        if (store.parent / name).is_file():
+            shutil.copy(store.parent / name, out)
 PY
     python3 "$PROJ/tools/carry.py" pack "$stage" --out "$OUT/$1" --max-mib 15 --flat --name "$1" -q
 }

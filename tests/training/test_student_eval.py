@@ -124,17 +124,23 @@ def test_the_plan_covers_every_task_and_family_on_held_out_starts_the_same_way_e
         ev.plan_jobs(ev.EvalPlan(tasks="fly_to_the_moon"))
 
 
-def test_where_each_run_generated_is_read_from_its_summary(tmp_path):
-    old, new = tmp_path / "20261205-080653", tmp_path / "20261206-100000"
-    for run in (old, new):
+def test_where_each_run_generated_is_read_from_its_run_file_or_summary(tmp_path):
+    """run.json is written when a run starts, so a run that never ended (its host's time ran out) still says where
+    it generated; older runs have only their summary; a run with neither is unknown, not assumed."""
+    old, new, cut, bare = (tmp_path / f"2026120{i}-100000" for i in range(4))
+    for run in (old, new, cut, bare):
         run.mkdir()
         (run / "rollout.sqlite").touch()
     (old / "summary.json").write_text(json.dumps({"plan": {}}))  # written before the server was recorded: vLLM
     meta = {"plan": {"server": "transformers"}, "generation": {"host": "gpu-1", "gpu": "NVIDIA H100 80GB HBM3"}}
     (new / "summary.json").write_text(json.dumps(meta))
+    (cut / ev.RUN_FILE).write_text(json.dumps(meta))
+    h100 = {"server": "transformers", "host": "gpu-1", "gpu": "NVIDIA H100 80GB HBM3"}
     assert ev.generation_of(tmp_path) == [
         {"run": old.name, "server": "vllm"},
-        {"run": new.name, "server": "transformers", "host": "gpu-1", "gpu": "NVIDIA H100 80GB HBM3"},
+        {"run": new.name, **h100},
+        {"run": cut.name, **h100},
+        {"run": bare.name, "server": None},
     ]
 
 

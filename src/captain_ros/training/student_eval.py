@@ -20,6 +20,7 @@ most `requests_budget` requests of at most `max_new_tokens` tokens each, with th
 
 from __future__ import annotations
 
+import json
 import platform
 import signal
 import time
@@ -31,6 +32,7 @@ from typing import Any
 
 from captain_ros.bridge.evaluation import EvalRow, load_rows, mcnemar_exact, summarize, wilson
 
+RUN_FILE = "run.json"  # each run folder: its plan, model, label and where it generated, written at its start
 VLLM_START_LIMIT_S = 1800.0  # a 0.5B model starts in about 2 minutes on 2 idle cores; a loaded host is slower
 
 
@@ -97,6 +99,10 @@ def evaluate(model: Path, label: str, out: Path, plan: EvalPlan = EvalPlan(), pr
     check_model_folder(model)
     run_dir = out / time.strftime("%Y%m%d-%H%M%S")
     print(f"[eval] {label}: {len(todo)} episodes to run ({len(done)} already done) -> {run_dir}", flush=True)
+    where = {"host": platform.node(), "gpu": _gpu_name() if plan.server == "transformers" else None}
+    meta = {"plan": asdict(plan), "model": str(model), "label": label, "generation": where}
+    run_dir.mkdir(parents=True, exist_ok=True)  # what ran where, kept even if the run never ends (a lost host)
+    (run_dir / RUN_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     if plan.server == "transformers":
         from training.hf_serve import start_hf_server
 
@@ -125,8 +131,6 @@ def evaluate(model: Path, label: str, out: Path, plan: EvalPlan = EvalPlan(), pr
         )
         with RolloutHost(options) as host:
             report = host.run(todo)
-        where = {"host": platform.node(), "gpu": _gpu_name() if plan.server == "transformers" else None}
-        meta = {"plan": asdict(plan), "model": str(model), "label": label, "generation": where}
         write_summary(run_dir / "summary.json", report, meta)
     finally:
         server.stop()
@@ -140,15 +144,18 @@ def _gpu_name() -> str | None:
 
 
 def generation_of(out: Path) -> list[dict[str, Any]]:
-    """Where each run of an evaluation folder generated (server, host, GPU), from its summary.json."""
-    import json
-
+    """Where each run of an evaluation folder generated (server, host, GPU), from its run.json (written when the run
+    starts), else its summary.json (runs before run.json), else unknown."""
     runs = []
     for store in stores(out):
-        meta = store.parent / "summary.json"
-        data = json.loads(meta.read_text()) if meta.is_file() else {}
+        data = {}
+        for name in (RUN_FILE, "summary.json"):
+            if (store.parent / name).is_file():
+                data = json.loads((store.parent / name).read_text())
+                break
         plan = data.get("plan") or {}
-        runs.append({"run": store.parent.name, "server": plan.get("server", "vllm"), **(data.get("generation") or {})})
+        server = plan.get("server", "vllm" if data else None)  # files from before the server was recorded: vLLM
+        runs.append({"run": store.parent.name, "server": server, **(data.get("generation") or {})})
     return runs
 
 
