@@ -52,7 +52,7 @@ def _sft_record(sft_dir: Path) -> dict:
 
 
 def _where(runs: list[dict]) -> str:
-    """Where an evaluation's runs generated, in words: "vLLM (CPU)" or "training.hf_serve on NVIDIA H100 ..."."""
+    """Where an evaluation's runs generated, in words: "vLLM on CPU", "training.hf_serve on NVIDIA H100 80GB HBM3"."""
     names = {"vllm": "vLLM", "transformers": "training.hf_serve", None: "an unrecorded server"}
     said = {f"{names.get(r['server'], r['server'])} on {r.get('gpu') or 'CPU'}" for r in runs}
     return " and ".join(sorted(said))
