@@ -25,10 +25,34 @@ self_collision_check_ms_p50 one self-collision check (Kinematics.self_collisions
                             (target <= 5 ms). Anchor: MuJoCo's collision pass on the Panda twin's primitives, the
                             check this one replaced (which saw no mesh at all).
 
-Not measured yet (issue 27 is open): moveit_scene_check_ms_p50 and the e-stop lapse-to-hold time.
+estop_lapse_to_hold_ms_p50/_p95  a dead e-stop button bridge: motion_node runs with estop_deadline_s 0.5 (as
+                            real_arm.launch.py sets it), a bridge in this process publishes "not engaged" on
+                            /safety/estop (std_msgs/Bool, reliable) every 50 ms, a sweep as the kill bench's is
+                            under way (0.1 m/s) and the bridge dies (stops publishing, its publisher destroyed) once
+                            the TCP is a random 5 to 20 cm along. Host steady time (CLOCK_MONOTONIC: the clock the
+                            deadline runs on, one clock for every process here) from the deadline's expiry (the
+                            bridge's last publish + 0.5 s; the node hears it a little later, so that delivery counts
+                            in) until this process receives /safety/state with the e-stop engaged by the topic: the
+                            node latched the stop and signalled the running motion to hold (the deadline is checked
+                            every 20 ms, safety.DEADLINE_CHECK_S)
+estop_lapse_to_result_ms_p95 the same until the sweep's MoveTo result (aborted, safety_stop) arrives (host steady time)
+estop_hold_to_rest_ms_p95   arm time (the twin's clock, as the kill bench's) from the stamp of the stop ramp the node
+                            sent on the controller's topic until the arm rests (every joint under 0.01 rad/s)
+estop_lapse_to_rest_ms_p95  the two added: the node's reaction on the host's clock, the arm's stop on its own (the
+                            twin in lockstep runs at its own pace when the host is busy, so its clock cannot be read
+                            against the host's directly; on a real arm both run in real time)
+estop_lapse_stop_distance_mm_p95  the TCP's travel after the lapse: from the arm's position lapse_to_hold of arm time
+                            before the stop ramp's stamp (the sweep it was on) until it rests
+estop_lapse_trials          lapses measured; estop_spurious_lapses counts lapses while the bridge was alive (a starved
+                            host: the bridge's longest gap between heartbeats is kept with each), each trial then run
+                            again
+One motion_node serves every lapse: after each, the bridge comes back (a new publisher), /safety/clear_estop is
+called until the node accepts it, and the next sweep starts again from the start pose.
+
+Not measured yet (issue 27 is open): moveit_scene_check_ms_p50.
 
   python bench/real_arm.py                      # prints a table, writes bench/results/real_arm.json
-  python bench/real_arm.py --kills 1 --whole-kills 1 --out /tmp/r.json    # one of each (the test's run)
+  python bench/real_arm.py --kills 1 --whole-kills 1 --lapses 1 --out /tmp/r.json    # one of each (the test's run)
 """
 
 from __future__ import annotations
@@ -36,6 +60,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -59,6 +84,10 @@ HORIZON_S = 0.05
 REST_RADPS = 0.01  # every joint slower than this, for REST_FOR_S of arm time: at rest (bench/motion.py's)
 REST_FOR_S = 0.2
 LOADED = (("state_timeout_s", 5.0), ("wrench_max_lag_s", 2.0))  # a 2-core host stalls processes past production 0.5 s
+ESTOP_TOPIC = "safety/estop"  # safety.ESTOP: std_msgs/Bool, true = engaged
+ESTOP_DEADLINE_S = 0.5  # real_arm.launch.py's estop_deadline_s
+HEARTBEAT_S = 0.05  # the bridge publishes the button's state this often
+STOP_RAMP_MIN_S = 1.0  # a hold's stop ramp lasts state_timeout_s (LOADED: 5 s) or more; a sweep's stretch ~0.1 s
 WAIT_S = 120.0  # the longest wall wait for anything (a dead node's lease is about 20 s)
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,6 +100,16 @@ def _launch(executable: str, *params: tuple[str, object]) -> subprocess.Popen:
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 
+def _wait_gone(node, name: str = "motion") -> None:
+    """Until this process's DDS graph has dropped the motion node killed before (its lease, about 20 s): while it is
+    known, a new one's action server and services are found before they exist, and a goal sent then is lost."""
+    deadline = time.monotonic() + WAIT_S
+    while name in node.get_node_names():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"a killed {name} node is still in the ROS graph after {WAIT_S:.0f} s")
+        time.sleep(0.1)
+
+
 class ArmWatch:
     """/joint_states in this process: the newest state, and a wait for the arm to rest after a time."""
 
@@ -80,8 +119,10 @@ class ArmWatch:
 
         self.profile, self.kin = profile, Kinematics(profile=profile)
         self._cond = threading.Condition()
-        self._states: list[tuple[float, np.ndarray, np.ndarray]] = []  # (stamp s, q, qd)
+        self._states: list[tuple[float, np.ndarray, np.ndarray, float]] = []  # (stamp s, q, qd, received: host s)
         self.commanded_until_s: float | None = None  # where the newest stamped trajectory on the topic ends
+        # stamped trajectories on the topic: (received: host s, stamp s, duration s)
+        self.commands: list[tuple[float, float, float]] = []
         node.create_subscription(JointState, "/joint_states", self._on_state, 100)
         node.create_subscription(JointTrajectoryMsg, profile.interfaces.trajectory_topic, self._on_stretch, 100)
 
@@ -91,6 +132,9 @@ class ArmWatch:
             end = msg.points[-1].time_from_start
             with self._cond:
                 self.commanded_until_s = start + end.sec + end.nanosec * 1e-9
+                self.commands.append((time.monotonic(), start, end.sec + end.nanosec * 1e-9))
+                del self.commands[:-2000]
+                self._cond.notify_all()
 
     def _on_state(self, msg) -> None:
         index = {n: i for i, n in enumerate(msg.name)}
@@ -99,6 +143,7 @@ class ArmWatch:
             msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9,
             np.asarray(msg.position)[arm],
             np.asarray(msg.velocity)[arm] if len(msg.velocity) == len(msg.position) else np.zeros(len(arm)),
+            time.monotonic(),
         )
         with self._cond:
             self._states.append(row)
@@ -109,14 +154,47 @@ class ArmWatch:
         with self._cond:
             if not self._cond.wait_for(lambda: bool(self._states), WAIT_S):
                 raise RuntimeError("no joint states from twin_node")
-            return self._states[-1]
+            return self._states[-1][:3]
+
+    def received_by(self, host_s: float) -> tuple[float, np.ndarray, np.ndarray]:
+        """The newest state this process had received at host steady time `host_s` (stamp, q, qd)."""
+        with self._cond:
+            before = [row for row in self._states if row[3] <= host_s]
+            if not before:
+                raise RuntimeError(f"no joint state kept from before host time {host_s:.3f} s")
+            return before[-1][:3]
+
+    def state_at(self, stamp_s: float) -> tuple[float, np.ndarray, np.ndarray]:
+        """The newest state stamped at or before `stamp_s` on the twin's clock (stamp, q, qd)."""
+        with self._cond:
+            before = [row for row in self._states if row[0] <= stamp_s]
+            if not before:
+                raise RuntimeError(f"no joint state kept from before {stamp_s:.3f} s of arm time")
+            return before[-1][:3]
+
+    def stop_ramp(self, after_host_s: float) -> float:
+        """The stamp (arm time) of the first stop ramp on the controller's topic received after `after_host_s`
+        (host): the backend's hold repeats the ramp's rest state_timeout_s on (STOP_RAMP_MIN_S), unlike a stretch."""
+
+        def found():
+            return next((c[1] for c in self.commands if c[0] > after_host_s and c[2] >= STOP_RAMP_MIN_S), None)
+
+        with self._cond:
+            if not self._cond.wait_for(lambda: found() is not None, WAIT_S):
+                raise RuntimeError(f"no stop ramp on the controller's topic within {WAIT_S:.0f} s")
+            return found()
+
+    def received_at(self, stamp_s: float) -> float:
+        """When (host steady time) this process received the state stamped `stamp_s`."""
+        with self._cond:
+            return next(row[3] for row in self._states if row[0] == stamp_s)
 
     def rest_after(self, stamp_s: float) -> tuple[float, np.ndarray]:
         """The first state after `stamp_s` from which the arm stays at rest for REST_FOR_S (its stamp, q)."""
 
         def found():
             since = None
-            for t, q, qd in self._states:
+            for t, q, qd, _ in self._states:
                 if t <= stamp_s:
                     continue
                 if np.abs(qd).max() >= REST_RADPS:
@@ -129,24 +207,94 @@ class ArmWatch:
 
         with self._cond:
             if not self._cond.wait_for(lambda: found() is not None, WAIT_S):
-                raise RuntimeError(f"the arm did not come to rest within {WAIT_S:.0f} s of the kill")
+                raise RuntimeError(f"the arm did not come to rest within {WAIT_S:.0f} s of the stop")
             return found()
 
     def tcp(self, q: np.ndarray) -> np.ndarray:
         return self.kin.forward(q)[0]
 
 
-def kill_mid_sweep(node, watch: ArmWatch, horizon_s: float, at_m: float) -> dict[str, float]:
+class SafetyWatch:
+    """/safety/state in this process, each with the host steady time it was received at."""
+
+    def __init__(self, node):
+        from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+
+        from captain_interfaces.msg import SafetyState
+
+        self._cond = threading.Condition()
+        self.states: list[tuple[float, object]] = []
+        latched = QoSProfile(
+            depth=10, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL
+        )
+        node.create_subscription(SafetyState, "/safety/state", self._on_state, latched)
+
+    def _on_state(self, msg) -> None:
+        with self._cond:
+            self.states.append((time.monotonic(), msg))
+            self._cond.notify_all()
+
+    def first(self, predicate, after_s: float = -np.inf) -> tuple[float, object] | None:
+        """The first state received after `after_s` (host) for which predicate(state) holds, or None."""
+        with self._cond:
+            return next(((t, m) for t, m in self.states if t > after_s and predicate(m)), None)
+
+    def wait(self, predicate, after_s: float, what: str) -> tuple[float, object]:
+        with self._cond:
+            if not self._cond.wait_for(lambda: self.first(predicate, after_s) is not None, WAIT_S):
+                raise RuntimeError(f"no {what} on /safety/state within {WAIT_S:.0f} s")
+            return self.first(predicate, after_s)
+
+    def latest(self):
+        with self._cond:
+            if not self._cond.wait_for(lambda: bool(self.states), WAIT_S):
+                raise RuntimeError("no /safety/state from motion_node")
+            return self.states[-1][1]
+
+
+class MotionLink:
+    """This process's clients of motion_node, made once for every node the bench starts, and its /safety/state.
+
+    A motion_node that answers a request before it has discovered this process's reader for the answer loses the
+    answer (rmw_fastrtps: "failed to send response (timeout): client will not receive response"): a goal is then
+    never answered, though it runs. Discovery announces a participant's endpoints in the order they were made, and
+    the clients are made before the /safety/state subscription: once a new node's (latched) state has arrived here,
+    that node knows the clients' readers too. One set of clients, not one per node: each new node must discover
+    every endpoint this process has."""
+
+    def __init__(self, node):
+        from std_srvs.srv import Trigger
+
+        from captain_interfaces.action import MoveTo
+        from captain_ros.ros.spin import SpunActionClient
+
+        self.node = node
+        self.action = SpunActionClient(node, MoveTo, "/harness/move_to")
+        self.clear = node.create_client(Trigger, "/safety/clear_estop")
+        self.safety = SafetyWatch(node)  # after the clients (above)
+
+    def launch(self, *params: tuple[str, object]) -> subprocess.Popen:
+        """A new motion_node with `params`, once it serves MoveTo and has discovered this process's clients."""
+        _wait_gone(self.node)
+        launched = time.monotonic()
+        proc = _launch("motion_node", *params)
+        try:
+            if not self.action.wait_for_server(timeout_sec=WAIT_S):
+                raise RuntimeError("motion_node did not come up")
+            self.safety.wait(lambda _state: True, launched, "state from the new motion_node")
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        return proc
+
+
+def kill_mid_sweep(link: MotionLink, watch: ArmWatch, horizon_s: float, at_m: float) -> dict[str, float]:
     """Start motion_node (sweep_horizon_s = `horizon_s`), move to START, sweep towards END at SPEED_MPS, SIGKILL
     the node once the TCP is `at_m` along, and measure the travel after the kill."""
-    from captain_interfaces.action import MoveTo
-    from captain_ros.ros.spin import SpunActionClient
-
-    proc = _launch("motion_node", ("watchdog", False), ("sweep_horizon_s", horizon_s), *LOADED)
+    proc = link.launch(("watchdog", False), ("sweep_horizon_s", horizon_s), *LOADED)
+    action = link.action
     try:
-        action = SpunActionClient(node, MoveTo, "/harness/move_to")
-        if not action.wait_for_server(timeout_sec=WAIT_S):
-            raise RuntimeError("motion_node did not come up")
 
         def wait(future):
             return wait_future(future, WAIT_S)
@@ -180,6 +328,191 @@ def kill_mid_sweep(node, watch: ArmWatch, horizon_s: float, at_m: float) -> dict
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+class EStopBridge:
+    """An e-stop button's bridge in this process: "not engaged" on /safety/estop every HEARTBEAT_S until it dies
+    (stops publishing and destroys its publisher); it can come back with a new publisher."""
+
+    def __init__(self, node):
+        self.node = node
+        self.last_sent_s = float("nan")  # host steady time just after the newest publish returned
+        self.longest_gap_s = 0.0  # the longest time between two heartbeats (a starved host), this life
+        self._publisher = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self):
+        """Publish from now on; returns the publisher (its subscription count tells whether motion_node hears it)."""
+        from std_msgs.msg import Bool
+
+        from captain_ros.ros.safety import RELIABLE
+
+        publisher = self._publisher = self.node.create_publisher(Bool, "/" + ESTOP_TOPIC, RELIABLE)
+
+        def beat():
+            sent = None
+            while not self._stop.is_set():
+                publisher.publish(Bool(data=False))
+                self.last_sent_s = time.monotonic()
+                if sent is not None:
+                    self.longest_gap_s = max(self.longest_gap_s, self.last_sent_s - sent)
+                sent = self.last_sent_s
+                self._stop.wait(HEARTBEAT_S)
+
+        self._stop.clear()
+        self.longest_gap_s = 0.0
+        self._thread = threading.Thread(target=beat, name="estop_bridge", daemon=True)
+        self._thread.start()
+        return publisher
+
+    def die(self) -> float:
+        """Stop publishing (a dead bridge); returns when the last heartbeat went out (host steady time)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._publisher is not None:
+            self.node.destroy_publisher(self._publisher)
+            self._publisher = None
+        return self.last_sent_s
+
+
+class LapseBench:
+    """One motion_node with the e-stop topic's deadline, the bridge that keeps it alive, and the lapses."""
+
+    def __init__(self, link: MotionLink, watch: ArmWatch):
+        self.link, self.watch = link, watch
+        self.action, self.clear, self.safety = link.action, link.clear, link.safety
+        self.bridge = EStopBridge(link.node)
+        self.spurious = 0  # lapses while the bridge was alive
+        self.spurious_reasons: list[str] = []
+        self.proc = None
+
+    def __enter__(self) -> LapseBench:
+        self.publisher = self.bridge.start()  # before the node: it is watched from its start
+        self.proc = self.link.launch(
+            ("watchdog", False), ("sweep_horizon_s", HORIZON_S), ("estop_deadline_s", ESTOP_DEADLINE_S), *LOADED
+        )
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.bridge.die()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def _wait(self, future):
+        return wait_future(future, WAIT_S)
+
+    def ensure_clear(self) -> None:
+        """The bridge is heard and the e-stop clear: /safety/clear_estop until motion_node accepts it (it refuses
+        while the topic's latest silence has not ended with a reading), then a state that says so."""
+        from std_srvs.srv import Trigger
+
+        deadline = time.monotonic() + WAIT_S
+        while self.publisher.get_subscription_count() == 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError("motion_node does not subscribe to the e-stop topic")
+            time.sleep(0.01)
+        if not self.clear.wait_for_service(timeout_sec=WAIT_S):
+            raise RuntimeError("motion_node serves no /safety/clear_estop")
+        while not (reply := self._wait(self.clear.call_async(Trigger.Request()))).success:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the e-stop could not be cleared: {reply.message}")
+            time.sleep(0.02)
+        asked = time.monotonic()
+        while self.safety.latest().estop_engaged:
+            if time.monotonic() - asked > WAIT_S:
+                raise RuntimeError("/safety/state still reads the e-stop engaged after a clear")
+            time.sleep(0.01)
+
+    def _move(self, target: np.ndarray, speed_mps: float = 0.0):
+        handle = self._wait(self.action.send_goal_async(move_to_goal(target, speed_mps)))
+        if not handle.accepted:
+            raise RuntimeError("motion_node rejected the goal (see its receipts)")
+        return handle
+
+    def lapse_mid_sweep(self, at_m: float) -> dict[str, object] | None:
+        """Move to START, sweep towards END at SPEED_MPS, let the bridge die once the TCP is `at_m` along, and
+        measure the hold. None (counted as spurious) when the e-stop latched while the bridge was alive."""
+        self.ensure_clear()
+        began = time.monotonic()
+        topic = f"the /{ESTOP_TOPIC} topic"
+
+        def spurious() -> bool:
+            early = self.safety.first(lambda m: m.estop_engaged, began)
+            if early is None:
+                return False
+            self.spurious += 1
+            gap = self.bridge.longest_gap_s
+            self.spurious_reasons.append(f"{early[1].estop_reason}; bridge's longest gap {gap:.3f} s")
+            return True
+
+        moved = self._wait(self._move(START).get_result_async()).result.result
+        if not moved.success:
+            if spurious():
+                return None
+            raise RuntimeError(f"the move to the sweep's start failed: {moved.message}")
+        start_tcp = self.watch.tcp(self.watch.newest()[1])
+        sweep = self._move(END, SPEED_MPS).get_result_async()
+        deadline = time.monotonic() + WAIT_S
+        while np.linalg.norm(self.watch.tcp(self.watch.newest()[1]) - start_tcp) < at_m:
+            if sweep.done() or time.monotonic() > deadline:
+                if spurious():
+                    return None
+                raise RuntimeError("the sweep never got under way")
+            time.sleep(0.01)
+        last_s = self.bridge.die()
+        expiry_s = last_s + ESTOP_DEADLINE_S
+        hold_s, state = self.safety.wait(lambda m: m.estop_engaged, began, "e-stop engaged")
+        if hold_s < expiry_s:  # the node hears each heartbeat after it went out: its lapse comes after expiry_s,
+            self.spurious_reasons.append(
+                f"{state.estop_reason}; bridge's longest gap {self.bridge.longest_gap_s:.3f} s"
+            )
+            self.spurious += 1  # so this one latched while the bridge was alive (a starved host)
+            self._wait(sweep)
+            self.publisher = self.bridge.start()
+            return None
+        result = self._wait(sweep).result.result
+        result_s = time.monotonic()
+        seen_stamp = self.watch.received_by(hold_s)[0]  # the arm still swept then: it rests later
+        rest_stamp, rest_q = self.watch.rest_after(seen_stamp)
+        rest_host_s = self.watch.received_at(rest_stamp)
+        # the hold: the stop ramp the backend sent (stamped, in lockstep, at the arm time it starts at); the lapse on
+        # the arm's clock: that stamp less the node's reaction
+        ramp_stamp = self.watch.stop_ramp(last_s)
+        lapse_stamp = ramp_stamp - (hold_s - expiry_s)
+        _, q, qd = self.watch.state_at(lapse_stamp)
+        tcp = self.watch.tcp(q)
+        still = self.safety.latest()
+        silent = re.search(r"silent for ([0-9.]+) s", state.estop_reason)
+        self.publisher = self.bridge.start()  # the bridge is back; the next trial clears the e-stop
+        return {
+            "expiry_to_hold_ms": (hold_s - expiry_s) * 1e3,
+            "expiry_to_result_ms": (result_s - expiry_s) * 1e3,
+            "hold_to_rest_ms": (rest_stamp - ramp_stamp) * 1e3,
+            "expiry_to_rest_ms": (hold_s - expiry_s + rest_stamp - ramp_stamp) * 1e3,
+            "expiry_to_rest_host_ms": (rest_host_s - expiry_s) * 1e3,
+            "distance_mm": float(np.linalg.norm(self.watch.tcp(rest_q) - tcp) * 1e3),
+            "speed_mps": float(np.linalg.norm(self.watch.tcp(q + 1e-3 * qd) - tcp) / 1e-3),
+            "bridge_died_at_m": at_m,
+            "rest_short_of_end_mm": float(np.linalg.norm(END - self.watch.tcp(rest_q)) * 1e3),
+            "node_silent_s": float(silent.group(1)) if silent else float("nan"),
+            "engaged_by": state.estop_source,
+            "estop_reason": state.estop_reason,
+            "result_category": result.failure_category,
+            "result_success": bool(result.success),
+            "held": bool(
+                state.estop_source == topic
+                and still.estop_engaged
+                and not result.success
+                and result.failure_category == "safety_stop"
+            ),
+        }
 
 
 def self_collision_timing(configs: int) -> dict[str, object]:
@@ -231,6 +564,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=8, help="kills with the sweep given a horizon at a time")
     parser.add_argument("--whole-kills", type=int, default=2, help="kills with sweeps sent whole (the anchor)")
+    parser.add_argument("--lapses", type=int, default=6, help="e-stop bridge deaths mid-sweep (deadline lapses)")
     parser.add_argument("--configs", type=int, default=2000, help="joint positions the self-collision check times")
     parser.add_argument("--out", default=str(RESULTS / "real_arm.json"), help="where the results go")
     args = parser.parse_args()
@@ -250,12 +584,28 @@ def main() -> None:
     executor = MultiThreadedExecutor(num_threads=2)
     executor.add_node(node)
     threading.Thread(target=executor.spin, daemon=True).start()
-    runs: dict[str, list[dict[str, float]]] = {"horizon": [], "whole": []}
+    runs: dict[str, list[dict[str, object]]] = {"horizon": [], "whole": [], "lapse": []}
+    spurious: list[str] = []
     try:
+        link = MotionLink(node)
         watch = ArmWatch(node, robot.load_profile("panda_twin"))
         plan = [("horizon", HORIZON_S)] * args.kills + [("whole", 0.0)] * args.whole_kills
         for kind, horizon in tqdm(plan, desc="motion_node SIGKILLed mid-sweep", unit="kill"):
-            runs[kind].append(kill_mid_sweep(node, watch, horizon, float(rng.uniform(0.05, 0.25))))
+            runs[kind].append(kill_mid_sweep(link, watch, horizon, float(rng.uniform(0.05, 0.25))))
+        if args.lapses:
+            lapse_rng = np.random.default_rng(2727)
+            with LapseBench(link, watch) as bench, tqdm(total=args.lapses, desc="e-stop bridge dies mid-sweep") as bar:
+                while len(runs["lapse"]) < args.lapses:
+                    if bench.spurious > 3 * args.lapses + 3:
+                        raise RuntimeError(
+                            f"{bench.spurious} lapses while the e-stop bridge was alive: "
+                            + " | ".join(bench.spurious_reasons)
+                        )
+                    run = bench.lapse_mid_sweep(float(lapse_rng.uniform(0.05, 0.2)))
+                    if run is not None:
+                        runs["lapse"].append(run)
+                        bar.update()
+                spurious = bench.spurious_reasons
     finally:
         executor.shutdown()
         node.destroy_node()
@@ -281,8 +631,26 @@ def main() -> None:
         "sweep_speed_mps": SPEED_MPS,
         "kills": len(runs["horizon"]),
         "whole_kills": len(runs["whole"]),
+        "estop_lapse_to_hold_ms_p50": float(np.percentile(column("lapse", "expiry_to_hold_ms"), 50)),
+        "estop_lapse_to_hold_ms_p95": float(np.percentile(column("lapse", "expiry_to_hold_ms"), 95)),
+        "estop_lapse_to_result_ms_p95": float(np.percentile(column("lapse", "expiry_to_result_ms"), 95)),
+        "estop_hold_to_rest_ms_p95": float(np.percentile(column("lapse", "hold_to_rest_ms"), 95)),
+        "estop_lapse_to_rest_ms_p95": float(np.percentile(column("lapse", "expiry_to_rest_ms"), 95)),
+        "estop_lapse_stop_distance_mm_p50": float(np.percentile(column("lapse", "distance_mm"), 50)),
+        "estop_lapse_stop_distance_mm_p95": float(np.percentile(column("lapse", "distance_mm"), 95)),
+        "estop_lapse_tcp_speed_mps_p50": float(np.percentile(column("lapse", "speed_mps"), 50)),
+        "estop_lapse_trials": len(runs["lapse"]),
+        "estop_lapse_all_held": bool(runs["lapse"]) and all(r["held"] for r in runs["lapse"]),
+        "estop_spurious_lapses": len(spurious),
+        "estop_spurious_lapse_reasons": spurious,
+        "estop_deadline_s": ESTOP_DEADLINE_S,
+        "estop_heartbeat_s": HEARTBEAT_S,
+        "estop_lapse_clocks": "lapse_to_hold, lapse_to_result: host steady time (CLOCK_MONOTONIC) from the "
+        "deadline's expiry (the last heartbeat's publish + estop_deadline_s); hold_to_rest: the twin's clock, from the "
+        "stop ramp's stamp; lapse_to_rest = lapse_to_hold + hold_to_rest; stop_distance: the TCP's travel from "
+        "lapse_to_hold of arm time before the stop ramp's stamp until the arm rests",
         **collision,
-        "not_measured_yet": ["moveit_scene_check_ms_p50", "estop_lapse_to_hold_ms"],
+        "not_measured_yet": ["moveit_scene_check_ms_p50"] + ([] if runs["lapse"] else ["estop_lapse_to_hold_ms"]),
     }
     anchor = metrics["whole_sweep_kill_distance_mm_p50"]
     print_table(
@@ -315,6 +683,23 @@ def main() -> None:
                 float(np.percentile(column("whole", "stop_time_ms"), 95)),
                 1.0,
             ],
+        ],
+    )
+    lapses = metrics["estop_lapse_trials"]
+    print_table(
+        f"e-stop bridge dies mid-sweep ({SPEED_MPS} m/s MoveTo, estop_deadline_s {ESTOP_DEADLINE_S}, "
+        f"heartbeat every {HEARTBEAT_S} s; from the deadline's expiry)",
+        ["lapses", "to hold p50 ms", "p95 ms", "to result p95 ms", "hold to rest p95 ms", "travel p95 mm", "held"],
+        [
+            [
+                lapses,
+                metrics["estop_lapse_to_hold_ms_p50"],
+                metrics["estop_lapse_to_hold_ms_p95"],
+                metrics["estop_lapse_to_result_ms_p95"],
+                metrics["estop_hold_to_rest_ms_p95"],
+                metrics["estop_lapse_stop_distance_mm_p95"],
+                f"{sum(r['held'] for r in runs['lapse'])}/{lapses} (spurious lapses: {len(spurious)})",
+            ]
         ],
     )
     print_table(
