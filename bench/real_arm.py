@@ -158,18 +158,17 @@ class ArmWatch:
 
     def received_by(self, host_s: float) -> tuple[float, np.ndarray, np.ndarray]:
         """The newest state this process had received at host steady time `host_s` (stamp, q, qd)."""
-        with self._cond:
-            before = [row for row in self._states if row[3] <= host_s]
-            if not before:
-                raise RuntimeError(f"no joint state kept from before host time {host_s:.3f} s")
-            return before[-1][:3]
+        return self._last_up_to(3, host_s, f"host time {host_s:.3f} s")
 
     def state_at(self, stamp_s: float) -> tuple[float, np.ndarray, np.ndarray]:
         """The newest state stamped at or before `stamp_s` on the twin's clock (stamp, q, qd)."""
+        return self._last_up_to(0, stamp_s, f"{stamp_s:.3f} s of arm time")
+
+    def _last_up_to(self, column: int, limit: float, what: str) -> tuple[float, np.ndarray, np.ndarray]:
         with self._cond:
-            before = [row for row in self._states if row[0] <= stamp_s]
+            before = [row for row in self._states if row[column] <= limit]
             if not before:
-                raise RuntimeError(f"no joint state kept from before {stamp_s:.3f} s of arm time")
+                raise RuntimeError(f"no joint state kept from before {what}")
             return before[-1][:3]
 
     def stop_ramp(self, after_host_s: float) -> float:
