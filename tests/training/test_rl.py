@@ -788,3 +788,10 @@ def test_cli_sft_then_rl_on_the_expert_store(recorded, tmp_path, capsys):
     (tmp_path / "rl" / "rl_checkpoint.pt").write_bytes(b"an earlier run")
     with pytest.raises(SystemExit, match="pass --resume to continue it"):
         main(["rl", *common, "--out", str(tmp_path / "rl"), "--group-size", "2"])
+
+
+@pytest.mark.parametrize("value", ["0", "-1e-2", "nan", "fast"])
+def test_the_rows_learning_rate_must_be_a_number_above_zero(value, capsys):
+    with pytest.raises(SystemExit):
+        main(["sft", "--tiny", "--rows-lr", value, "--out", "x"])
+    assert "--rows-lr" in capsys.readouterr().err

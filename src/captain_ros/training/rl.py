@@ -1066,7 +1066,7 @@ def parser() -> argparse.ArgumentParser:
     )
     sft.add_argument(
         "--rows-lr",
-        type=float,
+        type=_positive,
         default=1e-2,
         help="learning rate of the output rows a LoRA run trains beside its adapters: those of target tokens the base "
         "never trained, found by training.token_rows (default 1e-2)",
@@ -1123,6 +1123,17 @@ def parser() -> argparse.ArgumentParser:
     plot.add_argument("--keys", default="", help=f"comma-separated metrics (default: {','.join(PLOT_KEYS)})")
     plot.set_defaults(func=cmd_plot)
     return top
+
+
+def _positive(text: str) -> float:
+    """A command-line number that must be above zero (a learning rate)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"{text} is not above zero")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
