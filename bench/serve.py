@@ -1,22 +1,26 @@
-"""training.hf_serve's generation speed with concurrent requests: varlen attention (the default) vs transformers' sdpa.
+"""training.hf_serve's generation speed with concurrent requests: its engines and attentions.
 
   .venv/bin/python bench/serve.py                  # the student if `make setup` built it, else the tiny model
   python bench/serve.py --requests 32 --prompt-tokens 4096 --new-tokens 256     # e.g. on a GPU host
 
-Each attention implementation gets a fresh engine (training.hf_serve.Engine, in this process) and the same
+Three servers: the slot engine (training.slot_engine, hf_serve's default), and transformers' continuous batching
+(training.hf_serve.Engine, `--engine cb`) with varlen attention (its default) and with transformers' sdpa. Each gets a
+fresh engine in this process and the same
 `--requests` requests, queued together: distinct prompts of `--prompt-tokens` tokens (random ids), `--new-tokens`
 sampled tokens each at temperature 1 (no stop token can end one early: every request samples exactly that many, so
-both implementations do the same work). Reported: sampled tokens per second over the whole batch (prefill
-included), per request, and the ratio to sdpa. Under continuous batching transformers' sdpa runs one masked
-attention of all the batch's queries over all its requests' keys; varlen attends each request to its own cache.
+all do the same work). Reported: sampled tokens per second over the whole batch (prefill included), per request, and
+the ratio to cb with sdpa. Under continuous batching transformers' sdpa runs one masked attention of all the batch's
+queries over all its requests' keys; varlen attends each request to its own cache; the slot engine keeps each
+request's keys in a dense slot and decodes all running requests in one step, with no per-token host work.
 
-Writes bench/results/serve.json: tokens_per_s_sdpa, tokens_per_s_varlen, varlen_speedup, the setting, the model,
-the device and the machine.
+Writes bench/results/serve.json: tokens_per_s_sdpa, tokens_per_s_varlen, tokens_per_s_slots, varlen_speedup and
+slots_speedup (both over cb with sdpa), the setting, the model, the device and the machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import threading
 import time
@@ -45,17 +49,28 @@ def _model_folder(out: Path, given: Path | None) -> tuple[Path, str]:
     return out, "tiny Qwen2 (training.tiny; `make setup` builds the student)"
 
 
-def _run(folder: Path, attn: str, args: argparse.Namespace) -> dict:
+SERVERS = {"sdpa": ("cb", "sdpa"), "varlen": ("cb", "varlen"), "slots": ("slots", "varlen")}  # engine, attention
+
+
+def _run(folder: Path, name: str, args: argparse.Namespace) -> dict:
     import torch
 
     from training import hf_serve
 
+    engine_name, attn = SERVERS[name]
     config = hf_serve.ServeConfig(
         model=str(folder), device=args.device, max_model_len=args.prompt_tokens + args.new_tokens + 8,
-        attn_implementation=attn, seed=0,
+        engine=engine_name, attn_implementation=attn, seed=0, max_num_seqs=max(args.requests, 1),
     )  # fmt: skip
+    if engine_name == "slots" and hf_serve.resolve_device(args.device) == "cpu":
+        config = dataclasses.replace(config, kv_cache_tokens=args.requests * config.max_model_len)  # a slot each
     model, tokenizer, _, _ = hf_serve.load(config)
-    engine = hf_serve.Engine(model, [], config)  # no stop ids: every request samples --new-tokens
+    if engine_name == "slots":
+        from training.slot_engine import SlotEngine
+
+        engine = SlotEngine(model, [], config)  # no stop ids: every request samples --new-tokens
+    else:
+        engine = hf_serve.Engine(model, [], config)
     gen = torch.Generator().manual_seed(0)
     vocab = min(len(tokenizer), model.config.vocab_size)
     prompts = [torch.randint(0, vocab, (args.prompt_tokens,), generator=gen).tolist() for _ in range(args.requests)]
@@ -81,7 +96,7 @@ def _run(folder: Path, attn: str, args: argparse.Namespace) -> dict:
         engine.close()
     tokens = sum(len(d.token_ids) for d in done)
     if tokens != args.requests * args.new_tokens:
-        raise RuntimeError(f"{attn}: {tokens} tokens sampled, {args.requests * args.new_tokens} asked for")
+        raise RuntimeError(f"{name}: {tokens} tokens sampled, {args.requests * args.new_tokens} asked for")
     return {"tokens": tokens, "wall_s": wall_s, "tokens_per_s": tokens / wall_s, "device": str(model.device)}
 
 
@@ -101,16 +116,16 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         folder, model_name = _model_folder(Path(tmp) / "tiny", args.model)
-        runs = {attn: _run(folder, attn, args) for attn in ("sdpa", "varlen")}
+        runs = {name: _run(folder, name, args) for name in SERVERS}
     base = runs["sdpa"]["tokens_per_s"]
     print_table(
         f"hf_serve: {args.requests} requests of {args.prompt_tokens} prompt tokens, {args.new_tokens} sampled each "
         f"({model_name}, {runs['sdpa']['device']})",
-        ["attention", "wall s", "tokens/s", "tokens/s per request", "vs sdpa"],
+        ["server", "wall s", "tokens/s", "tokens/s per request", "vs cb sdpa"],
         [
-            [attn, f"{r['wall_s']:.1f}", f"{r['tokens_per_s']:.1f}", f"{r['tokens_per_s'] / args.requests:.2f}",
-             f"{r['tokens_per_s'] / base:.2f}x"]
-            for attn, r in runs.items()
+            [f"{SERVERS[name][0]} {SERVERS[name][1] if name != 'slots' else ''}".strip(), f"{r['wall_s']:.1f}",
+             f"{r['tokens_per_s']:.1f}", f"{r['tokens_per_s'] / args.requests:.2f}", f"{r['tokens_per_s'] / base:.2f}x"]
+            for name, r in runs.items()
         ],
     )  # fmt: skip
     write_results(
@@ -118,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         {
             "tokens_per_s_sdpa": base,
             "tokens_per_s_varlen": runs["varlen"]["tokens_per_s"],
+            "tokens_per_s_slots": runs["slots"]["tokens_per_s"],
             "varlen_speedup": runs["varlen"]["tokens_per_s"] / base,
+            "slots_speedup": runs["slots"]["tokens_per_s"] / base,
         },
         {
             "requests": args.requests,

@@ -153,11 +153,14 @@ def folder(tmp_path_factory):
     return out
 
 
-@pytest.fixture(scope="module")
-def server(folder):
+@pytest.fixture(scope="module", params=hf_serve.ENGINES)
+def server(folder, request):
+    """The server in its own process, on each engine: the slot engine (default) and transformers' continuous
+    batching answer every request of these tests the same way."""
     server = hf_serve.start_hf_server(
-        folder, folder.parent / "server.log", device="cpu", dtype="float32", max_model_len=MAX_LEN
-    )
+        folder, folder.parent / f"server-{request.param}.log", device="cpu", dtype="float32", max_model_len=MAX_LEN,
+        extra_args=("--engine", request.param),
+    )  # fmt: skip
     try:
         server.wait_healthy(START_LIMIT_S)
     except Exception as exc:
@@ -377,13 +380,19 @@ def test_unknown_routes_are_404(server):
     assert httpx.post(f"{server.root}/v1/embeddings", content="{}", trust_env=False).status_code == 404
 
 
-@pytest.fixture
-def in_process(folder):
+@pytest.fixture(params=hf_serve.ENGINES)
+def in_process(folder, request):
     """The engine and HTTP server in this process (the engine's insides reachable), stopped after the test."""
-    config = hf_serve.ServeConfig(model=str(folder), device="cpu", dtype="float32", max_model_len=256, port=0)
+    config = hf_serve.ServeConfig(model=str(folder), device="cpu", dtype="float32", max_model_len=256, port=0,
+                                  engine=request.param, kv_cache_tokens=8 * 256)  # fmt: skip
     model, tokenizer, eos, defaults = hf_serve.load(config)
-    assert model.config._attn_implementation == hf_serve.VARLEN_ATTENTION  # the default
-    engine = hf_serve.Engine(model, eos, config)
+    if request.param == "cb":
+        assert model.config._attn_implementation == hf_serve.VARLEN_ATTENTION  # its default
+        engine = hf_serve.Engine(model, eos, config)
+    else:
+        from training.slot_engine import SlotEngine
+
+        engine = SlotEngine(model, eos, config)
     httpd = hf_serve.HFServer(("127.0.0.1", 0), hf_serve.ChatAPI(config.model, tokenizer, engine, 256, defaults))
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
@@ -398,15 +407,6 @@ def in_process(folder):
 def test_requests_queued_together_share_forward_passes(in_process, monkeypatch, caplog):
     """Six requests queued while the generation loop is paused: its next step takes them all in one batch."""
     engine, root = in_process
-    queued = threading.Semaphore(0)
-    add_request = engine.manager.add_request
-
-    def counted(*args, **kwargs):
-        request_id = add_request(*args, **kwargs)
-        queued.release()
-        return request_id
-
-    monkeypatch.setattr(engine.manager, "add_request", counted)
     monkeypatch.setattr(hf_serve, "THROUGHPUT_LOG_S", math.inf)
     replies: list = [None] * 6
 
@@ -415,10 +415,26 @@ def test_requests_queued_together_share_forward_passes(in_process, monkeypatch, 
         replies[i] = httpx.post(f"{root}/v1/chat/completions", json=body, timeout=120.0, trust_env=False)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
-    with engine.manager.pause():
-        for t in threads:
-            t.start()
-        assert all(queued.acquire(timeout=60.0) for _ in threads)
+    if isinstance(engine, hf_serve.Engine):  # transformers' manager: count what reaches it while it is paused
+        queued = threading.Semaphore(0)
+        add_request = engine.manager.add_request
+
+        def counted(*args, **kwargs):
+            request_id = add_request(*args, **kwargs)
+            queued.release()
+            return request_id
+
+        monkeypatch.setattr(engine.manager, "add_request", counted)
+        with engine.manager.pause():
+            for t in threads:
+                t.start()
+            assert all(queued.acquire(timeout=60.0) for _ in threads)
+    else:
+        with engine.pause() as changed:
+            for t in threads:
+                t.start()
+            with changed:
+                assert changed.wait_for(lambda: engine.queued() == 6, timeout=60.0)
     for t in threads:
         t.join(timeout=120.0)
     assert [r.status_code for r in replies] == [200] * 6
@@ -467,3 +483,64 @@ def test_varlen_attention_refuses_what_it_does_not_compute():
             hf_serve.varlen_attention(None, q, kv, kv, None, **bad, **cu)
     out, _ = hf_serve.varlen_attention(None, q, kv, kv, None, scaling=8**-0.5, **cu)
     assert out.shape == (1, 3, 4, 8)  # [1, T, H, D], as transformers' flash attention returns
+
+
+# ------------------------------------------------------------------------------------------------ the slot engine
+def test_the_slot_engine_refuses_a_model_it_does_not_compute():
+    """A Llama-shaped model (no q/k/v biases, another model type): refused at start with the way out."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from training.slot_engine import SlotEngine
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1)).eval()  # fmt: skip
+    config = hf_serve.ServeConfig(model="llama", device="cpu", max_model_len=128)
+    with pytest.raises(RuntimeError, match=r"model type 'llama'.*--engine cb"):
+        SlotEngine(model, [0], config)
+
+
+def test_the_slot_engine_refuses_to_serve_what_its_self_check_rejects(folder, monkeypatch):
+    """Its start-up comparison with the transformers forward decides: past the tolerance it does not start."""
+    import torch
+
+    from training import slot_engine
+
+    config = hf_serve.ServeConfig(model=str(folder), device="cpu", dtype="float32", max_model_len=128)
+    model, _, eos, _ = hf_serve.load(config)
+    monkeypatch.setattr(slot_engine, "SELF_CHECK_TOLERANCE", {torch.float32: -1.0})
+    with pytest.raises(RuntimeError, match=r"differ from the transformers forward.*--engine cb"):
+        slot_engine.SlotEngine(model, eos, config)
+
+
+def test_the_slot_engine_decodes_each_slot_as_the_forward_pass_of_its_own_request(folder):
+    """Prompts of different lengths in scattered slots, decoded together with free slots between them: each row's
+    log-probabilities are those of one transformers forward over that request alone."""
+    import torch
+
+    from training.slot_engine import SlotEngine
+
+    config = hf_serve.ServeConfig(model=str(folder), device="cpu", dtype="float32", max_model_len=256,
+                                  kv_cache_tokens=6 * 256)  # fmt: skip
+    model, _, eos, _ = hf_serve.load(config)
+    engine = SlotEngine(model, eos, config)
+    try:
+        gen = torch.Generator().manual_seed(1)
+        prompts = {0: 5, 2: 70, 5: 130}  # slot: prompt length (slots 1, 3, 4 free)
+        seqs = {s: torch.randint(3, 200, (n + 3,), generator=gen).tolist() for s, n in prompts.items()}
+        with torch.inference_mode():
+            first = engine.prefill(list(prompts), [seqs[s][: prompts[s]] for s in prompts])
+            got = {s: [row] for s, row in zip(prompts, first, strict=True)}
+            for t in range(3):
+                tokens, positions = torch.zeros(6, dtype=torch.long), torch.zeros(6, dtype=torch.long)
+                for s, n in prompts.items():
+                    tokens[s], positions[s] = seqs[s][n + t], n + t
+                logits = engine.decode(tokens, positions)
+                for s in prompts:
+                    got[s].append(logits[s])
+            for s, n in prompts.items():
+                want = model(torch.tensor([seqs[s]])).logits[0, n - 1 :].float().log_softmax(-1)
+                assert torch.stack(got[s]).log_softmax(-1) == pytest.approx(want, abs=1e-4)
+    finally:
+        engine.close()

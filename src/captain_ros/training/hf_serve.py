@@ -70,6 +70,7 @@ SRC = Path(__file__).resolve().parents[1]  # src/captain_ros: what `python -m tr
 GREEDY_EPS = 1e-5  # temperatures below this are greedy (vLLM's _SAMPLING_EPS)
 NEG_LOGPROB = -9999.0  # what vLLM reports for a -inf logprob (JSON has no infinity)
 THROUGHPUT_LOG_S = 30.0  # how often the engine logs its generation speed while it generates
+ENGINES = ("slots", "cb")  # training.slot_engine (the default), transformers' continuous batching
 TESTED_TRANSFORMERS = "5.24"  # the continuous-batching internals this module hooks were read in this version
 
 log = logging.getLogger("hf_serve")
@@ -98,7 +99,8 @@ class ServeConfig:
     max_model_len: int = 32768  # prompt + completion tokens per request at most
     dtype: str = "auto"  # auto (bfloat16 on CUDA, float32 on CPU) | bfloat16 | float16 | float32
     device: str = "auto"  # auto (cuda if available, else cpu) | cpu | cuda | cuda:N
-    attn_implementation: str = "varlen"  # or sdpa, paged|eager, flash_attention_2 (where the package exists)
+    engine: str = "slots"  # slots (training.slot_engine; Qwen2 family) | cb (transformers' continuous batching)
+    attn_implementation: str = "varlen"  # cb only: or sdpa, paged|eager, flash_attention_2 (where the package exists)
     page_size_tokens: int = 256  # KV-cache page
     kv_cache_tokens: int | None = None  # None: free GPU memory on CUDA; on CPU 4 x max_model_len, >= 16 pages
     kv_cache_memory_fraction: float = 0.8  # of the free GPU memory after loading, for the cache (auto sizing)
@@ -698,11 +700,13 @@ def load(config: ServeConfig) -> tuple[Any, Any, list[int], dict]:
     device = resolve_device(config.device)
     dtype = config.dtype if config.dtype != "auto" else ("float32" if device == "cpu" else "bfloat16")
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    varlen = config.attn_implementation == "varlen"
+    if config.engine not in ENGINES:
+        raise SystemExit(f"--engine must be one of {', '.join(ENGINES)}, not {config.engine!r}")
+    varlen = config.engine == "cb" and config.attn_implementation == "varlen"
     model = AutoModelForCausalLM.from_pretrained(
         folder,
         dtype=getattr(torch, dtype),
-        attn_implementation="sdpa" if varlen else config.attn_implementation,
+        attn_implementation="sdpa" if varlen or config.engine != "cb" else config.attn_implementation,
         device_map=device,
         local_files_only=True,
     ).eval()
@@ -735,7 +739,12 @@ def serve(config: ServeConfig) -> None:
     """Load, start the engine, serve until SIGTERM / SIGINT, stop the engine."""
     t0 = time.monotonic()
     model, tokenizer, eos, defaults = load(config)
-    engine = Engine(model, eos, config)
+    if config.engine == "slots":
+        from training.slot_engine import SlotEngine
+
+        engine = SlotEngine(model, eos, config)
+    else:
+        engine = Engine(model, eos, config)
     api = ChatAPI(config.model, tokenizer, engine, config.max_model_len, defaults)
     httpd = HFServer((config.host, config.port), api)
     log.info(
@@ -782,6 +791,14 @@ def parse_args(argv: list[str] | None = None) -> ServeConfig:
         help="weights and activations (default auto: bfloat16 on CUDA, float32 on CPU)",
     )
     p.add_argument("--device", default=d.device, help="auto (cuda if available, else cpu), cpu, cuda or cuda:N")
+    p.add_argument(
+        "--engine",
+        default=d.engine,
+        choices=ENGINES,
+        help="slots (default: one dense KV-cache slot per request, all running requests decoded in one step; "
+        "Qwen2-family models; training.slot_engine) or cb (transformers' continuous batching: any model, slower on "
+        "hosts without flash-attn)",
+    )
     p.add_argument(
         "--attn-implementation",
         default=d.attn_implementation,
@@ -832,6 +849,7 @@ def parse_args(argv: list[str] | None = None) -> ServeConfig:
         max_model_len=a.max_model_len,
         dtype=a.dtype,
         device=a.device,
+        engine=a.engine,
         attn_implementation=a.attn_implementation,
         page_size_tokens=a.page_size,
         kv_cache_tokens=a.kv_cache_tokens,

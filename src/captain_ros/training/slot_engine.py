@@ -1,0 +1,404 @@
+"""training.hf_serve's default engine: one preallocated KV-cache slot per running request, a decode step of all of them
+at once, the decoder computed by training.fast's Qwen2 layer functions on the model's own weights.
+
+Why not transformers' continuous batching (hf_serve's `--engine cb`): on a host without the flash-attn package its
+paged cache is read through Python-built index lists, every cached token of every request on every decode step
+(`prepare_batch_tensors`: 13 ms at 48 requests of 2k tokens, 23 ms at 6k, on an H100's host CPU), plus one
+index_select gather per layer; with 24-65 agent episodes of 4-15k-token contexts it generated 300-680 tokens/s on an
+H100 for the 0.5B student. Here nothing per token is built on the host:
+
+- The cache is dense: per layer a [slots, kv_heads, capacity, head_dim] key and value tensor, a request owning one
+  slot (capacity = --max-model-len) from its prefill to its last token. Slots are handed out lowest first, so a decode
+  step's batch is the view [:n] of the first n slots (free slots among them compute a dummy row that nothing reads).
+- Prefill: the requests admitted together are packed into one forward ([tokens], training.fast.cached_attention:
+  flash varlen on CUDA, per-request SDPA elsewhere), their keys written into their slots, and the last position of
+  each sampled. No prefix caching: the 0.5B student prefills a 10k-token prompt in tens of milliseconds on a GPU.
+- Decode: one token per running request, written at its own position; attention is one SDPA call over the batch's
+  slots up to the longest running context, a boolean mask hiding each row's unwritten positions. The query heads
+  that share a key head are that call's query positions ([n, kv_heads, groups, head_dim]), so grouped-query
+  attention needs no repeated keys.
+- Sampling is hf_serve's `sample_rows` (per-request temperature, top-k, top-p, seed; processed logprobs).
+
+Exactness: the layer arithmetic is training.fast's (Qwen2 op for op: fp32 RMSNorm, the model's rotary module), the
+same the SFT trains with; `self_check` compares prefill and decode log-probabilities with the transformers forward
+of the same model at start-up and refuses to serve past `SELF_CHECK_TOLERANCE`. Qwen2-family models only
+(training.fast.unsupported_reason); `--engine cb` serves anything transformers does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.nn.functional import linear, scaled_dot_product_attention
+
+from training import fast
+
+log = logging.getLogger("hf_serve")
+
+ALIGN_TOKENS = 64  # context lengths of a decode step's attention are rounded up to this (aligned masks and kernels)
+SELF_CHECK_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.25, torch.float16: 0.1}  # max |logprob difference|
+SELF_CHECK_TOKENS = (48, 4)  # prompt and decoded tokens of the start-up check
+
+
+@dataclass
+class Request:
+    """One request's state from queueing to its answer."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    params: Any  # hf_serve.SamplingParams
+    generator: Any  # a seeded request's own torch.Generator, else None
+    eos_ids: frozenset[int]
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    slot: int = -1
+    done: threading.Event = field(default_factory=threading.Event)
+    cancelled: bool = False
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.tokens) and (self.tokens[-1] in self.eos_ids or len(self.tokens) >= self.max_new_tokens)
+
+
+class SlotEngine:
+    """hf_serve's engine interface (`generate`, `failure`, `close`, `cache_tokens`, `largest_batch`) on dense slots."""
+
+    def __init__(self, model: Any, eos_ids: list[int], config: Any) -> None:
+        reason = fast.unsupported_reason(model)
+        if reason is not None:
+            raise RuntimeError(f"the slot engine cannot serve this model ({reason}): serve it with --engine cb")
+        self.model, self.eos_ids, self.config = model, frozenset(eos_ids), config
+        self.device = model.device
+        cfg = model.config
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.eps = cfg.rms_norm_eps
+        self.capacity = math.ceil(config.max_model_len / ALIGN_TOKENS) * ALIGN_TOKENS
+        self.dtype = next(model.parameters()).dtype
+        self.slots = self._slot_count()
+        self.cache_tokens = self.slots * self.capacity
+        shape = (self.slots, self.kv_heads, self.capacity, self.head_dim)
+        core = model.get_decoder()
+        self.core = core
+        self.keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in core.layers]
+        self.values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in core.layers]
+        self.weights = [self._layer_weights(layer) for layer in core.layers]
+        self.prefill_tokens = max(config.max_batch_tokens or 0, 16384)  # packed prompt tokens per prefill (or one)
+        self.generator = torch.Generator(device=self.device)
+        if config.seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(config.seed)
+        self.largest_batch = 0
+        self._stats = {"tokens": 0, "requests": 0, "largest_batch": 0, "since": time.monotonic()}
+        self._queue: list[Request] = []
+        self._running: dict[int, Request] = {}  # slot -> request
+        self._free = list(range(self.slots))  # a heap: the lowest free slot first
+        self._cv = threading.Condition()
+        self._dead: str | None = None
+        self._stopping = False
+        self._paused = False
+        error = self.self_check()
+        log.info(
+            "slot engine: %d slots of %d tokens (%.1f GiB of KV cache), self-check max |logprob difference| %.2g",
+            self.slots, self.capacity, 2 * len(self.keys) * self.keys[0].numel() * self.keys[0].element_size() / 2**30,
+            error,
+        )  # fmt: skip
+        self._thread = threading.Thread(target=self._loop, name="hf_serve-slots", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------------------------------ set-up
+    def _slot_count(self) -> int:
+        """Slots: --kv-cache-tokens / capacity when given; on CUDA what the free memory's share holds; on CPU four.
+        At most --max-num-seqs; at least one (else an error that says what to change)."""
+        per_token = 2 * len(self.model.get_decoder().layers) * self.kv_heads * self.head_dim * self.dtype.itemsize
+        tokens = self.config.kv_cache_tokens
+        if tokens is None and self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            tokens = int(free * self.config.kv_cache_memory_fraction) // per_token
+        elif tokens is None:
+            tokens = 4 * self.capacity
+        slots = min(self.config.max_num_seqs, tokens // self.capacity)
+        if slots < 1:
+            raise RuntimeError(
+                f"the KV cache holds {tokens} tokens, fewer than one request of --max-model-len "
+                f"{self.config.max_model_len}: lower --max-model-len or give the cache more (--kv-cache-tokens / "
+                "--kv-cache-memory-fraction)"
+            )
+        return slots
+
+    def _layer_weights(self, layer: Any) -> dict:
+        a, mlp = layer.self_attn, layer.mlp
+        biases = [fast._base(m).bias for m in (a.q_proj, a.k_proj, a.v_proj)]
+        return {
+            "norm_w": layer.input_layernorm.weight,
+            "qkv_w": torch.cat([fast.linear_weight(m) for m in (a.q_proj, a.k_proj, a.v_proj)]).detach(),
+            "qkv_b": torch.cat(biases).detach() if all(b is not None for b in biases) else None,
+            "o_w": fast.linear_weight(a.o_proj).detach(),
+            "post_norm_w": layer.post_attention_layernorm.weight,
+            "gate_up_w": (fast.linear_weight(mlp.gate_proj).detach(), fast.linear_weight(mlp.up_proj).detach()),
+            "down_w": fast.linear_weight(mlp.down_proj).detach(),
+        }
+
+    # ------------------------------------------------------------------------------------------ the decoder
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.core.rotary_emb(x[None], positions[None])
+        return cos[0, :, None, :], sin[0, :, None, :]  # [T, 1, D] against q/k [T, H, D]
+
+    def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Any) -> torch.Tensor:
+        """x [T, d] through every decoder layer; `attend(i, q, k, v)` stores layer i's keys and returns its
+        attention output [T, H, D]. Returns the final-normed hidden states [T, d]."""
+        for i, w in enumerate(self.weights):
+            q, k, v = fast.attention_in(
+                x, w["norm_w"], w["qkv_w"], qkv_b=w["qkv_b"], cos=cos, sin=sin, eps=self.eps, heads=self.heads,
+                kv_heads=self.kv_heads, head_dim=self.head_dim,
+            )  # fmt: skip
+            x = fast.attention_out_mlp(
+                x, attend(i, q, k, v), w["o_w"], norm_w=w["post_norm_w"], gate_up_w=w["gate_up_w"],
+                down_w=w["down_w"], eps=self.eps,
+            )  # fmt: skip
+        return fast.rms_norm(x, self.core.norm.weight, self.eps)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return linear(hidden, self.model.get_output_embeddings().weight).float()
+
+    def prefill(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
+        """Write the prompts' keys into their slots; the logits [len(prompts), vocab] (fp32) after each prompt."""
+        lengths = [len(p) for p in prompts]
+        cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=self.device)
+        ids = torch.tensor(list(itertools.chain.from_iterable(prompts)), device=self.device)
+        positions = torch.cat([torch.arange(n, device=self.device) for n in lengths])
+        x = self.core.embed_tokens(ids)
+        cos, sin = self._rope(x, positions)
+        bounds = list(itertools.pairwise([0, *itertools.accumulate(lengths)]))
+
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            for slot, (a, b) in zip(slots, bounds, strict=True):
+                self.keys[i][slot, :, : b - a] = k[a:b].transpose(0, 1)
+                self.values[i][slot, :, : b - a] = v[a:b].transpose(0, 1)
+            return fast.cached_attention(q, k, v, cu, cu, max(lengths), max(lengths))
+
+        hidden = self._layers(x, cos, sin, attend)
+        return self._logits(hidden[cu[1:].long() - 1])
+
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One step of slots 0..n-1 (n = len(tokens)): slot j's token `tokens[j]` at `positions[j]`; the logits
+        [n, vocab] (fp32). Rows of free slots compute garbage that nothing reads."""
+        n = tokens.shape[0]
+        length = min(self.capacity, math.ceil((int(positions.max()) + 1) / ALIGN_TOKENS) * ALIGN_TOKENS)
+        rows = torch.arange(n, device=self.device)
+        visible = (torch.arange(length, device=self.device)[None, :] <= positions[:, None])[:, None, None, :]
+        groups = self.heads // self.kv_heads
+        x = self.core.embed_tokens(tokens)
+        cos, sin = self._rope(x, positions)
+
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            self.keys[i][rows, :, positions] = k
+            self.values[i][rows, :, positions] = v
+            out = scaled_dot_product_attention(
+                q.view(n, self.kv_heads, groups, self.head_dim),  # a key head's query heads as its query positions
+                self.keys[i][:n, :, :length],
+                self.values[i][:n, :, :length],
+                attn_mask=visible,
+            )
+            return out.reshape(n, self.heads, self.head_dim)
+
+        return self._logits(self._layers(x, cos, sin, attend))
+
+    @torch.inference_mode()
+    def self_check(self) -> float:
+        """The largest |log-probability difference| between this engine (prefill, then decode steps) and the
+        transformers forward of the same model over the same tokens; RuntimeError past SELF_CHECK_TOLERANCE."""
+        prompt_len, steps = SELF_CHECK_TOKENS
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        vocab = self.model.get_output_embeddings().weight.shape[0]
+        ids = torch.randint(0, vocab, (prompt_len + steps,), generator=gen).tolist()
+        slot = self.slots - 1  # a slot other than 0: the decode batch then carries free rows before it
+        got = [self.prefill([slot], [ids[:prompt_len]])[0]]
+        for t in range(steps):
+            tokens = torch.zeros(slot + 1, dtype=torch.long, device=self.device)
+            positions = torch.zeros(slot + 1, dtype=torch.long, device=self.device)
+            tokens[slot], positions[slot] = ids[prompt_len + t], prompt_len + t
+            got.append(self.decode(tokens, positions)[slot])
+        want = self.model(torch.tensor([ids], device=self.device)).logits[0, prompt_len - 1 :].float()
+        error = float((torch.stack(got).log_softmax(-1) - want.log_softmax(-1)).abs().max())
+        tolerance = SELF_CHECK_TOLERANCE.get(self.dtype, 0.25)
+        if not error <= tolerance:
+            raise RuntimeError(
+                f"the slot engine's log-probabilities differ from the transformers forward by {error:.3g} (more "
+                f"than {tolerance:g}) on this {self.device} / torch {torch.__version__}: serve with --engine cb"
+            )
+        return error
+
+    # ------------------------------------------------------------------------------------------ the loop
+    def _loop(self) -> None:
+        try:
+            with torch.inference_mode():
+                while True:
+                    with self._cv:
+                        while not self._stopping and (self._paused or (not self._running and not self._queue)):
+                            self._cv.wait(timeout=1.0)
+                        if self._stopping:
+                            return
+                        admitted = self._admit()
+                    if admitted:
+                        self._prefill(admitted)
+                    if self._running:
+                        self._step()
+                    self._log_throughput()
+        except BaseException as exc:
+            self._die(f"the generation loop died: {type(exc).__name__}: {exc}")
+
+    def _admit(self) -> list[Request]:
+        """Queued requests into free slots, as many as one prefill takes (the caller holds the lock)."""
+        admitted, tokens = [], 0
+        while self._queue and self._free:
+            request = self._queue[0]
+            if request.cancelled:
+                self._queue.pop(0)
+                continue
+            if admitted and tokens + len(request.prompt_ids) > self.prefill_tokens:
+                break
+            self._queue.pop(0)
+            request.slot = heapq.heappop(self._free)
+            admitted.append(request)
+            tokens += len(request.prompt_ids)
+        return admitted
+
+    def _prefill(self, admitted: list[Request]) -> None:
+        logits = self.prefill([r.slot for r in admitted], [r.prompt_ids for r in admitted])
+        for request in admitted:
+            self._running[request.slot] = request
+        self._sample(admitted, logits)
+
+    def _step(self) -> None:
+        n = max(self._running) + 1
+        tokens = [0] * n
+        positions = [0] * n
+        for slot, request in self._running.items():
+            tokens[slot] = request.tokens[-1]
+            positions[slot] = len(request.prompt_ids) + len(request.tokens) - 1
+        logits = self.decode(torch.tensor(tokens, device=self.device), torch.tensor(positions, device=self.device))
+        running = sorted(self._running.items())
+        self._sample([r for _, r in running], logits[[slot for slot, _ in running]])
+
+    def _sample(self, requests: list[Request], logits: torch.Tensor) -> None:
+        from training import hf_serve  # the module's sampler (tests replace it there)
+
+        params = [r.params for r in requests]
+        generators = [r.generator for r in requests]
+        tokens, logprobs = hf_serve.sample_rows(logits, params, generators, self.generator)
+        self.largest_batch = max(self.largest_batch, len(requests))
+        self._stats["tokens"] += len(requests)
+        self._stats["largest_batch"] = max(self._stats["largest_batch"], len(requests))
+        for request, token, logprob in zip(requests, tokens.tolist(), logprobs.tolist(), strict=True):
+            request.tokens.append(token)
+            request.logprobs.append(logprob)
+            if request.finished or request.cancelled:
+                self._release(request)
+
+    def _release(self, request: Request) -> None:
+        with self._cv:
+            self._running.pop(request.slot, None)
+            heapq.heappush(self._free, request.slot)
+        if not request.cancelled:
+            self._stats["requests"] += 1
+        request.done.set()
+
+    def _log_throughput(self, every_s: float | None = None) -> None:
+        from training import hf_serve
+
+        stats, now = self._stats, time.monotonic()
+        if now - stats["since"] < (hf_serve.THROUGHPUT_LOG_S if every_s is None else every_s):
+            return
+        if stats["tokens"]:
+            log.info(
+                "sampled %d tokens in %.0f s (%.0f tokens/s), %d requests finished, at most %d requests per forward "
+                "pass", stats["tokens"], now - stats["since"], stats["tokens"] / (now - stats["since"]),
+                stats["requests"], stats["largest_batch"],
+            )  # fmt: skip
+        self._stats = {"tokens": 0, "requests": 0, "largest_batch": 0, "since": now}
+
+    def _die(self, reason: str) -> None:
+        with self._cv:
+            if self._dead is None:
+                self._dead = reason
+                log.error("engine: %s", reason)
+            waiting = [*self._queue, *self._running.values()]
+            self._queue.clear()
+            self._running.clear()
+            self._stopping = True
+            self._cv.notify_all()
+        for request in waiting:
+            request.error = reason
+            request.done.set()
+
+    # ------------------------------------------------------------------------------------------ the interface
+    @contextlib.contextmanager
+    def pause(self) -> Any:
+        """No step runs inside this block (requests still queue): those queued together are then admitted
+        together. Yields the engine's condition, notified on every queued request."""
+        with self._cv:
+            self._paused = True
+        try:
+            yield self._cv
+        finally:
+            with self._cv:
+                self._paused = False
+                self._cv.notify_all()
+
+    def queued(self) -> int:
+        """Requests waiting for a slot."""
+        return len(self._queue)
+
+    def failure(self) -> str | None:
+        """Why the engine cannot serve (it died or stopped), or None."""
+        if self._dead is None and not self._thread.is_alive():
+            self._die("the generation loop ended")
+        return self._dead
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, params: Any) -> Any:
+        """Queue one request and wait for it; hf_serve.EngineError when it failed, the engine died or it took too
+        long (the request is then dropped at the loop's next step)."""
+        from training.hf_serve import EngineError, Generated
+
+        generator = None
+        if params.seed is not None and not params.greedy:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(params.seed)
+        if len(prompt_ids) + max_new_tokens > self.capacity + 1:
+            raise EngineError(f"{len(prompt_ids)} + {max_new_tokens} tokens exceed a slot of {self.capacity}")
+        request = Request(list(prompt_ids), max_new_tokens, params, generator, self.eos_ids)
+        with self._cv:
+            if self._dead is not None:
+                raise EngineError(self._dead)
+            self._queue.append(request)
+            self._cv.notify_all()
+        deadline = time.monotonic() + self.config.request_timeout_s
+        while not request.done.wait(timeout=1.0):
+            if self.failure() is not None or time.monotonic() > deadline:
+                request.cancelled = True  # the loop frees its slot at its next step
+                raise EngineError(self.failure() or f"no result after {self.config.request_timeout_s:g} s")
+        if request.error is not None:
+            raise EngineError(request.error)
+        stopped = request.tokens[-1] in self.eos_ids
+        return Generated(list(request.tokens), list(request.logprobs), stopped)
+
+    def close(self) -> None:
+        """Stop the loop; requests still waiting are answered 500."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        self._thread.join(timeout=30.0)
+        self._die(self._dead or "the server is stopping")
+        log.info("engine stopped; at most %d requests sampled in one forward pass", self.largest_batch)
