@@ -108,7 +108,7 @@ sft() {
     fi
     background "training.rl sft" "$WORK/sft/sft_run.json" "$WORK/sft.log" \
         python3 -m training.rl sft --model "$STUDENT" "${data[@]}" --out "$WORK/sft" \
-        --lora-rank "$RANK" --epochs "$EPOCHS" --lr 2e-4 --warmup 5 --rows 1 --grad-accum 8 --max-tokens 24576 \
+        --lora-rank "$RANK" --epochs "$EPOCHS" --lr 2e-4 --warmup 5 --lr-schedule cosine --rows 1 --grad-accum 8 --max-tokens 24576 \
         --gradient-checkpointing --no-progress
     if wait_for "$WORK/sft/sft_run.json" "training.rl sft"; then
         say "SFT done: $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(f\"{r['episodes']} episodes, {r['steps']} steps, {r['tokens_per_s']:.0f} tokens/s, loss {r['final_loss']:.3f}\")" "$WORK/sft/sft_run.json")"

@@ -795,3 +795,10 @@ def test_the_rows_learning_rate_must_be_a_number_above_zero(value, capsys):
     with pytest.raises(SystemExit):
         main(["sft", "--tiny", "--rows-lr", value, "--out", "x"])
     assert "--rows-lr" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["-0.1", "1.5", "nan", "low"])
+def test_the_minimum_learning_rate_ratio_must_be_between_zero_and_one(value, capsys):
+    with pytest.raises(SystemExit):
+        main(["sft", "--tiny", "--lr-schedule", "cosine", "--min-lr-ratio", value, "--out", "x"])
+    assert "--min-lr-ratio" in capsys.readouterr().err

@@ -264,3 +264,19 @@ def test_lora_trains_only_the_adapters():
     for name, p in base.named_parameters():
         if "lora_" not in name and name.replace("base_layer.", "") in before:
             assert torch.equal(p, before[name.replace("base_layer.", "")]), name
+
+
+def test_the_learning_rate_warms_up_then_holds_or_follows_a_cosine_worked_by_hand():
+    """Warm-up 2, 7 steps: (s+1)/3 for s < 2; then constant 1, or cosine from 1 (step 2) to 0.1 (step 6):
+    0.1 + 0.9 x (1 + cos(pi x (s-2)/4)) / 2 = 1, 0.8682, 0.55, 0.2318, 0.1."""
+    from training.sft import lr_factor
+
+    constant = SFTConfig(max_steps=7, warmup_steps=2)
+    assert [lr_factor(s, constant) for s in range(7)] == pytest.approx([1 / 3, 2 / 3, 1, 1, 1, 1, 1])
+    cosine = SFTConfig(max_steps=7, warmup_steps=2, lr_schedule="cosine", min_lr_ratio=0.1)
+    want = [1 / 3, 2 / 3, 1.0, 0.1 + 0.45 * (1 + 0.5**0.5), 0.55, 0.1 + 0.45 * (1 - 0.5**0.5), 0.1]
+    assert [lr_factor(s, cosine) for s in range(7)] == pytest.approx(want)
+    assert want[3] == pytest.approx(0.8682, abs=1e-4) and want[5] == pytest.approx(0.2318, abs=1e-4)
+    assert lr_factor(10, cosine) == pytest.approx(0.1)  # past the last step: stays at the floor
+    with pytest.raises(ValueError, match="lr_schedule"):
+        lr_factor(3, SFTConfig(lr_schedule="linear"))

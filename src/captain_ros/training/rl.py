@@ -739,6 +739,7 @@ def _write_sft_outputs(out: Path, served: Any, tokenizer: Any, *, result: Any, c
         "lora_rank": config.lora_rank,
         "trained_rows": list(config.trainable_rows),  # output rows trained beside LoRA (SFTConfig.trainable_rows)
         "learning_rate": args.lr,
+        "lr_schedule": config.lr_schedule,
         "fast_path": config.fast is not None,
         "supervised_tokens": trained,
         "tokens_seen": seen,  # packed row tokens through forward and backward
@@ -881,6 +882,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
         grad_accum_steps=args.grad_accum,
         learning_rate=args.lr,
         warmup_steps=args.warmup,
+        lr_schedule=args.lr_schedule,
+        min_lr_ratio=args.min_lr_ratio,
         seed=args.seed,
         lora_rank=args.lora_rank,
         lora_alpha=args.lora_alpha or 2.0 * args.lora_rank,
@@ -1077,6 +1080,15 @@ def parser() -> argparse.ArgumentParser:
     sft.add_argument("--lr", type=float, default=1e-5)
     sft.add_argument("--warmup", type=int, default=0, help="warm-up steps")
     sft.add_argument(
+        "--lr-schedule",
+        choices=("constant", "cosine"),
+        default="constant",
+        help="after the warm-up: constant, or a cosine down to --min-lr-ratio x --lr at the last step",
+    )
+    sft.add_argument(
+        "--min-lr-ratio", type=_fraction, default=0.1, help="with --lr-schedule cosine: the last step's rate over --lr"
+    )
+    sft.add_argument(
         "--fsdp",
         action="store_true",
         help="FSDP2 across the ranks of `torchrun --nproc-per-node N -m training.rl sft --fsdp` (training.distributed)",
@@ -1123,6 +1135,17 @@ def parser() -> argparse.ArgumentParser:
     plot.add_argument("--keys", default="", help=f"comma-separated metrics (default: {','.join(PLOT_KEYS)})")
     plot.set_defaults(func=cmd_plot)
     return top
+
+
+def _fraction(text: str) -> float:
+    """A command-line number in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"{text} is not between 0 and 1")
+    return value
 
 
 def _positive(text: str) -> float:

@@ -20,6 +20,8 @@ bf16 autocast on CUDA, fp32 on CPU; LoRA through peft when `lora_rank > 0`.
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 import random
 import sys
@@ -42,7 +44,9 @@ class SFTConfig:
     max_steps: int = 100  # optimizer steps
     grad_accum_steps: int = 1  # micro-batches per optimizer step
     learning_rate: float = 1e-5
-    warmup_steps: int = 0  # linear warm-up, then constant
+    warmup_steps: int = 0  # linear warm-up, then the schedule
+    lr_schedule: str = "constant"  # after warm-up: "constant" | "cosine" (down to min_lr_ratio x lr at max_steps)
+    min_lr_ratio: float = 0.1  # "cosine": the last step's learning rate over the peak
     weight_decay: float = 0.0
     adam_betas: tuple[float, float] = (0.9, 0.95)
     adam_eps: float = 1e-8
@@ -202,9 +206,23 @@ def make_optimizer(model: Any, config: SFTConfig) -> tuple[Any, Any]:
         eps=config.adam_eps,
         weight_decay=config.weight_decay,
     )
-    warmup = max(config.warmup_steps, 0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(lr_factor, config=config))
     return optimizer, scheduler
+
+
+def lr_factor(step: int, config: SFTConfig) -> float:
+    """The learning rate of optimizer step `step` (0-based) over the peak: a linear warm-up over `warmup_steps`,
+    then constant, or a cosine from 1 at the first step after warm-up to `min_lr_ratio` at the last
+    (`max_steps` - 1)."""
+    warmup = max(config.warmup_steps, 0)
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    if config.lr_schedule == "constant":
+        return 1.0
+    if config.lr_schedule != "cosine":
+        raise ValueError(f"lr_schedule must be 'constant' or 'cosine', not {config.lr_schedule!r}")
+    progress = min(1.0, (step - warmup) / max(1, config.max_steps - 1 - warmup))
+    return config.min_lr_ratio + (1.0 - config.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def batch_index(position: int, n_batches: int, config: SFTConfig) -> int:
