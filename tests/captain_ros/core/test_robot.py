@@ -27,6 +27,12 @@ FRANKA = {
     "upper_torque_thresholds_nm": [20.0] * 7,
     "lower_force_thresholds_n": [20.0] * 6,
     "upper_force_thresholds_n": [20.0] * 6,
+    "robot_state_topic": "/rs/robot_state",
+    "error_recovery_action": "/a/error_recovery",
+    "controller_manager": "/cm",
+    "hardware_component": "Hw",
+    "trajectory_controller": "arm_controller",
+    "broadcasters": ["joint_state_broadcaster"],
 }  # a valid interfaces.franka block
 
 
@@ -73,6 +79,14 @@ def test_the_fr3_declares_its_payload_and_franka_hardware_settings():
     settings = fr3.interfaces.franka
     assert settings.set_load_service == "/service_server/set_load"
     assert settings.upper_torque_thresholds_nm == (20.0, 20.0, 18.0, 18.0, 16.0, 14.0, 12.0)
+    assert settings.robot_state_topic == "/franka_robot_state_broadcaster/robot_state"
+    assert settings.error_recovery_action == "/action_server/error_recovery"
+    assert (settings.controller_manager, settings.hardware_component) == (
+        "/controller_manager",
+        "FrankaHardwareInterface",
+    )
+    assert settings.trajectory_controller == fr3.interfaces.trajectory_action.split("/")[1]  # fr3_arm_controller
+    assert settings.broadcasters == ("joint_state_broadcaster", "franka_robot_state_broadcaster")
     assert robot.load_profile("ur5e").interfaces.franka is None
     assert robot.load_profile("panda_twin").payload.mass_kg == 0.0  # absent: nothing carried
 
@@ -124,6 +138,16 @@ def test_an_unknown_profile_lists_the_shipped_ones():
                 "franka", {k: v for k, v in FRANKA.items() if k != "set_load_service"}
             ),
             "missing 'set_load_service'",
+        ),
+        (
+            lambda d: d["interfaces"].__setitem__(
+                "franka", {k: v for k, v in FRANKA.items() if k != "robot_state_topic"}
+            ),
+            "missing 'robot_state_topic'",
+        ),
+        (
+            lambda d: d["interfaces"].__setitem__("franka", {**FRANKA, "recovery_step_timeout_s": 0}),
+            "recovery_step_timeout_s must be a finite time > 0 s",
         ),
         (lambda d: d["description"].__setitem__("srdf", "absent.srdf"), "srdf 'absent.srdf' cannot be read"),
     ],

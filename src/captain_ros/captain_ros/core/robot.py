@@ -115,7 +115,13 @@ class Payload:
 class FrankaSettings:
     """franka_hardware's own services (franka_ros2 v3.4.0), set at configure: the payload (SetLoad) and the
     contact/collision reflex thresholds (SetForceTorqueCollisionBehavior; the arm refuses them while it moves).
-    Torques in N m per joint, forces in N along and about the TCP's axes (x, y, z, then 3 torques in N m)."""
+    Torques in N m per joint, forces in N along and about the TCP's axes (x, y, z, then 3 torques in N m).
+
+    And what watching and recovering the arm takes: franka_robot_state_broadcaster's robot state (its robot mode;
+    motion is refused unless it is fresh and IDLE or MOVE), and after a reflex, which leaves franka_hardware's
+    component and every controller on it inactive, franka_hardware's error-recovery action, then the
+    controller_manager's services to bring the hardware component, the trajectory controller and the broadcasters
+    back (captain_ros.ros.franka)."""
 
     set_load_service: str
     collision_behavior_service: str
@@ -123,6 +129,13 @@ class FrankaSettings:
     upper_torque_thresholds_nm: tuple[float, ...]  # collision: over these the arm stops (a reflex)
     lower_force_thresholds_n: tuple[float, ...]
     upper_force_thresholds_n: tuple[float, ...]
+    robot_state_topic: str  # franka_msgs/msg/FrankaRobotState (franka_robot_state_broadcaster, 1 kHz)
+    error_recovery_action: str  # franka_msgs/action/ErrorRecovery (franka_hardware's action_server)
+    controller_manager: str  # the controller_manager node: its switch_controller, list_controllers, ...
+    hardware_component: str  # franka_hardware's ros2_control component (FrankaHardwareInterface)
+    trajectory_controller: str  # the controller behind interfaces.trajectory_action
+    broadcasters: tuple[str, ...]  # the broadcasters the recovery brings back with it
+    recovery_step_timeout_s: float = 10.0  # each recovery step's limit
 
 
 @dataclass(frozen=True)
@@ -494,10 +507,20 @@ def _franka(doc: dict, where: str) -> FrankaSettings:
     for kind in ("torque_thresholds_nm", "force_thresholds_n"):
         if any(lo > hi for lo, hi in zip(thresholds[f"lower_{kind}"], thresholds[f"upper_{kind}"], strict=True)):
             raise ProfileError(f"{where}: each lower_{kind} must be at most its upper_{kind}")
+    step_s = _get(doc, "recovery_step_timeout_s", where, (int, float), 10.0)
+    if not (math.isfinite(step_s) and step_s > 0):
+        raise ProfileError(f"{where}: recovery_step_timeout_s must be a finite time > 0 s, got {step_s!r}")
     return FrankaSettings(
         set_load_service=_get(doc, "set_load_service", where),
         collision_behavior_service=_get(doc, "collision_behavior_service", where),
         **thresholds,
+        robot_state_topic=_get(doc, "robot_state_topic", where),
+        error_recovery_action=_get(doc, "error_recovery_action", where),
+        controller_manager=_get(doc, "controller_manager", where),
+        hardware_component=_get(doc, "hardware_component", where),
+        trajectory_controller=_get(doc, "trajectory_controller", where),
+        broadcasters=_names(doc, "broadcasters", where),
+        recovery_step_timeout_s=float(step_s),
     )
 
 
