@@ -193,6 +193,57 @@ def test_recover_reverses_the_exact_distance_even_between_sparse_trace_rows(harn
     assert twin.tcp_pose()[0][2] == pytest.approx(0.25, abs=0.004)
 
 
+class _FaultedArm(TwinBackend):
+    """The twin backend as an arm whose own controller reports a fault that its vendor's recovery clears (a Franka
+    after a reflex: ros2_control_backend's vendor_fault), or whose recovery fails (`fails`)."""
+
+    def __init__(self, twin, fails: str = ""):
+        super().__init__(twin)
+        self.fault, self.fails, self.recoveries = "", fails, 0
+
+    def vendor_fault(self, ask_controllers: bool = False) -> str:
+        return self.fault
+
+    def recover_vendor(self) -> list[str]:
+        self.recoveries += 1
+        if self.fails:
+            raise BackendError(self.fails)
+        self.fault = ""
+        return ["error recovery done", "controllers confirmed active"]
+
+
+def test_recover_on_a_faulted_arm_runs_its_vendor_recovery_instead_of_a_reversal(twin, kinematics):
+    """While the arm reports a fault, `recover` runs the vendor's recovery (one physical action, behind the e-stop
+    like any), says so in its receipt and moves nothing; get_robot_state reports the fault. Once cleared, `recover`
+    reverses the last motion again; a recovery that fails is a backend_error with its message."""
+    backend = _FaultedArm(twin)
+    harness = Harness(backend, load_config(), kinematics)
+    assert harness.call("move_to", pose={"position": [0.45, 0.0, 0.30], "yaw_deg": 0}).success
+    backend.fault = "the FR3's robot mode is REFLEX: the arm stopped itself"
+    state = harness.call("get_robot_state")
+    assert state.value["arm_fault"] == backend.fault and "arm fault: the FR3's robot mode is REFLEX" in state.receipt
+    harness.estop.engage("service", "test")
+    refused = harness.call("recover")
+    assert refused.failure_category is FailureCategory.SAFETY_STOP and backend.recoveries == 0
+    assert harness.estop.clear() == ""
+    before, used = twin.tcp_pose()[0], harness.budget.actions_used
+    result = harness.call("recover")
+    assert result.success and not result.executed, result.message
+    assert result.receipt.startswith("recover: arm error recovery: error recovery done; controllers confirmed active")
+    assert result.value == {
+        "vendor_recovery": ["error recovery done", "controllers confirmed active"],
+        "fault": ("the FR3's robot mode is REFLEX: the arm stopped itself"),
+    }
+    assert backend.recoveries == 1 and harness.budget.actions_used == used + 1
+    np.testing.assert_allclose(twin.tcp_pose()[0], before, atol=1e-4)  # nothing moved
+    assert "arm_fault" not in harness.call("get_robot_state").value
+    reversed_ = harness.call("recover", distance_m=0.02)
+    assert reversed_.success and "cm of motion 1" in reversed_.receipt, reversed_.message  # the move_to, reversed
+    backend.fault, backend.fails = "a reflex", "Franka recovery step 1 of 4 (...): aborted; the arm holds"
+    failed = harness.call("recover")
+    assert failed.failure_category is FailureCategory.BACKEND_ERROR and failed.message == backend.fails
+
+
 def test_an_unknown_capability_name_never_breaks_the_completion_gate(harness):
     """Issue 9 section 5: a call naming an unknown capability was recorded in the episode log, and every
     later finish() failed with `internal error KeyError: '<that name>'`."""

@@ -136,6 +136,18 @@ class ArmBackend(ABC):
         but the arm did not accept it."""
         return False
 
+    def vendor_fault(self, ask_controllers: bool = False) -> str:
+        """Why the arm's own controller is in an error state that its vendor's recovery clears ('' = it is not, or
+        this arm has no such recovery here): a Franka stopped by a reflex. The policy's `recover` then runs
+        `recover_vendor` instead of reversing the last motion. `ask_controllers`: also ask the arm's controller
+        manager (a service call; `recover` does, `get_robot_state` does not)."""
+        return ""
+
+    def recover_vendor(self) -> list[str]:
+        """Run the vendor's recovery (see vendor_fault); returns what was done, step by step. The arm does not
+        move. Raises BackendError naming the step that failed."""
+        raise BackendError(f"the {self.name} backend has no vendor recovery")
+
     def capture(self, cameras: tuple[str, ...]) -> dict[str, CameraImage]:
         """Aligned RGB-D images of the named cameras, now. Raises BackendError when there are none."""
         raise BackendError(f"the {self.name} backend has no cameras")

@@ -277,14 +277,15 @@ class Harness:
         if not p.refusal:
             result.receipt = _with_tail(result.receipt, f"; twin predicted {p.summary()}")
 
-    def _approve(self, action: PendingAction) -> bool:
+    def _approve(self, action: PendingAction, *, shadow: bool = True) -> bool:
         """The gate's last step, right before the arm is commanded: the approver's answer (approval mode),
         then the e-stop and stop latches again, which may have been engaged while the operator was asked or
         since the gate cleared the stop signal (they latch before they signal, so nothing slips between).
         Returns whether an operator was asked (the arm may have been moved meanwhile: plan again). The
         watchdog is not fed here: an agent that went silent during the wait stops the motion at once."""
         self._check_latches()  # also before asking: no operator is asked to approve what is refused anyway
-        self._shadow_check(action.capability)
+        if shadow:  # an action that moves the arm (a vendor's recovery does not: nothing to predict)
+            self._shadow_check(action.capability)
         if self.approver is None:
             return False
         action = PendingAction(**{**vars(action), "args": self._call_args, "episode_id": self.episode_id})
@@ -420,6 +421,9 @@ class Harness:
             if speed_mps is None
             else A.number("speed_mps", speed_mps, lo=1e-3, hi=self.config.safety.max_tcp_speed_mps)
         )
+        fault = self.backend.vendor_fault(ask_controllers=True)
+        if fault:
+            return self._recover_vendor(fault)
         last = next(
             (m for m in reversed(self.motions) if m.capability in ("move_to", "recover") and m.outcome.trace), None
         )
@@ -464,6 +468,22 @@ class Harness:
         return self._motion_result(
             "recover", outcome, [f"reversed {travelled * 100:.1f} cm of motion {last.motion_id}"]
         )
+
+    def _recover_vendor(self, fault: str) -> CallResult:
+        """`recover` on an arm whose own controller is in an error state (a Franka after a reflex: `fault` says why):
+        its vendor's recovery (ArmBackend.recover_vendor) instead of a reversal, which the stopped controller could
+        not run. The arm does not move; a second `recover` then reverses the last motion (backs away from what it
+        hit). A step that fails is a backend_error naming it; the arm holds."""
+        self._physical("recover")
+        description = f"recover: the arm's error recovery ({fault}); the arm does not move"
+        self._approve(PendingAction("recover", {}, description), shadow=False)
+        steps = self.backend.recover_vendor()
+        receipt = (
+            f"recover: arm error recovery: {'; '.join(steps)}; the arm did not move (recover again to reverse the last "
+            "motion)"
+        )
+        value = {"vendor_recovery": steps, "fault": fault}
+        return CallResult.ok("recover", value=value, receipt=receipt, diagnostics={"notes": steps})
 
     def _release(self, opening_m: Any = None) -> CallResult:
         self._require_gripper("release")
@@ -640,6 +660,10 @@ class Harness:
             f"yaw {p['yaw_deg']:.0f} deg, jaw {state.jaw_opening_m * 1000:.0f} mm, "
             f"|F| {np.linalg.norm(state.force_n):.1f} N"
         )
+        fault = self.backend.vendor_fault()
+        if fault:  # the arm's own controller says it cannot move (a Franka's robot mode): `recover` clears it
+            value["arm_fault"] = fault
+            receipt = _with_tail(receipt, f"; arm fault: {fault}")
         return CallResult.ok("get_robot_state", value=value, receipt=receipt)
 
     def _gripper_state(self) -> CallResult:

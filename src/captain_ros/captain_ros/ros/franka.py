@@ -7,20 +7,136 @@ check found them and before it moves anything: the contact and collision-reflex 
 to the wrench this stack guards with: franka_hardware estimates it from the joint torques and its model, so a
 payload it was not told of reads as a constant force, and the arm's own reflex fires at the upper thresholds
 whatever this stack's limits say.
+
+The arm's state and its recovery (franka_ros2 v3.4.0 with ros2_control): franka_robot_state_broadcaster publishes
+the robot state (`~/robot_state`, SystemDefaultsQoS, 1 kHz) with libfranka's robot mode. `FrankaStateWatch` keeps
+the latest, and `refusal()` says why the arm may not move: no state yet, a state older than the link limit, or a mode
+other than IDLE or MOVE (REFLEX, USER_STOPPED, GUIDING, AUTOMATIC_ERROR_RECOVERY, OTHER). A silent state is what a
+reflex looks like from ROS: libfranka's control loop throws, franka_hardware's read() returns ERROR, and the
+controller_manager leaves its hardware component unconfigured and deactivates every controller that uses it
+(ros2_control's ControllerManager::read: the trajectory controller aborts its goal, "Current goal cancelled during
+deactivate transition.", and both broadcasters fall silent). `FrankaRecovery.run()` undoes that, each step bounded by
+the profile's `recovery_step_timeout_s` and each failure a BackendError that names the step and what to do: 1.
+franka_hardware's `error_recovery` action (empty goal: libfranka's automaticErrorRecovery()), 2. the hardware
+component back to active (controller_manager's set_hardware_component_state: configure, then activate), 3. the
+profile's trajectory controller and broadcasters that are not active, activated in one STRICT switch_controller, 4.
+list_controllers confirms each is active.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 
+from action_msgs.msg import GoalStatus
+from builtin_interfaces.msg import Duration
+from controller_manager_msgs.srv import ListControllers, SetHardwareComponentState, SwitchController
+from franka_msgs.action import ErrorRecovery
+from franka_msgs.msg import Errors, FrankaRobotState
 from franka_msgs.srv import SetForceTorqueCollisionBehavior, SetLoad
+from lifecycle_msgs.msg import State
+from rclpy.qos import QoSProfile, ReliabilityPolicy
 
 from captain_ros.core.robot import FrankaSettings, Payload
 from captain_ros.harness.backend import BackendError
-from captain_ros.ros.spin import SideNode
+from captain_ros.ros.spin import SideNode, SpunActionClient
 
 SET_LOAD_TYPE = "franka_msgs/srv/SetLoad"
 COLLISION_BEHAVIOR_TYPE = "franka_msgs/srv/SetForceTorqueCollisionBehavior"
+ROBOT_STATE_TYPE = "franka_msgs/msg/FrankaRobotState"
+ERROR_RECOVERY_TYPE = "franka_msgs/action/ErrorRecovery"
+CONTROLLER_MANAGER_SERVICES = {  # controller_manager's "~/<name>" services the recovery calls, and their types
+    "set_hardware_component_state": (
+        SetHardwareComponentState,
+        "controller_manager_msgs/srv/SetHardwareComponentState",
+    ),
+    "switch_controller": (SwitchController, "controller_manager_msgs/srv/SwitchController"),
+    "list_controllers": (ListControllers, "controller_manager_msgs/srv/ListControllers"),
+}
+ROBOT_MODES = {
+    getattr(FrankaRobotState, k): k.removeprefix("ROBOT_MODE_")
+    for k in vars(type(FrankaRobotState))
+    if k.startswith("ROBOT_MODE_")
+}
+MOVING_MODES = (FrankaRobotState.ROBOT_MODE_IDLE, FrankaRobotState.ROBOT_MODE_MOVE)  # libfranka: no motion / one runs
+MODE_HINTS = {
+    FrankaRobotState.ROBOT_MODE_REFLEX: "the arm stopped itself (a collision over its thresholds, or a limit): find "
+    "what it hit, then call recover (franka_hardware's error recovery, then its controllers again)",
+    FrankaRobotState.ROBOT_MODE_USER_STOPPED: "the external activation device (the enabling/stop button) is pressed: "
+    "release it, then call recover",
+    FrankaRobotState.ROBOT_MODE_AUTOMATIC_ERROR_RECOVERY: "the arm is running its error recovery: wait, then call "
+    "again",
+    FrankaRobotState.ROBOT_MODE_GUIDING: "someone is guiding the arm by hand: let go of the guiding buttons",
+    FrankaRobotState.ROBOT_MODE_OTHER: "the brakes are locked or FCI is not active: open the brakes and activate FCI "
+    "in Desk, then call recover",
+}
+ERROR_FIELDS = tuple(Errors.get_fields_and_field_types())
+STEPS = 4  # the recovery's steps (FrankaRecovery.run)
+
+
+def refusal(mode: int | None, errors: tuple[str, ...], age_s: float, limit_s: float, topic: str) -> str:
+    """Why the FR3 may not move ('' = it may), from its latest robot state: `mode` (None = none heard yet), the
+    libfranka errors it reported (names), how old it is and how old it may be (`limit_s`, the link limit)."""
+    if mode is None:
+        return (
+            f"no robot state on {topic} yet: motions are refused until franka_robot_state_broadcaster publishes it "
+            "(is it active? `ros2 control list_controllers`)"
+        )
+    if age_s > limit_s:
+        return (
+            f"the FR3's robot state on {topic} is {age_s:.2f} s old (limit {limit_s:g} s): franka_hardware stops its "
+            "controllers after a reflex or a user stop (or the broadcaster was deactivated); the arm holds; call "
+            "recover (franka_hardware's error recovery, then the hardware and controllers back), or look at Desk"
+        )
+    if mode in MOVING_MODES:
+        return ""
+    listed = f", errors: {', '.join(errors)}" if errors else ""
+    name = ROBOT_MODES.get(mode, str(mode))
+    return f"the FR3's robot mode is {name}{listed}: {MODE_HINTS.get(mode, 'see Desk')}"
+
+
+def _error_names(msg: FrankaRobotState) -> tuple[str, ...]:
+    """The libfranka errors a robot state reports: the current ones, else those that ended the last motion."""
+    for errors in (msg.current_errors, msg.last_motion_errors):
+        names = tuple(f for f in ERROR_FIELDS if getattr(errors, f))
+        if names:
+            return names
+    return ()
+
+
+class FrankaStateWatch:
+    """The latest robot mode on franka_robot_state_broadcaster's `topic` (resolved), heard by `node`; `on_change` is
+    called when the mode changes (the backend wakes its motion loop with it). A state that stops coming is caught by
+    `refusal(limit_s)`: motion fails closed on a silent broadcaster."""
+
+    def __init__(self, node, topic: str, group, on_change: Callable[[], None], clock=time.monotonic):
+        self.topic, self._clock, self._on_change = topic, clock, on_change
+        self._lock = threading.Lock()
+        self.mode: int | None = None
+        self.errors: tuple[str, ...] = ()
+        self._wall = 0.0  # when the latest state came (clock)
+        qos = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE)  # the broadcaster's SystemDefaultsQoS
+        node.create_subscription(FrankaRobotState, topic, self._on_state, qos, callback_group=group)
+
+    def _on_state(self, msg: FrankaRobotState) -> None:
+        mode = msg.robot_mode
+        errors = () if mode in MOVING_MODES else _error_names(msg)  # 1 kHz: read the errors only when they matter
+        with self._lock:
+            changed = mode != self.mode or errors != self.errors
+            self.mode, self.errors, self._wall = mode, errors, self._clock()
+        if changed:
+            self._on_change()
+
+    def heard_since(self, wall: float) -> bool:
+        """Whether a state came after `wall` (the clock's time)."""
+        with self._lock:
+            return self.mode is not None and self._wall > wall
+
+    def refusal(self, limit_s: float) -> str:
+        with self._lock:
+            mode, errors, age = self.mode, self.errors, self._clock() - self._wall
+        return refusal(mode, errors, age, limit_s, self.topic)
 
 
 def _call(node: SideNode, srv_type, name: str, request, timeout_s: float):
@@ -67,3 +183,136 @@ def apply_settings(host, settings: FrankaSettings, payload: Payload, timeout_s: 
         f"franka_hardware: collision reflex at {min(force):g}-{max(force):g} N and {min(torque):g}-{max(torque):g} "
         f"N m per joint, payload {payload.mass_kg:g} kg at {list(payload.center_of_mass_m)} m (flange frame)"
     )
+
+
+class FrankaRecovery:
+    """franka_hardware's error recovery and the controller_manager's services, as clients of `node` (spun by its
+    owner) named as the host resolves them (`topic`, `service`); `run()` brings the arm back after a reflex."""
+
+    def __init__(
+        self, node, settings: FrankaSettings, topic: Callable[[str], str], service: Callable[[str], str], group
+    ):
+        self.settings = settings
+        self._action_name = topic(settings.error_recovery_action)
+        self._action = SpunActionClient(node, ErrorRecovery, self._action_name, callback_group=group)
+        manager = settings.controller_manager.rstrip("/")
+        self._services = {
+            key: (name := service(f"{manager}/{key}"), node.create_client(srv_type, name, callback_group=group))
+            for key, (srv_type, _) in CONTROLLER_MANAGER_SERVICES.items()
+        }
+
+    def controllers(self) -> tuple[str, ...]:
+        """The controllers the recovery brings back: the trajectory controller and the broadcasters."""
+        return (self.settings.trajectory_controller, *self.settings.broadcasters)
+
+    def not_active(self) -> list[str]:
+        """'<controller> is <state>' for each controller the recovery brings back that is not active now (a reflex
+        deactivates them at once; the robot state is judged silent only after the link limit)."""
+        step = f"check ({', '.join(self.controllers())}"
+        states = self._list(step, self.settings.recovery_step_timeout_s)
+        return [f"{c} is {states[c]}" for c in self.controllers() if states[c] != "active"]
+
+    def run(self) -> list[str]:
+        """Steps 1 to 4 (the module's docstring), in order; returns what each did, for the receipt. A step that
+        fails raises BackendError naming it and what the operator does next; the steps after it are not tried."""
+        s, limit = self.settings, self.settings.recovery_step_timeout_s
+        done = [self._error_recovery(limit)]
+        step = f"step 2 of {STEPS} (hardware component {s.hardware_component} to active"
+        request = SetHardwareComponentState.Request(
+            name=s.hardware_component, target_state=State(id=State.PRIMARY_STATE_ACTIVE, label="active")
+        )
+        reply = self._call("set_hardware_component_state", request, step, limit)
+        if not reply.ok:
+            state = reply.state.label or f"state id {reply.state.id}"
+            raise BackendError(
+                f"Franka recovery {step}, {self._services['set_hardware_component_state'][0]}): the controller_manager "
+                f"did not activate it (it is {state}); the arm holds. Read ros2_control_node's log (a component left "
+                "finalized needs the bring-up restarted), then call recover again"
+            )
+        done.append(f"{s.hardware_component} active")
+        step = f"step 3 of {STEPS} (activate {', '.join(self.controllers())}"
+        states = self._list(step, limit)
+        inactive = [c for c in self.controllers() if states[c] != "active"]
+        if inactive:
+            request = SwitchController.Request(
+                activate_controllers=inactive,
+                strictness=SwitchController.Request.STRICT,
+                timeout=Duration(sec=int(limit), nanosec=int((limit % 1) * 1e9)),
+            )
+            reply = self._call("switch_controller", request, step, limit)
+            if not reply.ok:
+                raise BackendError(
+                    f"Franka recovery {step}, {self._services['switch_controller'][0]}, strict): the "
+                    f"controller_manager refused: {reply.message or 'no message'}; the arm holds. `ros2 control "
+                    "list_controllers` shows which is not active: activate it by hand (`ros2 control "
+                    "switch_controllers --activate ...`) or restart the bring-up, then call recover again"
+                )
+            done.append(f"activated {', '.join(inactive)}")
+        step = f"step 4 of {STEPS} (confirm {', '.join(self.controllers())} active"
+        states = self._list(step, limit)
+        still = [f"{c} is {states[c]}" for c in self.controllers() if states[c] != "active"]
+        if still:
+            raise BackendError(
+                f"Franka recovery {step}, {self._services['list_controllers'][0]}): {'; '.join(still)}; the arm holds. "
+                "Activate them by hand (`ros2 control switch_controllers --activate ...`), then call recover again"
+            )
+        done.append("controllers confirmed active")
+        return done
+
+    def _error_recovery(self, limit: float) -> str:
+        step = f"Franka recovery step 1 of {STEPS} (franka_hardware's error recovery, {self._action_name})"
+        if not self._action.wait_for_server(timeout_sec=limit):
+            raise BackendError(
+                f"{step}: no action server within {limit:g} s (is franka_hardware's ros2_control_node running?); "
+                "the arm holds. Recover in Desk, then call recover again"
+            )
+        handle = self._wait(self._action.send_goal_async(ErrorRecovery.Goal()), limit, step, "accept the goal")
+        if handle is None or not handle.accepted:
+            raise BackendError(
+                f"{step}: the goal was rejected; the arm holds. Recover in Desk, then call recover again"
+            )
+        response = self._wait(handle.get_result_async(), limit, step, "finish", cancel=handle)
+        if response is None or response.status != GoalStatus.STATUS_SUCCEEDED:
+            status = {GoalStatus.STATUS_ABORTED: "aborted", GoalStatus.STATUS_CANCELED: "canceled"}.get(
+                getattr(response, "status", None), "ended without success"
+            )
+            raise BackendError(
+                f"{step}: {status}: libfranka could not recover the arm (the stop button still pressed, or a joint "
+                "at its limit: franka_hardware's log says why); the arm holds. Release the button, or guide the arm "
+                "out of the limit by hand, then call recover again"
+            )
+        return "error recovery done"
+
+    def _list(self, step: str, limit: float) -> dict[str, str]:
+        """Each controller the recovery needs -> its state ('active', 'inactive', ...); BackendError for one the
+        controller_manager has not loaded."""
+        reply = self._call("list_controllers", ListControllers.Request(), step, limit)
+        states = {c.name: c.state for c in reply.controller}
+        missing = [c for c in self.controllers() if c not in states]
+        if missing:
+            raise BackendError(
+                f"Franka recovery {step}): {', '.join(missing)} not loaded in {self.settings.controller_manager} "
+                f"(it has {', '.join(sorted(states)) or 'none'}); the arm holds. Spawn them (`ros2 run "
+                "controller_manager spawner <name>`), then call recover again"
+            )
+        return states
+
+    def _call(self, key: str, request, step: str, limit: float):
+        name, client = self._services[key]
+        if not client.wait_for_service(timeout_sec=limit):
+            raise BackendError(
+                f"Franka recovery {step}): {name} is not available within {limit:g} s (is the controller_manager "
+                "running?); the arm holds"
+            )
+        return self._wait(client.call_async(request), limit, f"Franka recovery {step}), {name}", "answer")
+
+    @staticmethod
+    def _wait(future, limit: float, step: str, what: str, cancel=None):
+        done = threading.Event()
+        future.add_done_callback(lambda _f: done.set())
+        if not done.wait(limit):
+            future.cancel()
+            if cancel is not None:
+                cancel.cancel_goal_async()
+            raise BackendError(f"{step}: did not {what} within {limit:g} s; the arm holds. Call recover again")
+        return future.result()

@@ -506,13 +506,34 @@ class MotionNode(GuardedNode, LifecycleNode):
             scaling = topic(interfaces.speed_scaling_topic)
             needed.append((f"{scaling} (no speed scaling publisher)", publisher(scaling, "std_msgs/msg/Float64")))
         if interfaces.franka is not None:
-            from captain_ros.ros.franka import COLLISION_BEHAVIOR_TYPE, SET_LOAD_TYPE
+            from captain_ros.ros.franka import (
+                COLLISION_BEHAVIOR_TYPE,
+                CONTROLLER_MANAGER_SERVICES,
+                ERROR_RECOVERY_TYPE,
+                ROBOT_STATE_TYPE,
+                SET_LOAD_TYPE,
+            )
 
+            franka = interfaces.franka
             for name, kind, what in (
-                (interfaces.franka.collision_behavior_service, COLLISION_BEHAVIOR_TYPE, "collision thresholds"),
-                (interfaces.franka.set_load_service, SET_LOAD_TYPE, "payload"),
+                (franka.collision_behavior_service, COLLISION_BEHAVIOR_TYPE, "collision thresholds"),
+                (franka.set_load_service, SET_LOAD_TYPE, "payload"),
             ):
                 needed.append((f"{service(name)} (no franka_hardware {what} service)", server(service(name), kind)))
+            state = topic(franka.robot_state_topic)
+            needed.append(
+                (f"{state} (no franka_robot_state_broadcaster: the robot mode)", publisher(state, ROBOT_STATE_TYPE))
+            )
+            needed.append(
+                (
+                    f"{topic(franka.error_recovery_action)} (no franka_hardware error recovery server)",
+                    action(franka.error_recovery_action, ERROR_RECOVERY_TYPE),
+                )
+            )
+            manager = franka.controller_manager.rstrip("/")
+            for key, (_, kind) in CONTROLLER_MANAGER_SERVICES.items():
+                name = service(f"{manager}/{key}")
+                needed.append((f"{name} (no controller_manager service: the recovery)", server(name, kind)))
         if interfaces.ur_status is not None:
             from captain_ros.ros.ur_status import ROBOT_MODE_TYPE, SAFETY_MODE_TYPE
 

@@ -39,6 +39,10 @@ a time the twin has not reached yet, so they run exactly as computed however bus
 Every name (joints, frames, topics, actions) comes from the robot profile (captain_ros.core.robot).
 Where the profile names it (`force_reflex`), the arm's own force reflex is set before each motion through
 that node's parameter service; a goal the controller aborts because the reflex fired is an ArmReflexStop.
+A vendor's own state fails closed too: a UR's robot and safety modes (captain_ros.ros.ur_status), a Franka's robot
+mode (captain_ros.ros.franka: a silent robot state or a mode other than IDLE and MOVE refuses motion and ends a
+running one, naming why); `recover_vendor` runs the Franka's recovery after a reflex (the policy's `recover` asks for
+it when `vendor_fault` says the arm needs it).
 """
 
 from __future__ import annotations
@@ -94,6 +98,7 @@ GOAL_LEAD_MAX_S = 1.0  # never further ahead: a goal that takes longer to arrive
 GOAL_LEAD_PER_LAG = 2.0  # the lead over the slowest recent round trip (which the joint states' own delay shortens)
 GOAL_LAGS_KEPT = 8  # the lead covers the slowest of the last goals' round trips
 HORIZON_S = 0.05  # how much of a sweep the controller has beyond the newest stretch sent (see the module doc)
+FRANKA_STATE_GRACE_S = 0.1  # wait_period: how much longer a Franka's robot state may take to be judged at link loss
 REFRESH_S = 0.02  # arm time between stretches: a motion loop may stall 0.03 s before the arm starts to stop
 
 
@@ -203,6 +208,7 @@ class Ros2ControlBackend(ArmBackend):
         self._mirror: TrajectoryFollower | None = None
         self._goal = None  # the running FollowJointTrajectory goal handle
         self._goal_failure = ""  # set when the controller aborts a goal we did not stop ourselves
+        self._goal_failure_wall = 0.0  # when it was set (time.monotonic())
         self._reflex_stop = ""  # set when the controller aborted a goal because the arm's force reflex fired
         self._reflex_holds = False  # the reflex stopped the arm and it holds there, until the next goal
         group = ReentrantCallbackGroup()
@@ -244,6 +250,14 @@ class Ros2ControlBackend(ArmBackend):
             from captain_ros.ros.ur_status import URStatusWatch
 
             self._ur = URStatusWatch(link, interfaces.ur_status, topic, group, on_change=self._wake)
+        # a Franka's robot mode, and its recovery after a reflex (franka_hardware's, then the controller_manager's)
+        self._franka = self._franka_recovery = None
+        if interfaces.franka is not None:
+            from captain_ros.ros.franka import FrankaRecovery, FrankaStateWatch
+
+            franka = interfaces.franka
+            self._franka = FrankaStateWatch(link, topic(franka.robot_state_topic), group, on_change=self._wake)
+            self._franka_recovery = FrankaRecovery(link, franka, topic, service, group)
         # the fingers' measured positions: the arm's joint states carry them unless the gripper publishes its own
         finger_topic = topic(interfaces.gripper.joint_states_topic) if interfaces.gripper.joint_states_topic else ""
         apart = bool(finger_topic) and finger_topic != topic(interfaces.joint_states_topic)
@@ -284,6 +298,65 @@ class Ros2ControlBackend(ArmBackend):
             self._arm_fingers.update(msg)
         if self._lockstep is not None:
             self._lockstep.on_state(stamp_ns(msg.header.stamp))  # grants the twin a horizon past it
+
+    def _vendor_refusal(self) -> str:
+        """Why the vendor's own state forbids motion ('' = it does not): a UR's modes, a Franka's robot state."""
+        if self._ur is not None and (why := self._ur.refusal()):
+            return why
+        if self._franka is not None:
+            return self._franka.refusal(self.link_limit_s)
+        return ""
+
+    def vendor_fault(self, ask_controllers: bool = False) -> str:
+        """Why the arm needs its vendor's recovery ('' = it does not, or this arm has none here): a Franka whose robot
+        state is silent (a reflex or a user stop deactivated franka_hardware's controllers) or in a mode other than
+        IDLE and MOVE; with `ask_controllers`, also one whose trajectory controller or broadcasters the
+        controller_manager lists as not active (right after a reflex, before the robot state counts as silent)."""
+        if self._franka is None:
+            return ""
+        why = self._franka.refusal(self.link_limit_s)
+        if not why and ask_controllers:
+            inactive = self._franka_recovery.not_active()
+            if inactive:
+                why = f"the controller_manager lists {', '.join(inactive)} (a reflex or a stop deactivates them)"
+        return why
+
+    def recover_vendor(self) -> list[str]:
+        """The Franka's recovery (captain_ros.ros.franka.FrankaRecovery.run: error recovery, the hardware component,
+        the trajectory controller and broadcasters, confirmed), then a wait until the arm's joint states, its wrench
+        and a robot state that allows motion are back; the trajectory controller holds where it was activated, and so
+        does this backend's copy of it. Returns what was done; BackendError names the step that failed (the arm holds:
+        nothing was commanded)."""
+        if self._franka_recovery is None:
+            raise BackendError(f"robot profile '{self.profile.name}' names no vendor recovery")
+        self._end_sweep()
+        with self._cond:
+            goal, self._goal, self._goal_failure, self._reflex_stop = self._goal, None, "", ""
+        if goal is not None:
+            goal.cancel_goal_async()
+        done = self._franka_recovery.run()
+        limit = max(self._franka_recovery.settings.recovery_step_timeout_s, self.link_limit_s)
+        deadline, why = time.monotonic() + limit, ""
+        while True:
+            try:
+                state = self.read_state(require_force=False)
+                why = self._franka.refusal(self.link_limit_s)
+            except BackendError as exc:
+                why = str(exc)
+            if not why:
+                break
+            if time.monotonic() > deadline:
+                raise BackendError(
+                    f"Franka recovery: the controllers are active again, but within {limit:g} s: {why}; the arm holds"
+                )
+            with self._cond:
+                self._cond.wait(self._period)
+        problem = self._wait_for_force(max(0.0, deadline - time.monotonic()))
+        if problem:
+            raise BackendError(f"Franka recovery: the controllers are active again, but {problem}; the arm holds")
+        self._mirror_or_fail().hold(state.q_rad)  # joint_trajectory_controller holds where it was activated
+        done.append("arm state back")
+        return done
 
     def _wake(self) -> None:
         with self._cond:
@@ -400,6 +473,12 @@ class Ros2ControlBackend(ArmBackend):
                 raise BackendError(f"{self._ur.refusal()}, waited {timeout_s:.0f} s")
             if why := self._ur.refusal():
                 self._link.get_logger().warning(f"{why}: motions are refused until it can move")
+        if self._franka is not None:  # 1 kHz where the broadcaster runs: heard at once
+            left = max(0.0, deadline - time.monotonic())
+            with self._cond:
+                self._cond.wait_for(lambda: self._franka.heard_since(0.0), left)
+            if why := self._franka.refusal(self.link_limit_s):
+                self._link.get_logger().warning(f"{why}: motions are refused until it can move")
         if self._lockstep is not None and not self._lockstep.wait_enabled(deadline - time.monotonic()):
             self._link.get_logger().warning(
                 f"the twin has not said it runs in lockstep ({lockstep.TAKEN_TOPIC}): goals are stamped ahead of its "
@@ -435,7 +514,9 @@ class Ros2ControlBackend(ArmBackend):
         now = time.monotonic()
         age, limit = now - wall, self.link_limit_s
         if age > limit:
-            raise BackendError(f"the last joint state is {age:.2f} s old (limit {limit} s): link lost")
+            lost = f"the last joint state is {age:.2f} s old (limit {limit} s): link lost"
+            why = self._vendor_refusal()  # a Franka after a reflex: its broadcasters stopped with its controllers
+            raise BackendError(f"{why} ({lost})" if why else lost)
         index = {n: i for i, n in enumerate(msg.name)}
         try:
             arm = [index[j] for j in self.profile.arm_joints]
@@ -618,7 +699,7 @@ class Ros2ControlBackend(ArmBackend):
         in lockstep the goal is stamped at the sim time granted already, which it cannot have passed (no lead).
         With a horizon the goal carries the sweep's first stretch only (`_extend_sweep` sends the rest)."""
         mirror = self._mirror_or_fail()
-        if self._ur is not None and (why := self._ur.refusal()):
+        if why := self._vendor_refusal():
             raise BackendError(why)
         if not self._arm_action.wait_for_server(timeout_sec=self._server_timeout):
             raise BackendError(f"the arm controller's action server {self._action_name} is not available")
@@ -751,6 +832,7 @@ class Ros2ControlBackend(ArmBackend):
                 self._reflex_stop, self._reflex_holds = result.error_string, True
             elif result is not None and result.error_code != FollowJointTrajectory.Result.SUCCESSFUL:
                 self._goal_failure = f"error {result.error_code}: {result.error_string or 'no error string'}"
+                self._goal_failure_wall = time.monotonic()
             self._cond.notify_all()
 
     def hold(self, q_rad: np.ndarray | None = None) -> np.ndarray:
@@ -859,7 +941,7 @@ class Ros2ControlBackend(ArmBackend):
         start = self.read_state(require_force=False).time_s
         self._extend_sweep(start)
         limit = self.link_limit_s
-        deadline = time.monotonic() + limit
+        deadline, graced = time.monotonic() + limit, self._franka is None
         with self._cond:
             while True:
                 gripper_failure = self._gripper.failure()
@@ -869,14 +951,28 @@ class Ros2ControlBackend(ArmBackend):
                     message, self._reflex_stop = self._reflex_stop, ""
                     force = REFLEX_FORCE.search(message)
                     raise ArmReflexStop(message, float(force.group(1)) if force else 0.0)
-                if self._goal_failure:
+                why = self._vendor_refusal()
+                if why:
+                    failure, self._goal_failure = self._goal_failure, ""
+                    raise BackendError(f"{why} (the arm controller: {failure})" if failure else why)
+                # a Franka's controller aborts its goal when a reflex deactivates it: wait until its robot state says
+                # whether that was a reflex (silent, or a stop mode: above) or not (a newer state: the abort itself)
+                if self._goal_failure and (self._franka is None or self._franka.heard_since(self._goal_failure_wall)):
                     failure, self._goal_failure = self._goal_failure, ""
                     raise BackendError(f"the arm controller aborted the trajectory ({failure})")
-                if self._ur is not None and (why := self._ur.refusal()):
-                    raise BackendError(why)
                 if _stamp_s(self._joints) >= start + self._period - 1e-9:
                     return
                 left = deadline - time.monotonic()
+                if left <= 0 and not graced:
+                    # a Franka's robot state comes in the joint states' control cycle: a moment more, and a robot
+                    # state that stopped with them is judged too old as well (above: the reason names the reflex)
+                    graced, deadline = True, time.monotonic() + FRANKA_STATE_GRACE_S
+                    continue
                 if left <= 0:
-                    raise BackendError(f"joint states stopped advancing for {limit} s: link lost")
-                self._cond.wait(left)
+                    failure, self._goal_failure = self._goal_failure, ""
+                    lost = f"joint states stopped advancing for {limit} s: link lost"
+                    raise BackendError(
+                        f"{lost} (the arm controller aborted the trajectory: {failure})" if failure else lost
+                    )
+                # a Franka's robot state is judged by its age too: look again when it would be too old
+                self._cond.wait(left if self._franka is None else min(left, self._period))

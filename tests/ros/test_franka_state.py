@@ -1,0 +1,78 @@
+"""ros/franka.py's reasons, from the robot state franka_robot_state_broadcaster publishes (franka_msgs' constants).
+The DDS path (a reflex mid-motion, the recovery, a stale state): test_vendor_profiles.py's test_fr3_* tests."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("rclpy")
+from franka_msgs.msg import FrankaRobotState
+
+from captain_ros.ros.franka import ROBOT_MODES, FrankaStateWatch, _error_names, refusal
+
+TOPIC = "/franka_robot_state_broadcaster/robot_state"
+
+
+@pytest.mark.parametrize("mode", [FrankaRobotState.ROBOT_MODE_IDLE, FrankaRobotState.ROBOT_MODE_MOVE])
+def test_a_fresh_state_in_idle_or_move_may_move(mode):
+    assert refusal(mode, (), 0.001, 0.5, TOPIC) == ""
+
+
+@pytest.mark.parametrize(
+    ("mode", "errors", "age_s", "reason"),
+    [
+        (None, (), 0.0, f"no robot state on {TOPIC} yet: motions are refused until franka_robot_state_broadcaster"),
+        (
+            FrankaRobotState.ROBOT_MODE_MOVE,
+            (),
+            0.61,
+            f"the FR3's robot state on {TOPIC} is 0.61 s old (limit 0.5 s): franka_hardware stops its controllers "
+            "after a reflex or a user stop",
+        ),
+        (
+            FrankaRobotState.ROBOT_MODE_REFLEX,
+            ("cartesian_reflex",),
+            0.0,
+            "the FR3's robot mode is REFLEX, errors: cartesian_reflex: the arm stopped itself",
+        ),
+        (FrankaRobotState.ROBOT_MODE_USER_STOPPED, (), 0.0, "USER_STOPPED: the external activation device"),
+        (FrankaRobotState.ROBOT_MODE_GUIDING, (), 0.0, "GUIDING: someone is guiding the arm by hand"),
+        (FrankaRobotState.ROBOT_MODE_OTHER, (), 0.0, "OTHER: the brakes are locked or FCI is not active"),
+        (FrankaRobotState.ROBOT_MODE_AUTOMATIC_ERROR_RECOVERY, (), 0.0, "AUTOMATIC_ERROR_RECOVERY: the arm is running"),
+        (42, (), 0.0, "the FR3's robot mode is 42: see Desk"),
+    ],
+)
+def test_every_other_state_is_named(mode, errors, age_s, reason):
+    assert reason in refusal(mode, errors, age_s, 0.5, TOPIC)
+
+
+def test_the_names_are_the_messages_constants_and_errors_come_from_the_message():
+    assert ROBOT_MODES[FrankaRobotState.ROBOT_MODE_REFLEX] == "REFLEX" and len(ROBOT_MODES) == 7
+    msg = FrankaRobotState()
+    assert _error_names(msg) == ()
+    msg.last_motion_errors.joint_reflex = True
+    assert _error_names(msg) == ("joint_reflex",)  # no current error: those that ended the last motion
+    msg.current_errors.cartesian_reflex = msg.current_errors.power_limit_violation = True
+    assert _error_names(msg) == ("cartesian_reflex", "power_limit_violation")
+
+
+class _Node:
+    """Enough of a node for the watch: it keeps the subscription's callback."""
+
+    def create_subscription(self, _msg_type, topic, callback, _qos, callback_group=None):
+        self.topic, self.callback = topic, callback
+
+
+def test_the_watch_keeps_the_latest_mode_and_judges_its_age_on_its_clock():
+    node, now, changes = _Node(), [100.0], []
+    watch = FrankaStateWatch(node, TOPIC, None, on_change=lambda: changes.append(watch.mode), clock=lambda: now[0])
+    assert node.topic == TOPIC and "no robot state" in watch.refusal(0.5) and not watch.heard_since(0.0)
+    node.callback(FrankaRobotState(robot_mode=FrankaRobotState.ROBOT_MODE_MOVE))
+    node.callback(FrankaRobotState(robot_mode=FrankaRobotState.ROBOT_MODE_MOVE))  # no change: no wake-up
+    assert watch.refusal(0.5) == "" and changes == [FrankaRobotState.ROBOT_MODE_MOVE] and watch.heard_since(99.0)
+    now[0] = 100.6
+    assert "is 0.60 s old (limit 0.5 s)" in watch.refusal(0.5) and not watch.heard_since(100.0)
+    reflex = FrankaRobotState(robot_mode=FrankaRobotState.ROBOT_MODE_REFLEX)
+    reflex.current_errors.cartesian_reflex = True
+    node.callback(reflex)
+    assert "REFLEX, errors: cartesian_reflex" in watch.refusal(0.5) and changes[-1] == reflex.robot_mode
