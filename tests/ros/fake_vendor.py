@@ -15,6 +15,17 @@ of test_grippers.py (whose `FakeGripper` it reuses for the gripper, in a context
                           vendor's QoS (franka_ros2 >= v3.4.0: best effort, depth 1)
   speed scaling           std_msgs/Float64 in percent (UR's speed_scaling_state_broadcaster: factor * 100)
   tcp pose broadcaster    UR: the wrench frame tool0_controller on /tf, child of `base`
+  Franka's state          franka_robot_state_broadcaster's robot state (FrankaRobotState: its robot mode, MOVE while
+                          the trajectory controller is active, IDLE otherwise; a test may set another), and what a
+                          reflex does in franka_ros2 v3.4.0 (`reflex()`): franka_hardware's read fails, so the
+                          controller_manager leaves its component unconfigured and deactivates every controller on it:
+                          the trajectory controller aborts its goal and ignores its topic, both broadcasters fall
+                          silent (joint states, wrench, robot state), the arm stands where it stopped
+  Franka's recovery       franka_hardware's error_recovery action (it may abort: `recovery_aborts`) and the
+                          controller_manager's set_hardware_component_state, switch_controller (STRICT: one unknown,
+                          already active or refusing controller fails it all; `refuse_activation`) and
+                          list_controllers, over the component's and controllers' states; `recovery_calls` lists what
+                          they were asked, in order
 
 The vendor facts (`VENDORS`) are written here from docs/vendor_interfaces.md, not read from the robot profiles, so a
 test compares a profile with the vendor. Any interface can be left out (`omit`), to check that the motion node's
@@ -39,8 +50,13 @@ from pathlib import Path
 import numpy as np
 import rclpy
 from control_msgs.action import FollowJointTrajectory, ParallelGripperCommand
+from controller_manager_msgs.msg import ControllerState
+from controller_manager_msgs.srv import ListControllers, SetHardwareComponentState, SwitchController
+from franka_msgs.action import ErrorRecovery
+from franka_msgs.msg import FrankaRobotState
 from franka_msgs.srv import SetForceTorqueCollisionBehavior, SetLoad
 from geometry_msgs.msg import TransformStamped, WrenchStamped
+from lifecycle_msgs.msg import State
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.executors import MultiThreadedExecutor
@@ -165,6 +181,26 @@ def _transform_msg(parent: str, child: str, m: np.ndarray, stamp) -> TransformSt
 
 # ---------------------------------------------------------------------------------------------- vendor facts
 @dataclass(frozen=True)
+class FrankaRecoveryNames:
+    """franka_ros2 v3.4.0's robot state and what recovering from a reflex calls (docs/vendor_interfaces.md)."""
+
+    robot_state_topic: str  # franka_robot_state_broadcaster's ~/robot_state
+    error_recovery_action: str  # franka_hardware's action_server node: ~/error_recovery
+    controller_manager: str
+    hardware_component: str  # franka_description's <ros2_control name>
+    trajectory_controller: str
+    joint_state_broadcaster: str  # publishes the joint states
+    robot_state_broadcaster: str  # publishes the robot state and the wrench
+
+    def services(self) -> dict[str, str]:
+        return {key: f"{self.controller_manager}/{key}" for key in CONTROLLER_MANAGER_SERVICES}
+
+
+CONTROLLER_MANAGER_SERVICES = ("set_hardware_component_state", "switch_controller", "list_controllers")
+REFLEX_ABORT = "Current goal cancelled during deactivate transition."  # joint_trajectory_controller, on_deactivate
+
+
+@dataclass(frozen=True)
 class VendorSpec:
     """One vendor bring-up's names (docs/vendor_interfaces.md) and the stand-in description it publishes."""
 
@@ -189,6 +225,8 @@ class VendorSpec:
     franka_services: tuple[str, str] | None = None
     # io_and_status_controller's latched robot mode, safety mode and program state (UR), published on change
     ur_status_topics: tuple[str, str, str] | None = None
+    # Franka's robot state, error recovery and the controller_manager services the recovery calls
+    franka_recovery: FrankaRecoveryNames | None = None
 
     def interfaces(self) -> dict[str, str]:
         """Every interface this bring-up serves that a motion node must find: key (for `omit`) -> name."""
@@ -211,6 +249,10 @@ class VendorSpec:
             names["collision_behavior"], names["set_load"] = self.franka_services
         if self.ur_status_topics is not None:
             names["robot_mode"], names["safety_mode"], names["program_running"] = self.ur_status_topics
+        if self.franka_recovery is not None:
+            names["robot_state"] = self.franka_recovery.robot_state_topic
+            names["error_recovery"] = self.franka_recovery.error_recovery_action
+            names |= self.franka_recovery.services()
         return names
 
 
@@ -259,6 +301,15 @@ VENDORS: dict[str, VendorSpec] = {
         ),
         # franka_hardware's franka_param_service_server (node service_server)
         franka_services=("/service_server/set_force_torque_collision_behavior", "/service_server/set_load"),
+        franka_recovery=FrankaRecoveryNames(
+            robot_state_topic="/franka_robot_state_broadcaster/robot_state",
+            error_recovery_action="/action_server/error_recovery",
+            controller_manager="/controller_manager",
+            hardware_component="FrankaHardwareInterface",
+            trajectory_controller="fr3_arm_controller",
+            joint_state_broadcaster="joint_state_broadcaster",
+            robot_state_broadcaster="franka_robot_state_broadcaster",
+        ),
     ),
     # Universal_Robots_ROS2_Driver jazzy: ur_control.launch.py ur_type:=ur5e, plus PickNik's Hand-E controller
     "ur5e": VendorSpec(
@@ -318,6 +369,7 @@ class FakeTrajectoryController:
         self.received: list[tuple[str, JointTrajectoryMsg]] = []  # ("goal" | "topic", msg) taken up, in order
         self._following: list[int] | None = None  # [token]: the trajectory the running goal follows
         self._switch = threading.Lock()  # a trajectory taken up and the running goal's token change together
+        self.active = True  # the controller_manager's lifecycle state of this controller (Franka's fake switches it)
         self._clock = node.get_clock()
         self._server = (
             ActionServer(
@@ -364,14 +416,31 @@ class FakeTrajectoryController:
         )
 
     def _on_goal(self, goal: FollowJointTrajectory.Goal) -> GoalResponse:
+        if not self.active:  # "Can't accept new action goals. Controller is not running."
+            return GoalResponse.REJECT
         self.goals.append(goal)
         return GoalResponse.ACCEPT
+
+    def deactivate(self) -> None:
+        """The controller_manager deactivates it: the arm stops where it is (Franka's reflex brakes it), the running
+        goal is aborted (on_deactivate), and neither goals nor topic messages are taken until it is activated."""
+        with self._switch:
+            self.active = False
+            self.follower.hold(self.follower.update(self.now_s()))
+
+    def activate(self) -> None:
+        """Activated again: it holds the arm where it stands (on_activate), then follows what comes."""
+        with self._switch:
+            self.follower.hold(self.follower.update(self.now_s()))
+            self.active = True
 
     def _on_topic(self, msg: JointTrajectoryMsg) -> None:
         """A topic trajectory replaces what the controller follows; a running goal goes on, judged against it
         (joint_trajectory_controller: the active goal ends when the newest trajectory does)."""
         self.topic_messages.append(msg)
         with self._switch:
+            if not self.active:
+                return  # subscriber_is_active_ is false while the controller is inactive
             try:
                 token = self._start(msg, "topic")
             except TrajectoryError:
@@ -383,6 +452,8 @@ class FakeTrajectoryController:
         result = FollowJointTrajectory.Result()
         try:
             with self._switch:
+                if not self.active:  # deactivated between its acceptance and its execution: never started
+                    raise TrajectoryError(REFLEX_ABORT)  # aborted as INVALID_GOAL, as on_deactivate aborts it
                 following = self._following = [self._start(goal_handle.request.trajectory, "goal")]
         except TrajectoryError as exc:
             result.error_code = (
@@ -397,6 +468,11 @@ class FakeTrajectoryController:
             with self._switch:
                 token = following[0]
                 replaced = self._following is not following or self.follower.active_token() != token
+                if not self.active:  # deactivated under it: on_deactivate aborts the active goal
+                    result.error_code = FollowJointTrajectory.Result.INVALID_GOAL
+                    result.error_string = REFLEX_ABORT
+                    goal_handle.abort()
+                    return result
             if goal_handle.is_cancel_requested:
                 if not replaced:  # canceling a goal a newer one replaced leaves the arm alone
                     self.follower.hold(self.follower.desired_q)
@@ -437,6 +513,8 @@ class VendorGraph:
     publish_tf: bool = False  # robot_state_publisher's /tf and /tf_static (and UR's tcp_pose_broadcaster)
     gripper_overrides: dict = field(default_factory=dict)
     franka_refusal: str = ""  # franka_hardware's services answer success false with this error ("" = success)
+    recovery_aborts: bool = False  # franka_hardware's error recovery fails (libfranka could not recover)
+    refuse_activation: frozenset[str] = frozenset()  # controllers whose activation fails (switch_controller: not ok)
 
     def start(self) -> VendorGraph:
         spec, omit = self.spec, self.omit
@@ -486,6 +564,7 @@ class VendorGraph:
             changes = {"goals": [], "speed_mps": 1.0, **changes, **self.gripper_overrides}
             self.gripper = replace(spec.gripper, **changes).start()
         self._vendor_states(node, group)
+        self._franka_recovery(node, group)
         if spec.speed_scaling_topic:  # UR's scaled_joint_trajectory_controller
             self.controller.follower.set_speed_scaling(self.speed_scaling_percent / 100.0, self.controller.now_s())
         self._published_static = False
@@ -509,6 +588,8 @@ class VendorGraph:
         self.executor.shutdown()
         self._thread.join(timeout=5)
         self.controller.destroy()
+        if self._recovery_server is not None:
+            self._recovery_server.destroy()
         self.node.destroy_node()
         rclpy.shutdown(context=self.context)
 
@@ -561,6 +642,129 @@ class VendorGraph:
 
         return serve
 
+    def _franka_recovery(self, node, group) -> None:
+        """Franka's robot state publisher, error-recovery action and controller_manager services (their states)."""
+        names, omit = self.spec.franka_recovery, self.omit
+        self.recovery_calls: list[str] = []  # what the recovery interfaces were asked, in order
+        self._recovery_server = None
+        self._cm_lock = threading.Lock()
+        self.hardware_state = "active"
+        self.controller_states: dict[str, str] = {}
+        self.robot_mode: int | None = None  # None: MOVE while the trajectory controller is active, IDLE otherwise
+        self.robot_errors: tuple[str, ...] = ()  # libfranka error names the robot state reports as current
+        self.robot_state_silent = False  # the robot state stops (only it: a test of the staleness limit)
+        self._in_reflex = False
+        if names is None:
+            return
+        for name in (names.trajectory_controller, names.joint_state_broadcaster, names.robot_state_broadcaster):
+            self.controller_states[name] = "active"
+        if "robot_state" not in omit:
+            self._publishers["robot_state"] = node.create_publisher(FrankaRobotState, names.robot_state_topic, 10)
+            self._robot_state = FrankaRobotState()  # built once: a message of this size takes ~0.5 ms to make
+        if "error_recovery" not in omit:
+            self._recovery_server = ActionServer(
+                node,
+                ErrorRecovery,
+                names.error_recovery_action,
+                execute_callback=self._error_recovery,
+                cancel_callback=lambda _goal: CancelResponse.ACCEPT,
+                callback_group=group,
+            )
+        services = {
+            "set_hardware_component_state": (SetHardwareComponentState, self._set_hardware_component_state),
+            "switch_controller": (SwitchController, self._switch_controller),
+            "list_controllers": (ListControllers, self._list_controllers),
+        }
+        for key, name in names.services().items():
+            if key not in omit:
+                srv_type, serve = services[key]
+                node.create_service(srv_type, name, serve, callback_group=group)
+
+    def reflex(self) -> None:
+        """The FR3 stops itself in a reflex (franka_ros2 v3.4.0 with ros2_control, see the module's docstring)."""
+        with self._cm_lock:
+            self._in_reflex = True
+            self.hardware_state = "unconfigured"  # the component's on_error: success -> unconfigured
+            for name in self.controller_states:
+                self.controller_states[name] = "inactive"
+            self.controller.deactivate()
+
+    def _broadcasting(self, broadcaster: str) -> bool:
+        """Whether a Franka broadcaster publishes (always, on the vendors without a controller_manager fake)."""
+        return self.spec.franka_recovery is None or self.controller_states.get(broadcaster) == "active"
+
+    def _error_recovery(self, goal_handle) -> ErrorRecovery.Result:
+        self.recovery_calls.append("error_recovery")
+        if self.recovery_aborts:
+            goal_handle.abort()  # franka::Exception in automaticErrorRecovery()
+        else:
+            with self._cm_lock:
+                self._in_reflex = False
+            goal_handle.succeed()
+        return ErrorRecovery.Result()
+
+    def _set_hardware_component_state(self, request, response):
+        target = request.target_state.label or str(request.target_state.id)
+        self.recovery_calls.append(f"set_hardware_component_state {request.name} {target}")
+        with self._cm_lock:
+            if request.name != self.spec.franka_recovery.hardware_component:
+                response.ok = False  # "hardware component with name '...' does not exist"
+                return response
+            if request.target_state.id == State.PRIMARY_STATE_ACTIVE or request.target_state.label == "active":
+                self.hardware_state = "active"  # from unconfigured: configure, then activate
+                response.ok = True
+            response.state = State(id=State.PRIMARY_STATE_ACTIVE, label="active")
+            if self.hardware_state != "active":
+                response.state = State(id=State.PRIMARY_STATE_UNCONFIGURED, label="unconfigured")
+        return response
+
+    def _switch_controller(self, request, response):
+        """STRICT: every controller to activate must exist, be inactive and activate, or nothing is switched."""
+        names = self.spec.franka_recovery
+        strict = "strict" if request.strictness == SwitchController.Request.STRICT else str(request.strictness)
+        self.recovery_calls.append(f"switch_controller activate {sorted(request.activate_controllers)} {strict}")
+        with self._cm_lock:
+            problems = []
+            for name in request.activate_controllers:
+                if name not in self.controller_states:
+                    problems.append(
+                        f"Could not activate controller with name '{name}' because no controller with this name exists"
+                    )
+                elif self.controller_states[name] == "active":
+                    problems.append(f"Controller with name '{name}' is already active.")
+                elif self.hardware_state != "active" or name in self.refuse_activation:
+                    problems.append(f"After activating, controller '{name}' is in state 'inactive', expected Active")
+            if problems and request.strictness == SwitchController.Request.STRICT:
+                response.ok, response.message = False, "; ".join(problems)
+                return response
+            for name in request.activate_controllers:
+                if name in self.controller_states and name not in self.refuse_activation:
+                    self.controller_states[name] = "active"
+                    if name == names.trajectory_controller:
+                        self.controller.activate()
+            response.ok, response.message = True, "Successfully switched controllers!"
+        return response
+
+    def _list_controllers(self, request, response):
+        self.recovery_calls.append("list_controllers")
+        with self._cm_lock:
+            response.controller = [ControllerState(name=n, state=s) for n, s in self.controller_states.items()]
+        return response
+
+    def _robot_state_msg(self, stamp) -> FrankaRobotState:
+        msg = self._robot_state
+        msg.header.stamp = stamp
+        mode = self.robot_mode
+        if mode is None and self._in_reflex:  # libfranka reports the reflex until its error recovery
+            mode = FrankaRobotState.ROBOT_MODE_REFLEX
+        elif mode is None:  # libfranka: MOVE while franka_hardware runs a controller's command loop, else IDLE
+            active = self.controller.active
+            mode = FrankaRobotState.ROBOT_MODE_MOVE if active else FrankaRobotState.ROBOT_MODE_IDLE
+        msg.robot_mode = mode
+        for name in msg.current_errors.get_fields_and_field_types():
+            setattr(msg.current_errors, name, name in self.robot_errors)
+        return msg
+
     # ------------------------------------------------------------------ the control loop
     def _tick(self) -> None:
         now = self.node.get_clock().now()
@@ -577,12 +781,17 @@ class VendorGraph:
                 states.effort.append(0.0)
                 positions[name] = value
         states.header.stamp = stamp
-        if "joint_states" in self._publishers:
+        franka = self.spec.franka_recovery
+        joint_states_on = self._broadcasting(franka.joint_state_broadcaster) if franka else True
+        robot_state_on = self._broadcasting(franka.robot_state_broadcaster) if franka else True
+        if "joint_states" in self._publishers and joint_states_on:
             self._publishers["joint_states"].publish(states)
-        if "wrench" in self._publishers:
+        if "wrench" in self._publishers and robot_state_on:
             wrench = WrenchStamped()
             wrench.header.stamp, wrench.header.frame_id = stamp, self.wrench_frame
             self._publishers["wrench"].publish(wrench)  # no external force
+        if "robot_state" in self._publishers and robot_state_on and not self.robot_state_silent:
+            self._publishers["robot_state"].publish(self._robot_state_msg(stamp))
         if "speed_scaling" in self._publishers:
             self._publishers["speed_scaling"].publish(Float64(data=float(self._scaling_percent())))
         if self.publish_tf:

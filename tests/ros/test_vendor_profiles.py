@@ -40,7 +40,7 @@ from captain_interfaces.srv import HarnessCall  # noqa: E402
 from captain_ros.core import robot  # noqa: E402
 from captain_ros.ros.spin import SpunActionClient  # noqa: E402
 
-from .fake_vendor import VENDORS, VendorGraph, VendorSpec, read_urdf  # noqa: E402
+from .fake_vendor import CONTROLLER_MANAGER_SERVICES, VENDORS, VendorGraph, VendorSpec, read_urdf  # noqa: E402
 from .helpers import (  # noqa: E402
     LOADED_MACHINE_STATE_TIMEOUT_S,
     LOADED_MACHINE_SWEEP_HORIZON_S,
@@ -212,11 +212,11 @@ def vendor():
 def served(node, spec: VendorSpec, key: str) -> bool:
     """Whether `node` sees the interface `key` of `spec` on the graph (as the motion node's configure checks it)."""
     name = spec.interfaces()[key]
-    if key in ("trajectory_action", "gripper_action", "grasp_action"):
+    if key in ("trajectory_action", "gripper_action", "grasp_action", "error_recovery"):
         return node.count_services(f"{name}/_action/send_goal") > 0
     if key == "trajectory_topic":
         return node.count_subscribers(name) > 0
-    if key in ("collision_behavior", "set_load"):
+    if key in ("collision_behavior", "set_load", *CONTROLLER_MANAGER_SERVICES):
         return node.count_services(name) > 0
     return node.count_publishers(name) > 0
 
@@ -472,3 +472,166 @@ def test_ur_protective_stop_ends_the_motion_as_such_and_refuses_the_next(operato
     graph.set_ur_status(RobotMode.RUNNING, SafetyMode.NORMAL, True)
     wait_for(lambda: "External Control" not in attempt(), DEADLINE_S, "the UR state to clear")  # moves back
     check_move(operator, graph, "ur-after-stop")
+
+
+# ---------------------------------------------------------------------------------------------- Franka's state
+FR3_STATE = "/franka_robot_state_broadcaster/robot_state"
+FR3_CONTROLLERS = ["fr3_arm_controller", "joint_state_broadcaster", "franka_robot_state_broadcaster"]
+FR3_RECOVERY = [  # what the recovery asks, in order, of franka_hardware and the controller_manager
+    "error_recovery",
+    "set_hardware_component_state FrankaHardwareInterface active",
+    "list_controllers",
+    f"switch_controller activate {sorted(FR3_CONTROLLERS)} strict",
+    "list_controllers",
+]
+
+
+def start_sweep(op: Operator, call_id: str):
+    """A 15 cm move at 3 cm/s (5 s) started, not waited for: (its goal handle, the start pose, its quaternion)."""
+    start, quaternion = tcp_pose(op)
+    goal = pose_goal(start + [0.0, 0.15, 0.0], quaternion, call_id, speed_mps=0.03)
+    handle = result_of(op.move.send_goal_async(goal), 30)
+    assert handle.accepted
+    return handle, start, quaternion
+
+
+def reflex_mid_sweep(op: Operator, graph: VendorGraph, call_id: str) -> tuple[CallResultMsg, np.ndarray, list]:
+    """A sweep stopped by the FR3's reflex: (its result, where the arm stopped, the start pose and quaternion)."""
+    handle, start, quaternion = start_sweep(op, call_id)
+    wait_for(lambda: graph.controller.goals, DEADLINE_S, "the sweep's goal at the controller")
+    graph.reflex()
+    stopped = graph.controller.follower.desired_q.copy()
+    return result_of(handle.get_result_async(), 120).result.result, stopped, [start, quaternion]
+
+
+def test_fr3_reflex_mid_motion_ends_it_as_such_holds_and_refuses_motion(operator, vendor):
+    """The FR3 stops itself in a reflex mid-sweep: franka_hardware's controllers go inactive (the goal aborted, joint
+    states, wrench and robot state silent). The move ends naming the silent robot state and `recover`, not only as a
+    lost link; the arm stays where the reflex stopped it; get_robot_state and the next move are refused with the same
+    reason, and nothing more reaches the controller."""
+    graph = vendor("franka_fr3")
+    operator.bring_up("franka_fr3")
+    result, stopped, (start, quaternion) = reflex_mid_sweep(operator, graph, "fr3-reflex")
+    assert not result.success
+    assert f"the FR3's robot state on {FR3_STATE} is" in result.message, result.message
+    assert "call recover" in result.message, result.message
+    np.testing.assert_array_equal(graph.controller.follower.desired_q, stopped)  # held where the reflex stopped it
+    state = operator.call("get_robot_state")
+    assert not state.success and "call recover" in state.message, state.message
+    sent = len(graph.controller.goals)
+    _, refused = operator.run(pose_goal(start, quaternion, "fr3-refused"))
+    assert not refused.success and "call recover" in refused.message, refused.message
+    assert len(graph.controller.goals) == sent
+    np.testing.assert_array_equal(graph.controller.follower.desired_q, stopped)
+
+
+def test_fr3_recover_runs_the_whole_recovery_in_order_then_moves_again(operator, vendor):
+    """After a reflex `recover` runs franka_hardware's error recovery, the hardware component back to active, the
+    inactive controllers in one STRICT switch, and confirms them (the order the fakes saw); its receipt says so and
+    the arm did not move. Then motion works again, and a second `recover` reverses the last motion as on a
+    healthy arm."""
+    graph = vendor("franka_fr3")
+    operator.bring_up("franka_fr3")
+    check_move(operator, graph, "fr3-before")
+    result, stopped, _ = reflex_mid_sweep(operator, graph, "fr3-reflex-2")
+    assert not result.success
+    recovered = operator.call("recover")
+    assert recovered.success, recovered.message
+    assert graph.recovery_calls == FR3_RECOVERY
+    assert recovered.receipt.startswith(
+        "recover: arm error recovery: error recovery done; FrankaHardwareInterface active; activated "
+    ), recovered.receipt
+    assert "the arm did not move" in recovered.receipt
+    value = json.loads(recovered.value_json)
+    assert value["vendor_recovery"][-2:] == ["controllers confirmed active", "arm state back"]
+    assert f"the FR3's robot state on {FR3_STATE}" in value["fault"]
+    assert graph.hardware_state == "active" and set(graph.controller_states.values()) == {"active"}
+    np.testing.assert_allclose(graph.controller.follower.desired_q, stopped, atol=1e-9)  # recovered where it stood
+    state = operator.call("get_robot_state")
+    assert state.success and "arm_fault" not in json.loads(state.value_json), state.message
+    check_move(operator, graph, "fr3-after-recovery")
+    back = operator.call("recover", distance_m=0.01)
+    assert back.success and re.search(r"; reversed [01]\.\d cm of motion \d+$", back.receipt), back.message
+    # a healthy arm: recover asked the controller_manager (all active), and ran no vendor recovery
+    assert graph.recovery_calls == [*FR3_RECOVERY, "list_controllers"]
+
+
+@pytest.mark.parametrize(
+    ("graph_options", "failure", "calls"),
+    [
+        (
+            {"recovery_aborts": True},
+            "Franka recovery step 1 of 4 (franka_hardware's error recovery, /action_server/error_recovery): aborted: "
+            "libfranka could not recover the arm",
+            ["error_recovery"],
+        ),
+        (
+            {"refuse_activation": frozenset({"fr3_arm_controller"})},
+            "Franka recovery step 3 of 4 (activate fr3_arm_controller, joint_state_broadcaster, "
+            "franka_robot_state_broadcaster, /controller_manager/switch_controller, strict): the controller_manager "
+            "refused: After activating, controller 'fr3_arm_controller' is in state 'inactive'",
+            FR3_RECOVERY[:4],
+        ),
+    ],
+    ids=["error-recovery-aborts", "controller-will-not-activate"],
+)
+def test_fr3_recovery_that_fails_names_the_step_and_leaves_the_arm_holding(
+    operator, vendor, graph_options, failure, calls
+):
+    """`recover` after a reflex mid-sweep: a step that fails ends it with a backend_error naming the step and what to
+    do, the later steps are not tried, and the arm stays where it stopped."""
+    graph = vendor("franka_fr3", **graph_options)
+    operator.bring_up("franka_fr3")
+    _, stopped, _ = reflex_mid_sweep(operator, graph, "fr3-reflex-3")
+    result = operator.call("recover")
+    assert not result.success and result.failure_category == "backend_error", result.message
+    assert failure in result.message and "the arm holds" in result.message, result.message
+    assert "call recover again" in result.message, result.message
+    assert graph.recovery_calls == calls
+    assert graph.controller_states["fr3_arm_controller"] == "inactive"
+    np.testing.assert_array_equal(graph.controller.follower.desired_q, stopped)
+
+
+def test_fr3_motion_fails_closed_on_a_stale_robot_state_or_a_stop_mode(operator, vendor):
+    """A robot state that stops coming (only it: joint states and wrench flow on) refuses motion once it is older than
+    the link limit, before anything reaches the controller, and get_robot_state reports it; a fresh robot state in a
+    mode other than IDLE and MOVE (here REFLEX, with libfranka's error) refuses motion naming the mode."""
+    from franka_msgs.msg import FrankaRobotState
+
+    graph = vendor("franka_fr3")
+    operator.bring_up("franka_fr3")
+    start, quaternion = tcp_pose(operator)
+    sent = len(graph.controller.goals)
+    graph.robot_state_silent = True
+    fault = lambda: json.loads(operator.call("get_robot_state").value_json).get("arm_fault", "")  # noqa: E731
+    wait_for(lambda: f"the FR3's robot state on {FR3_STATE} is" in fault(), DEADLINE_S, "the stale robot state")
+    _, refused = operator.run(pose_goal(start + MOVE, quaternion, "fr3-stale"))
+    assert not refused.success and f"the FR3's robot state on {FR3_STATE} is" in refused.message, refused.message
+    assert len(graph.controller.goals) == sent
+    graph.robot_mode, graph.robot_errors = FrankaRobotState.ROBOT_MODE_REFLEX, ("cartesian_reflex",)
+    graph.robot_state_silent = False
+    wait_for(lambda: "REFLEX" in fault(), DEADLINE_S, "the robot mode")
+    _, refused = operator.run(pose_goal(start + MOVE, quaternion, "fr3-reflex-mode"))
+    assert not refused.success, refused.message
+    assert "the FR3's robot mode is REFLEX, errors: cartesian_reflex: the arm stopped itself" in refused.message
+    assert len(graph.controller.goals) == sent
+    graph.robot_mode, graph.robot_errors = None, ()
+    wait_for(lambda: not fault(), DEADLINE_S, "the robot mode back to MOVE")
+    check_move(operator, graph, "fr3-after-stale")
+
+
+def test_fr3_recover_right_after_a_reflex_asks_the_controller_manager(operator, vendor):
+    """A reflex with the arm at rest, and `recover` at once: the robot state may not be old enough yet to count as
+    silent, so `recover` asks the controller_manager, which lists the controllers inactive, and recovers."""
+    graph = vendor("franka_fr3")
+    operator.bring_up("franka_fr3")
+    graph.reflex()
+    recovered = operator.call("recover")
+    assert recovered.success, recovered.message
+    fault = json.loads(recovered.value_json)["fault"]
+    if graph.recovery_calls[0] == "list_controllers":  # asked before the robot state counted as silent
+        assert graph.recovery_calls == ["list_controllers", *FR3_RECOVERY]
+        assert fault.startswith("the controller_manager lists fr3_arm_controller is inactive"), fault
+    else:  # a host so slow that the robot state was already older than the link limit
+        assert graph.recovery_calls == FR3_RECOVERY and "robot state" in fault, fault
+    check_move(operator, graph, "fr3-after-quick-recovery")
