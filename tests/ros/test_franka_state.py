@@ -1,5 +1,6 @@
 """ros/franka.py's reasons, from the robot state franka_robot_state_broadcaster publishes (franka_msgs' constants).
-The DDS path (a reflex mid-motion, the recovery, a stale state): test_vendor_profiles.py's test_fr3_* tests."""
+The DDS path (FrankaStateWatch's polled reader; a reflex mid-motion, the recovery, a stale state):
+test_vendor_profiles.py's test_fr3_* tests."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 pytest.importorskip("rclpy")
 from franka_msgs.msg import FrankaRobotState
 
-from captain_ros.ros.franka import ROBOT_MODES, FrankaStateWatch, _error_names, refusal
+from captain_ros.ros.franka import ROBOT_MODES, FrankaModeTracker, _error_names, refusal
 
 TOPIC = "/franka_robot_state_broadcaster/robot_state"
 
@@ -56,23 +57,23 @@ def test_the_names_are_the_messages_constants_and_errors_come_from_the_message()
     assert _error_names(msg) == ("cartesian_reflex", "power_limit_violation")
 
 
-class _Node:
-    """Enough of a node for the watch: it keeps the subscription's callback."""
-
-    def create_subscription(self, _msg_type, topic, callback, _qos, callback_group=None):
-        self.topic, self.callback = topic, callback
+def mode(value: int) -> FrankaRobotState:
+    return FrankaRobotState(robot_mode=value)
 
 
-def test_the_watch_keeps_the_latest_mode_and_judges_its_age_on_its_clock():
-    node, now, changes = _Node(), [100.0], []
-    watch = FrankaStateWatch(node, TOPIC, None, on_change=lambda: changes.append(watch.mode), clock=lambda: now[0])
-    assert node.topic == TOPIC and "no robot state" in watch.refusal(0.5) and not watch.heard_since(0.0)
-    node.callback(FrankaRobotState(robot_mode=FrankaRobotState.ROBOT_MODE_MOVE))
-    node.callback(FrankaRobotState(robot_mode=FrankaRobotState.ROBOT_MODE_MOVE))  # no change: no wake-up
-    assert watch.refusal(0.5) == "" and changes == [FrankaRobotState.ROBOT_MODE_MOVE] and watch.heard_since(99.0)
+def test_the_tracker_keeps_the_latest_mode_and_judges_its_age_on_its_clock():
+    now, changes = [100.0], []
+    tracker = FrankaModeTracker(TOPIC, on_change=lambda: changes.append(tracker.mode), clock=lambda: now[0])
+    assert "no robot state" in tracker.refusal(0.5) and not tracker.heard_since(0.0)
+    tracker.update(mode(FrankaRobotState.ROBOT_MODE_MOVE))
+    tracker.update(mode(FrankaRobotState.ROBOT_MODE_MOVE))  # no change: no wake-up
+    assert tracker.refusal(0.5) == "" and changes == [FrankaRobotState.ROBOT_MODE_MOVE] and tracker.heard_since(99.0)
     now[0] = 100.6
-    assert "is 0.60 s old (limit 0.5 s)" in watch.refusal(0.5) and not watch.heard_since(100.0)
-    reflex = FrankaRobotState(robot_mode=FrankaRobotState.ROBOT_MODE_REFLEX)
+    assert "is 0.60 s old (limit 0.5 s)" in tracker.refusal(0.5) and not tracker.heard_since(100.0)
+    reflex = mode(FrankaRobotState.ROBOT_MODE_REFLEX)
     reflex.current_errors.cartesian_reflex = True
-    node.callback(reflex)
-    assert "REFLEX, errors: cartesian_reflex" in watch.refusal(0.5) and changes[-1] == reflex.robot_mode
+    tracker.update(reflex)
+    assert "REFLEX, errors: cartesian_reflex" in tracker.refusal(0.5) and changes[-1] == reflex.robot_mode
+    assert tracker.heard_since(100.5)
+    tracker.update(reflex, came_after=100.4)  # taken now, known only to have come after the poll before
+    assert tracker.heard_since(100.3) and not tracker.heard_since(100.5)

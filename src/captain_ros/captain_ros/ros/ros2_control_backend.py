@@ -669,6 +669,8 @@ class Ros2ControlBackend(ArmBackend):
             self._spinner.join(timeout=5.0)
         self._executor.shutdown(timeout_sec=5.0)
         self._spinner.join(timeout=5.0)
+        if self._franka is not None:
+            self._franka.close()  # its reader node (polled by a timer of the link's, stopped above)
         self._link.destroy_node()
 
     # ------------------------------------------------------------------------------ commands
