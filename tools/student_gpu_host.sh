@@ -19,13 +19,13 @@
 #            its episode stores (gzip) into $OUT/eval once done, else what is recorded so far into $OUT/eval_partial
 #            (copied back into $WORK/sft_eval/ on a fresh host, the evaluation resumes from it). It serves this
 #            host's SFT (its marker rows fitted by training.token_rows on $EXAMPLES unless the SFT trained them), or
-#            else $FINE_TUNED (an adapter/ and its token_rows.npz, by default the one kept in models/) merged into
-#            the student
+#            else $FINE_TUNED (its adapter/, by default the one kept in models/, and a token_rows.npz if it has one)
+#            merged into the student
 #
 # Every stage is idempotent: rerun the same command to keep waiting, or after a lost call. What a stage starts logs
 # to $WORK/<stage>.log. Variables (defaults): CARRY (/tmp/carry), BUNDLE_CARRY (/tmp/carry_hb), BUNDLE
 # (/tmp/hb/host_bundle), STORE (.cache/store/rollout.sqlite), WORK (/tmp/work), OUT (./back), WAIT_S (500),
-# WORKERS (24), EPOCHS (3), RANK (32), FINE_TUNED (models/qwen2.5-coder-0.5b-captain-sft), EXAMPLES ($WORK/carried/sft_data.pkl.xz).
+# WORKERS (33), EPOCHS (3), RANK (32), FINE_TUNED (models/qwen2.5-coder-0.5b-captain-sft), EXAMPLES ($WORK/carried/sft_data.pkl.xz).
 set -u -o pipefail
 
 CARRY=${CARRY:-/tmp/carry}
@@ -35,7 +35,7 @@ STORE=${STORE:-.cache/store/rollout.sqlite}
 WORK=${WORK:-/tmp/work}
 OUT=${OUT:-./back}
 WAIT_S=${WAIT_S:-500}
-WORKERS=${WORKERS:-24}
+WORKERS=${WORKERS:-33}
 EPOCHS=${EPOCHS:-3}
 RANK=${RANK:-32}
 FINE_TUNED=${FINE_TUNED:-models/qwen2.5-coder-0.5b-captain-sft}
@@ -133,11 +133,15 @@ eval_stage() {
         python3 -m training.token_rows fit --model "$WORK/sft/model" --examples "$EXAMPLES" --out "$WORK/sft/fitted" \
             --prefix-tokens 5400 && rm -rf "$WORK/sft/model" && mv "$WORK/sft/fitted" "$WORK/sft/model" || return 1
     elif [ ! -f "$WORK/sft/model/config.json" ]; then
-        [ -f "$FINE_TUNED/token_rows.npz" ] || { say "no fine-tuned student: run the sft stage, or set FINE_TUNED to a folder with adapter/ and token_rows.npz"; return 1; }
-        say "merging $FINE_TUNED (adapter, fitted rows) into the student"
-        python3 -m training.student merge "$FINE_TUNED/adapter" --base "$STUDENT" --out "$WORK/sft/merged" &&
+        [ -f "$FINE_TUNED/adapter/adapter_config.json" ] || { say "no fine-tuned student: run the sft stage, or set FINE_TUNED to a folder with adapter/"; return 1; }
+        say "merging $FINE_TUNED/adapter into the student"
+        python3 -m training.student merge "$FINE_TUNED/adapter" --base "$STUDENT" --out "$WORK/sft/merged" || return 1
+        if [ -f "$FINE_TUNED/token_rows.npz" ]; then  # rows fitted after an SFT that did not train them
             python3 -m training.token_rows apply --model "$WORK/sft/merged" --rows "$FINE_TUNED/token_rows.npz" \
                 --out "$WORK/sft/model" && rm -rf "$WORK/sft/merged" || return 1
+        else
+            mv "$WORK/sft/merged" "$WORK/sft/model"
+        fi
     fi
     background "training.student_eval run" "$WORK/sft_eval/done" "$WORK/eval.log" \
         bash -c "python3 -m training.student_eval run --model '$WORK/sft/model' --label student-sft \
@@ -148,7 +152,7 @@ eval_stage() {
     else
         say "evaluation not done yet:"
         tail -c 2000 "$WORK/eval.log" | tr '\r' '\n' | tail -5
-        grep -h "tokens/s\|varlen attention" "$WORK"/sft_eval/*/logs/server.log 2>/dev/null | tail -3
+        grep -h "tokens/s\|varlen attention\|slot engine" "$WORK"/sft_eval/*/logs/server.log 2>/dev/null | tail -3
         pack_stores eval_partial  # what is recorded so far, in case the machine goes: the evaluation resumes from it
         return 3
     fi

@@ -45,8 +45,13 @@ from training import fast
 log = logging.getLogger("hf_serve")
 
 ALIGN_TOKENS = 64  # context lengths of a decode step's attention are rounded up to this (aligned masks and kernels)
-SELF_CHECK_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.25, torch.float16: 0.1}  # max |logprob difference|
+# max |logprob difference| from the transformers forward in the same dtype. bf16 rounds coarsely on the check's
+# random-token prompts: there the transformers bf16 forward itself is 0.60 from its fp32 forward (the fine-tuned 0.5B
+# student, CPU), this engine 0.18 from the bf16 forward on CPU and 0.39 on an H100; a wrong position, mask or slot
+# moves log-probabilities by several nats
+SELF_CHECK_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 1.0, torch.float16: 0.5}
 SELF_CHECK_TOKENS = (48, 4)  # prompt and decoded tokens of the start-up check
+SELF_CHECK_MIN_PROB = 1e-4  # compared: the tokens the reference gives at least this probability
 
 
 @dataclass
@@ -231,7 +236,9 @@ class SlotEngine:
             tokens[slot], positions[slot] = ids[prompt_len + t], prompt_len + t
             got.append(self.decode(tokens, positions)[slot])
         want = self.model(torch.tensor([ids], device=self.device)).logits[0, prompt_len - 1 :].float()
-        error = float((torch.stack(got).log_softmax(-1) - want.log_softmax(-1)).abs().max())
+        want = want.log_softmax(-1)
+        likely = want > math.log(SELF_CHECK_MIN_PROB)  # the tokens sampling can draw; bf16 rounds the far tail coarsely
+        error = float((torch.stack(got).log_softmax(-1) - want).abs()[likely].max())
         tolerance = SELF_CHECK_TOLERANCE.get(self.dtype, 0.25)
         if not error <= tolerance:
             raise RuntimeError(
