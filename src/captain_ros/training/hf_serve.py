@@ -1,4 +1,4 @@
-"""A policy server without vLLM: the stack's subset of the OpenAI chat API over transformers' continuous batching.
+"""A policy server without vLLM: the stack's subset of the OpenAI chat API over a batching engine.
 
 For a GPU host that has torch and transformers but no vLLM, no fastapi and no network
 (docs/gpu_host_without_network.md): `python -m training.hf_serve --model DIR --port N` serves one local model folder
@@ -14,21 +14,27 @@ hermes --logprobs-mode processed_logprobs`), so episodes run and record unchange
   The answer carries `prompt_token_ids`, `token_ids` (sampled, the stop token included, as vLLM) and one logprob per
   sampled token when asked; `<tool_call>` blocks become `tool_calls` as vLLM's hermes parser makes them.
 
-Engine: transformers' continuous batching (`model.init_continuous_batching`, one background generation thread over a
-paged KV cache with prefix sharing), so the requests of many concurrent episodes share each forward pass. Each HTTP
-handler thread renders its prompt, queues it and waits on its own event; a dispatcher thread hands finished outputs
-to them. transformers' own sampling cannot serve this alone: do_sample and the seed are per manager, not per request,
-and its per-request temperature and top-p processors exist only when the manager's config sets non-default values.
-So the manager runs greedy with no logits processors and this module replaces its sampling step
-(`ModelRunner._sample`, checked at start-up; transformers 5.24) with `sample_rows`, which reads each row's request
-settings: temperature, top-k, top-p and seed per request, as vLLM: temperature below 1e-5 is greedy; sampled rows use
-the exponential race (argmax of p / q, q ~ Exp(1): a draw from p, vLLM's method), from a per-request generator when
-the request has a seed, else from the server's (`--seed`). CUDA graphs, compile and async double-buffering stay off:
-the sampler is Python per batch and reads the batch's request list. Attention (`--attn-implementation varlen`, the
-default): each request's new tokens attend to its own cached keys only (`varlen_attention`: flash varlen on CUDA,
-checked at start-up). transformers' `sdpa` under continuous batching masks one attention of all the batch's queries
-over all its requests' keys: on an H100 with 32 episodes of 2-6k-token contexts it generated about 8 tokens/s per
-request (260 in all) for this 0.5B model.
+Engines (`--engine`), each one background generation thread, so the requests of many concurrent episodes share each
+forward pass; each HTTP handler thread renders its prompt, queues it and waits on its own event:
+
+- `slots` (the default, training.slot_engine): a dense KV-cache slot per running request and one decode step for all
+  of them, on training.fast's Qwen2 layers; Qwen2-family models. On an H100 it served 33 agent episodes at about
+  1,800 tokens/s where the engine below served 65 at 362.
+- `cb`: transformers' continuous batching (`model.init_continuous_batching`, a paged KV cache with prefix sharing);
+  any model transformers runs. A dispatcher thread hands finished outputs to the waiting handlers.
+
+Sampling is `sample_rows` under both. transformers' own sampling cannot serve this alone: do_sample and the seed are
+per manager, not per request, and its per-request temperature and top-p processors exist only when the manager's
+config sets non-default values. So under `cb` the manager runs greedy with no logits processors and this module
+replaces its sampling step (`ModelRunner._sample`, checked at start-up; transformers 5.24) with `sample_rows`, which
+reads each row's request settings: temperature, top-k, top-p and seed per request, as vLLM: temperature below 1e-5
+is greedy; sampled rows use the exponential race (argmax of p / q, q ~ Exp(1): a draw from p, vLLM's method), from a
+per-request generator when the request has a seed, else from the server's (`--seed`). CUDA graphs, compile and async
+double-buffering stay off: the sampler is Python per batch and reads the batch's request list. Attention under `cb`
+(`--attn-implementation varlen`, the default): each request's new tokens attend to its own cached keys only
+(`varlen_attention`: flash varlen on CUDA, checked at start-up). transformers' `sdpa` under continuous batching
+masks one attention of all the batch's queries over all its requests' keys: on an H100 with 32 episodes of
+2-6k-token contexts it generated about 8 tokens/s per request (260 in all) for this 0.5B model.
 
 Logprobs: vLLM's `processed_logprobs`, the log-probability of the sampled token under the distribution it was drawn
 from (logits / temperature, then top-k and top-p, renormalised); a greedy request gets the temperature-1 distribution,

@@ -1,7 +1,7 @@
 """A model folder evaluated as the stack's policy on held-out twin starts, and what its episodes say about it.
 
 `evaluate` serves the folder with vLLM (`.venv-vllm`: the CPU build here, any vLLM on a GPU host) or, where there is
-no vLLM, with transformers' continuous batching (training.hf_serve, `EvalPlan.server`), puts the recording
+no vLLM, with training.hf_serve (its slot engine on the GPU; `EvalPlan.server`), puts the recording
 proxy in front (every request's prompt ids, sampled ids and logprobs are recorded) and runs the plan's episodes
 through the same agent loop, sandbox and harness a deployment uses (captain_ros.bridge.host). It resumes: episodes
 of the plan already complete and valid in `out` are not run again, so a long evaluation can be stopped and
