@@ -181,6 +181,34 @@ def sample_rows(logits: Any, params: list[SamplingParams], generators: list[Any]
 
 
 # ------------------------------------------------------------------------------------------------ engine
+class Throughput:
+    """Tokens sampled, requests finished and the largest batch since the last log line (the operator's view of
+    whether concurrent episodes are batched, and how fast); both engines keep one."""
+
+    def __init__(self) -> None:
+        self._reset(time.monotonic())
+
+    def _reset(self, now: float) -> None:
+        self.tokens, self.requests, self.largest_batch, self.since = 0, 0, 0, now
+
+    def sampled(self, rows: int) -> None:
+        self.tokens += rows
+        self.largest_batch = max(self.largest_batch, rows)
+
+    def log(self, every_s: float | None = None) -> None:
+        """One line every `every_s` (THROUGHPUT_LOG_S) while tokens are sampled; the counts start again."""
+        now = time.monotonic()
+        if now - self.since < (THROUGHPUT_LOG_S if every_s is None else every_s):
+            return
+        if self.tokens:
+            log.info(
+                "sampled %d tokens in %.0f s (%.0f tokens/s), %d requests finished, at most %d requests per forward "
+                "pass", self.tokens, now - self.since, self.tokens / (now - self.since), self.requests,
+                self.largest_batch,
+            )  # fmt: skip
+        self._reset(now)
+
+
 @dataclass
 class _Pending:
     params: SamplingParams
@@ -210,7 +238,7 @@ class Engine:
         self._lock = threading.Lock()
         self._dead: str | None = None
         self.largest_batch = 0  # most requests that sampled a token in one forward pass (batching at work)
-        self._stats = {"tokens": 0, "requests": 0, "largest_batch": 0, "since": time.monotonic()}  # for the log
+        self._throughput = Throughput()
         kv_tokens = config.kv_cache_tokens
         if kv_tokens is None and self.device.type == "cpu":
             # transformers would take a share of the machine's RAM; a request holds one page at least
@@ -267,8 +295,7 @@ class Engine:
         generators = [p.generator if p else None for p in pending]
         tokens, logprobs = sample_rows(scores[0, : len(ids)], params, generators, self.generator)
         self.largest_batch = max(self.largest_batch, len(ids))
-        self._stats["tokens"] += len(ids)
-        self._stats["largest_batch"] = max(self._stats["largest_batch"], len(ids))
+        self._throughput.sampled(len(ids))
         output_ids[0, : len(ids)].copy_(tokens)
         output_ids[1, : len(ids)].copy_(logprobs.float().view(dtype=torch.int32))
 
@@ -279,7 +306,7 @@ class Engine:
             output = self.manager.get_result(timeout=1.0)  # a blocking get; None on timeout or a dead loop
             if output is not None:
                 if output.is_finished():
-                    self._stats["requests"] += 1
+                    self._throughput.requests += 1
                     with self._lock:
                         pending = self._pending.pop(output.request_id, None)
                     if pending is not None:
@@ -291,18 +318,7 @@ class Engine:
                 return
 
     def _log_throughput(self, every_s: float | None = None) -> None:
-        """Every `every_s` (THROUGHPUT_LOG_S) of generation: tokens sampled per second and the largest batch (the
-        operator's view of whether concurrent episodes are batched, and how fast)."""
-        stats, now = self._stats, time.monotonic()
-        if now - stats["since"] < (THROUGHPUT_LOG_S if every_s is None else every_s):
-            return
-        if stats["tokens"]:
-            log.info(
-                "sampled %d tokens in %.0f s (%.0f tokens/s), %d requests finished, at most %d requests per forward "
-                "pass", stats["tokens"], now - stats["since"], stats["tokens"] / (now - stats["since"]),
-                stats["requests"], stats["largest_batch"],
-            )  # fmt: skip
-        self._stats = {"tokens": 0, "requests": 0, "largest_batch": 0, "since": now}
+        self._throughput.log(every_s)
 
     def _death_reason(self) -> str:
         fatal = self.manager.background_thread_status.fatal_error

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch.nn.functional import linear, scaled_dot_product_attention
 
-from training import fast
+from training import fast, hf_serve
 
 log = logging.getLogger("hf_serve")
 
@@ -105,7 +105,7 @@ class SlotEngine:
         else:
             self.generator.manual_seed(config.seed)
         self.largest_batch = 0
-        self._stats = {"tokens": 0, "requests": 0, "largest_batch": 0, "since": time.monotonic()}
+        self._throughput = hf_serve.Throughput()
         self._queue: list[Request] = []
         self._running: dict[int, Request] = {}  # slot -> request
         self._free = list(range(self.slots))  # a heap: the lowest free slot first
@@ -300,14 +300,11 @@ class SlotEngine:
         self._sample([r for _, r in running], logits[[slot for slot, _ in running]])
 
     def _sample(self, requests: list[Request], logits: torch.Tensor) -> None:
-        from training import hf_serve  # the module's sampler (tests replace it there)
-
         params = [r.params for r in requests]
         generators = [r.generator for r in requests]
-        tokens, logprobs = hf_serve.sample_rows(logits, params, generators, self.generator)
+        tokens, logprobs = hf_serve.sample_rows(logits, params, generators, self.generator)  # (tests replace it)
         self.largest_batch = max(self.largest_batch, len(requests))
-        self._stats["tokens"] += len(requests)
-        self._stats["largest_batch"] = max(self._stats["largest_batch"], len(requests))
+        self._throughput.sampled(len(requests))
         for request, token, logprob in zip(requests, tokens.tolist(), logprobs.tolist(), strict=True):
             request.tokens.append(token)
             request.logprobs.append(logprob)
@@ -319,22 +316,11 @@ class SlotEngine:
             self._running.pop(request.slot, None)
             heapq.heappush(self._free, request.slot)
         if not request.cancelled:
-            self._stats["requests"] += 1
+            self._throughput.requests += 1
         request.done.set()
 
     def _log_throughput(self, every_s: float | None = None) -> None:
-        from training import hf_serve
-
-        stats, now = self._stats, time.monotonic()
-        if now - stats["since"] < (hf_serve.THROUGHPUT_LOG_S if every_s is None else every_s):
-            return
-        if stats["tokens"]:
-            log.info(
-                "sampled %d tokens in %.0f s (%.0f tokens/s), %d requests finished, at most %d requests per forward "
-                "pass", stats["tokens"], now - stats["since"], stats["tokens"] / (now - stats["since"]),
-                stats["requests"], stats["largest_batch"],
-            )  # fmt: skip
-        self._stats = {"tokens": 0, "requests": 0, "largest_batch": 0, "since": now}
+        self._throughput.log(every_s)
 
     def _die(self, reason: str) -> None:
         with self._cv:
@@ -377,29 +363,27 @@ class SlotEngine:
     def generate(self, prompt_ids: list[int], max_new_tokens: int, params: Any) -> Any:
         """Queue one request and wait for it; hf_serve.EngineError when it failed, the engine died or it took too
         long (the request is then dropped at the loop's next step)."""
-        from training.hf_serve import EngineError, Generated
-
         generator = None
         if params.seed is not None and not params.greedy:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(params.seed)
         if len(prompt_ids) + max_new_tokens > self.capacity + 1:
-            raise EngineError(f"{len(prompt_ids)} + {max_new_tokens} tokens exceed a slot of {self.capacity}")
+            raise hf_serve.EngineError(f"{len(prompt_ids)} + {max_new_tokens} tokens exceed a slot of {self.capacity}")
         request = Request(list(prompt_ids), max_new_tokens, params, generator, self.eos_ids)
         with self._cv:
             if self._dead is not None:
-                raise EngineError(self._dead)
+                raise hf_serve.EngineError(self._dead)
             self._queue.append(request)
             self._cv.notify_all()
         deadline = time.monotonic() + self.config.request_timeout_s
         while not request.done.wait(timeout=1.0):
             if self.failure() is not None or time.monotonic() > deadline:
                 request.cancelled = True  # the loop frees its slot at its next step
-                raise EngineError(self.failure() or f"no result after {self.config.request_timeout_s:g} s")
+                raise hf_serve.EngineError(self.failure() or f"no result after {self.config.request_timeout_s:g} s")
         if request.error is not None:
-            raise EngineError(request.error)
+            raise hf_serve.EngineError(request.error)
         stopped = request.tokens[-1] in self.eos_ids
-        return Generated(list(request.tokens), list(request.logprobs), stopped)
+        return hf_serve.Generated(list(request.tokens), list(request.logprobs), stopped)
 
     def close(self) -> None:
         """Stop the loop; requests still waiting are answered 500."""
