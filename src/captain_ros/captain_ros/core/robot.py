@@ -150,6 +150,19 @@ class URStatus:
 
 
 @dataclass(frozen=True)
+class MoveItInterface:
+    """move_group's services the planning-scene check calls (motion node `use_moveit:=true`, core/moveit_scene.py):
+    each sweep's sampled joint configurations are checked with GetStateValidity, measured objects go into the scene
+    with ApplyPlanningScene."""
+
+    planning_group: str  # the SRDF group of the arm's joints in the MoveIt configuration
+    check_state_validity_service: str = "/check_state_validity"  # moveit_msgs/srv/GetStateValidity
+    apply_planning_scene_service: str = "/apply_planning_scene"  # moveit_msgs/srv/ApplyPlanningScene
+    timeout_s: float = 2.0  # one sweep's check (all its states) or one scene update; no answer = refused
+    max_states: int = 64  # configurations checked per sweep, evenly spread along it, its ends always among them
+
+
+@dataclass(frozen=True)
 class Interfaces:
     joint_states_topic: str
     trajectory_action: str  # control_msgs/action/FollowJointTrajectory of the arm's trajectory controller
@@ -162,6 +175,7 @@ class Interfaces:
     force_reflex: ForceReflex | None = None
     franka: FrankaSettings | None = None  # franka_hardware's load and collision-behaviour services
     ur_status: URStatus | None = None  # a UR's robot mode, safety mode and program state
+    moveit: MoveItInterface | None = None  # move_group's planning-scene services (used with use_moveit:=true)
     wrench_qos: str = "reliable"  # the wrench subscription's reliability: one of WRENCH_QOS
     camera_qos: str = "reliable"  # the camera topics' subscriptions' reliability: one of WRENCH_QOS ("best_effort":
     # a driver that publishes as sensor data, rclcpp::SensorDataQoS; a best-effort subscription hears both)
@@ -435,6 +449,24 @@ def available_profiles() -> list[str]:
     return sorted(p.stem for p in config_path("robots").glob("*.yaml"))
 
 
+def _moveit(doc: dict, where: str) -> MoveItInterface:
+    default = MoveItInterface("")
+    settings = MoveItInterface(
+        planning_group=_get(doc, "planning_group", where),
+        check_state_validity_service=_get(
+            doc, "check_state_validity_service", where, str, default.check_state_validity_service
+        ),
+        apply_planning_scene_service=_get(
+            doc, "apply_planning_scene_service", where, str, default.apply_planning_scene_service
+        ),
+        timeout_s=_get(doc, "timeout_s", where, float, default.timeout_s),
+        max_states=int(_get(doc, "max_states", where, int, default.max_states)),
+    )
+    if settings.timeout_s <= 0 or settings.max_states < 2:
+        raise ProfileError(f"{where}: timeout_s must be > 0 and max_states >= 2")
+    return settings
+
+
 @cache
 def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> RobotProfile:
     """Read and check a profile; ProfileError names the file, the key and what is wrong."""
@@ -580,6 +612,7 @@ def _parse(doc: dict, source: str) -> RobotProfile:
             raise ProfileError(f"{d}: urdf '{urdf_file}' cannot be read: {exc}") from exc
     franka = _get(ifc, "franka", i, dict, None)
     ur_status = _get(ifc, "ur_status", i, dict, None)
+    moveit = _get(ifc, "moveit", i, dict, None)
     payload = _get(doc, "payload", source, dict, {})
     srdf_file = _get(desc, "srdf", d, str, "")
     srdf_text = _read_srdf(srdf_file, d) if srdf_file else ""
@@ -628,6 +661,7 @@ def _parse(doc: dict, source: str) -> RobotProfile:
                     for k in ("robot_mode_topic", "safety_mode_topic", "program_running_topic")
                 )
             ),
+            moveit=None if moveit is None else _moveit(moveit, f"{i}.moveit"),
             wrench_qos=wrench_qos,
             camera_qos=camera_qos,
         ),

@@ -11,7 +11,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from captain_ros.core import robot
 from captain_ros.core.config import HarnessConfig
 from captain_ros.core.contract import CAPABILITY_BY_NAME, RECEIPT_MAX_CHARS, Budget, CallResult, FailureCategory
 from captain_ros.core.kinematics import Kinematics
+from captain_ros.core.moveit_scene import SceneCheckError, SceneObjects, box_from_measurement
 from captain_ros.harness.approval import Approver, Decision, EStop, PendingAction
 from captain_ros.harness.backend import ArmBackend
 from captain_ros.harness.dispatch import dispatch
@@ -31,6 +32,7 @@ from captain_ros.harness.motion import (
     Planner,
     StopReason,
     StopSignal,
+    SweepPlan,
     Watchdog,
 )
 from captain_ros.harness.shadow import Prediction, ShadowError, ShadowTwin, outcome_of
@@ -95,6 +97,19 @@ class EpisodeLog:
             self.calls.append((capability, success))
 
 
+class PlanningScene(Protocol):
+    """MoveIt's planning scene as the harness uses it (captain_ros.ros.moveit_scene.MoveItScene, or a test's)."""
+
+    def check(self, q_waypoints: np.ndarray) -> str:
+        """'' when the joint path is valid in the scene, else the refusal; raises SceneCheckError without an
+        answer."""
+        ...
+
+    def apply(self, add: list, remove: list[str]) -> None:
+        """Add SceneBoxes to the scene and remove objects by id; raises SceneCheckError when not applied."""
+        ...
+
+
 class Harness:
     def __init__(
         self,
@@ -133,6 +148,10 @@ class Harness:
         self.on_progress: Callable[[MotionProgress], None] | None = None  # e.g. the MoveTo action's feedback
         self._clock = clock
         self.perception = Perception(self.kin, self._capture, config.perception)
+        # MoveIt's planning scene (core/moveit_scene.py; the motion node sets it with use_moveit): every sweep is
+        # checked in it right before it runs, and measured objects are kept in it while their measurement is fresh
+        self.scene: PlanningScene | None = None
+        self.scene_objects = SceneObjects()
         self.shadow: ShadowTwin | None = None  # the shadow check (harness/shadow.py): enable_shadow()
         self._prediction: Prediction | None = None  # the shadow's prediction for the running call
         self.new_episode()
@@ -157,6 +176,12 @@ class Harness:
         self.log = EpisodeLog()
         self.backend.resync()
         self.perception.new_episode()
+        stale = self.scene_objects.clear()
+        if self.scene is not None and stale:
+            try:
+                self.scene.apply([], stale)
+            except SceneCheckError:
+                pass  # they stay in MoveIt's scene: a check then refuses more, never less
         self.jaw_command_m = self.backend.read_state(require_force=False).jaw_opening_m
         if self.shadow is not None:
             self.shadow.reset()
@@ -203,7 +228,52 @@ class Harness:
         self.log.record(capability, result.success)
         if result.executed:  # the scene may have changed: earlier observations are stale
             self.perception.scene_changed()
+        if self.scene is not None:
+            if result.success:
+                self.note_measurement(capability, result.value)
+            try:
+                self.sync_scene()
+            except SceneCheckError:
+                pass  # kept pending: the next sweep's check syncs first and is refused if it still fails
         return result
+
+    # ------------------------------------------------------------------------------ MoveIt's planning scene
+    def note_measurement(self, capability: str, value: Any) -> None:
+        """A measure_object_geometry result (this harness's or the perception node's): its object, and its
+        destination if one was measured, become collision boxes in MoveIt's scene at the next sync."""
+        if capability != "measure_object_geometry" or not isinstance(value, dict):
+            return
+        version = self.perception.store.scene_version
+        for part, key in ((value, "object"), (value.get("destination"), "detection_id")):
+            if isinstance(part, dict) and "center_m" in part and "extents_m" in part:
+                oid = str((value if key == "object" else part).get(key) or f"object_{len(self.scene_objects.in_scene)}")
+                self.scene_objects.measured(box_from_measurement(oid, part), version)
+
+    def sync_scene(self) -> None:
+        """Add fresh measurements to MoveIt's scene and remove stale ones (measured before the last physical
+        action). Raises SceneCheckError when move_group does not take them."""
+        if self.scene is None:
+            return
+        version = self.perception.store.scene_version
+        add, remove = self.scene_objects.update(version)
+        if add or remove:
+            self.scene.apply(add, remove)
+            self.scene_objects.applied(add, remove, version)
+
+    def _scene_check(self, plan: SweepPlan) -> None:
+        """With MoveIt's planning scene on: the sweep's joint path checked there right before it runs, after the
+        scene is brought up to date. A collision, or a move_group that does not answer, refuses it (fail closed)."""
+        if self.scene is None or len(plan.q_waypoints) < 2:
+            return
+        try:
+            self.sync_scene()
+            refusal = self.scene.check(plan.q_waypoints)
+        except SceneCheckError as exc:
+            raise PlanError(
+                FailureCategory.SAFETY_STOP, f"MoveIt planning-scene check failed: {exc}; refused, nothing moved"
+            ) from exc
+        if refusal:
+            raise PlanError(FailureCategory.SAFETY_STOP, f"{refusal}; refused, nothing moved")
 
     def capabilities(self) -> list[str]:
         return [name for name in CAPABILITY_BY_NAME if self._handler(name) is not None]
@@ -373,6 +443,7 @@ class Harness:
             plan = self.planner.plan_pose(
                 state.q_rad, position, rotation, speed_mps=speed, duration_s=duration, jaw_opening_m=state.jaw_opening_m
             )
+        self._scene_check(plan)
         outcome = self.executor.execute(
             self.backend,
             plan,
@@ -456,6 +527,7 @@ class Harness:
         if self._approve(self._target("recover", description, end, rotation, tcp_path)):
             path[0] = self.backend.read_state().q_rad  # from where the arm is after the wait
         plan = self.planner.plan_path(np.array(path), speed_mps=speed)
+        self._scene_check(plan)
         outcome = self.executor.execute(
             self.backend,
             plan,

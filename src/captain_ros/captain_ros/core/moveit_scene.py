@@ -1,0 +1,131 @@
+"""MoveIt 2's planning scene as a second opinion on every sweep, without ROS: what to ask and how to judge the answers.
+
+With `use_moveit:=true` the motion node asks move_group, before a planned sweep runs, whether each sampled joint
+configuration of the sweep is valid in MoveIt's planning scene (`/check_state_validity`, moveit_msgs
+`GetStateValidity`: collisions with the world and the robot itself, joint limits). The sweep's own joint path is
+checked, not a path MoveIt would re-plan, so what was checked is what runs. Any invalid state refuses the whole
+sweep, naming the colliding pair and where along the sweep; a move_group that does not answer refuses it too
+(fail closed): `SceneCheckError`.
+
+Objects that perception measured (`measure_object_geometry`: centre, extents and yaw of a fitted box or cylinder) go
+into the scene as collision boxes (`SceneObjects`), and out of it once their measurement is stale: the perception
+store's scene version moved on (something physical happened since) or the object was measured anew.
+
+The ROS side (service clients, messages) is `captain_ros.ros.moveit_scene`; this module is what it and the tests
+share.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+DEFAULT_MAX_STATES = 64  # sampled configurations per sweep (its ends always among them)
+
+
+class SceneCheckError(RuntimeError):
+    """The planning-scene check could not be made (move_group absent, slow or failing): the sweep is refused."""
+
+
+def sample_indices(n_waypoints: int, max_states: int = DEFAULT_MAX_STATES) -> list[int]:
+    """Which of a sweep's `n_waypoints` joint waypoints to check: all of them up to `max_states`, else
+    `max_states` evenly spread ones, the first and last always included."""
+    if n_waypoints <= 0:
+        return []
+    if n_waypoints <= max_states:
+        return list(range(n_waypoints))
+    picks = np.linspace(0, n_waypoints - 1, max(2, max_states)).round().astype(int)
+    return sorted({int(i) for i in picks})
+
+
+@dataclass(frozen=True)
+class StateVerdict:
+    """move_group's answer for one sampled configuration."""
+
+    index: int  # the waypoint's index in the sweep
+    valid: bool
+    contacts: tuple[tuple[str, str], ...] = ()  # (body, body) pairs in contact, as MoveIt names them
+
+
+def judge(verdicts: list[StateVerdict], n_waypoints: int) -> str:
+    """'' when every sampled configuration is valid, else the refusal: the first invalid one, what collides there
+    and how far along the sweep it is."""
+    bad = [v for v in sorted(verdicts, key=lambda v: v.index) if not v.valid]
+    if not bad:
+        return ""
+    first = bad[0]
+    where = 100.0 * first.index / max(n_waypoints - 1, 1)
+    what = (
+        f"{first.contacts[0][0]} collides with {first.contacts[0][1]}"
+        if first.contacts
+        else "the configuration is invalid (no contact reported: a joint limit or a path constraint)"
+    )
+    more = f"; {len(bad) - 1} more of {len(verdicts)} checked states invalid" if len(bad) > 1 else ""
+    return f"MoveIt planning scene: {what} at {where:.0f}% of the sweep{more}"
+
+
+@dataclass(frozen=True)
+class SceneBox:
+    """A measured object as a collision box in the base frame."""
+
+    id: str
+    center_m: tuple[float, float, float]
+    extents_m: tuple[float, float, float]  # x (long side), y, z before the yaw
+    yaw_rad: float
+
+    def quaternion_xyzw(self) -> tuple[float, float, float, float]:
+        return (0.0, 0.0, math.sin(self.yaw_rad / 2), math.cos(self.yaw_rad / 2))
+
+    def contains(self, point_m: np.ndarray, margin_m: float = 0.0) -> bool:
+        """Whether `point_m` lies within `margin_m` of the box (a sphere of that radius touches it)."""
+        d = np.asarray(point_m, dtype=float) - np.asarray(self.center_m)
+        c, s = math.cos(-self.yaw_rad), math.sin(-self.yaw_rad)
+        local = np.array([c * d[0] - s * d[1], s * d[0] + c * d[1], d[2]])
+        outside = np.maximum(np.abs(local) - np.asarray(self.extents_m) / 2, 0.0)
+        return float(np.linalg.norm(outside)) <= margin_m
+
+
+def box_from_measurement(object_id: str, value: dict[str, Any], padding_m: float = 0.0) -> SceneBox:
+    """measure_object_geometry's result value (centre, extents, yaw; a cylinder as its bounding box) -> SceneBox,
+    each extent grown by 2 * padding_m."""
+    center = tuple(float(v) for v in value["center_m"])
+    extents = tuple(max(float(v), 0.0) + 2 * padding_m for v in value["extents_m"])
+    if len(center) != 3 or len(extents) != 3:
+        raise ValueError(f"{object_id}: a measurement needs 3 centre and 3 extent values")
+    return SceneBox(object_id, center, extents, math.radians(float(value.get("yaw_deg", 0.0))))
+
+
+class SceneObjects:
+    """Which measured objects the planning scene should hold. `measured` records a measurement at the perception
+    store's scene version; `update(scene_version)` says what to add (new or re-measured) and what to remove (stale:
+    measured at an older scene version). The caller applies both and then calls `applied`."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, tuple[SceneBox, int]] = {}  # measured, not yet in the scene
+        self.in_scene: dict[str, tuple[SceneBox, int]] = {}
+
+    def measured(self, box: SceneBox, scene_version: int) -> None:
+        self._pending[box.id] = (box, scene_version)
+
+    def update(self, scene_version: int) -> tuple[list[SceneBox], list[str]]:
+        add = [box for box, version in self._pending.values() if version == scene_version]
+        again = {box.id for box in add}  # re-measured: MoveIt's ADD replaces an object of the same id
+        remove = [oid for oid, (_, version) in self.in_scene.items() if version != scene_version and oid not in again]
+        return add, remove
+
+    def applied(self, add: list[SceneBox], remove: list[str], scene_version: int) -> None:
+        for oid in remove:
+            self.in_scene.pop(oid, None)
+        for box in add:
+            self.in_scene[box.id] = (box, scene_version)
+        self._pending = {k: v for k, v in self._pending.items() if v[1] == scene_version and k not in self.in_scene}
+
+    def clear(self) -> list[str]:
+        """Forget everything (a new episode); returns the ids to remove from the scene."""
+        ids = list(self.in_scene)
+        self._pending.clear()
+        self.in_scene.clear()
+        return ids

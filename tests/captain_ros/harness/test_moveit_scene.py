@@ -1,0 +1,174 @@
+"""MoveIt's planning-scene check without ROS: the core (core/moveit_scene.py) and the harness's use of a scene
+(harness.PlanningScene), with a scene of the test's own. tests/ros/test_moveit_scene.py runs the same over DDS
+against a fake move_group."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from captain_ros.core.contract import FailureCategory
+from captain_ros.core.moveit_scene import (
+    SceneBox,
+    SceneCheckError,
+    SceneObjects,
+    StateVerdict,
+    box_from_measurement,
+    judge,
+    sample_indices,
+)
+
+POSE = {"position": [0.4, 0.0, 0.3], "yaw_deg": 0}
+
+
+class BoxScene:
+    """A planning scene that knows boxes and the TCP (a 3 cm sphere), like tests/ros/fake_move_group.py."""
+
+    def __init__(self, kinematics, fail: bool = False) -> None:
+        self.kin, self.fail = kinematics, fail
+        self.world: dict[str, SceneBox] = {}
+        self.checked: list[int] = []
+
+    def check(self, q_waypoints: np.ndarray) -> str:
+        if self.fail:
+            raise SceneCheckError("/check_state_validity did not answer within 2 s")
+        idx = sample_indices(len(q_waypoints))
+        self.checked.append(len(idx))
+        verdicts = []
+        for i in idx:
+            tcp = self.kin.forward(q_waypoints[i])[0]
+            hits = [b.id for b in self.world.values() if b.contains(tcp, margin_m=0.03)]
+            verdicts.append(StateVerdict(i, not hits, tuple(("tcp", h) for h in hits)))
+        return judge(verdicts, len(q_waypoints))
+
+    def apply(self, add: list[SceneBox], remove: list[str]) -> None:
+        if self.fail:
+            raise SceneCheckError("/apply_planning_scene did not answer")
+        for oid in remove:
+            self.world.pop(oid)
+        self.world.update({b.id: b for b in add})
+
+
+def test_sample_indices_keep_both_ends_and_cap_the_count():
+    assert sample_indices(0) == []
+    assert sample_indices(5, 64) == [0, 1, 2, 3, 4]
+    picks = sample_indices(500, 64)
+    assert picks[0] == 0 and picks[-1] == 499 and len(picks) == 64 and picks == sorted(set(picks))
+
+
+def test_judge_names_the_first_collision_and_where():
+    ok = [StateVerdict(i, True) for i in range(11)]
+    assert judge(ok, 11) == ""
+    verdicts = ok[:5] + [StateVerdict(5, False, (("fr3_hand_tcp", "det_2"),)), StateVerdict(6, False)] + ok[7:]
+    refusal = judge(verdicts, 11)
+    assert "fr3_hand_tcp collides with det_2 at 50% of the sweep" in refusal
+    assert "1 more of 11 checked states invalid" in refusal
+    assert "joint limit" in judge([StateVerdict(0, False)], 2)
+
+
+def test_scene_box_from_a_measurement_is_yawed_and_padded():
+    box = box_from_measurement(
+        "det_1", {"center_m": [0.5, 0.0, 0.05], "extents_m": [0.2, 0.04, 0.1], "yaw_deg": 90.0}, padding_m=0.005
+    )
+    assert box.extents_m == pytest.approx((0.21, 0.05, 0.11))
+    assert box.contains(np.array([0.5, 0.09, 0.05]))  # along the long side, turned onto y
+    assert not box.contains(np.array([0.59, 0.0, 0.05]))
+    assert box.contains(np.array([0.59, 0.0, 0.05]), margin_m=0.07)
+    assert box.quaternion_xyzw() == pytest.approx((0, 0, math.sqrt(0.5), math.sqrt(0.5)))
+
+
+def test_scene_objects_add_fresh_and_remove_stale():
+    objects = SceneObjects()
+    a = SceneBox("a", (0, 0, 0), (0.1, 0.1, 0.1), 0.0)
+    objects.measured(a, scene_version=0)
+    add, remove = objects.update(0)
+    assert add == [a] and remove == []
+    objects.applied(add, remove, 0)
+    assert objects.update(0) == ([], [])
+    add, remove = objects.update(1)  # something physical happened since: a's measurement is stale
+    assert add == [] and remove == ["a"]
+    objects.applied(add, remove, 1)
+    assert objects.in_scene == {}
+    objects.measured(a, scene_version=0)  # a late measurement of an old scene never enters
+    assert objects.update(1) == ([], [])
+    objects.measured(a, 1)
+    objects.applied(*objects.update(1), 1)
+    objects.measured(SceneBox("a", (0.1, 0, 0), (0.1, 0.1, 0.1), 0.0), 1)  # measured again: replaced, not removed
+    add, remove = objects.update(1)
+    assert [b.center_m for b in add] == [(0.1, 0, 0)] and remove == []
+    assert objects.clear() == ["a"]
+
+
+def _tcp(harness) -> np.ndarray:
+    return harness.kin.forward(harness.backend.read_state(require_force=False).q_rad)[0]
+
+
+def test_a_sweep_through_a_scene_object_is_refused_and_nothing_moves(harness, kinematics):
+    scene = harness.scene = BoxScene(kinematics)
+    start = _tcp(harness)
+    midway = (start + np.array(POSE["position"])) / 2
+    scene.world["crate"] = SceneBox("crate", tuple(midway), (0.04, 0.04, 0.04), 0.0)
+    result = harness.call("move_to", pose=POSE)
+    assert result.failure_category == FailureCategory.SAFETY_STOP, result.message
+    assert "tcp collides with crate" in result.message and "refused, nothing moved" in result.message
+    assert np.linalg.norm(_tcp(harness) - start) < 0.002
+    del scene.world["crate"]
+    assert harness.call("move_to", pose=POSE).success
+    assert scene.checked[-1] >= 2
+
+
+def test_no_answer_from_the_scene_refuses_the_sweep(harness, kinematics):
+    harness.scene = BoxScene(kinematics, fail=True)
+    start = _tcp(harness)
+    result = harness.call("move_to", pose=POSE)
+    assert result.failure_category == FailureCategory.SAFETY_STOP
+    assert "MoveIt planning-scene check failed" in result.message and "did not answer" in result.message
+    assert np.linalg.norm(_tcp(harness) - start) < 0.002
+
+
+def test_measured_objects_enter_the_scene_and_leave_it_when_stale(harness, kinematics):
+    scene = harness.scene = BoxScene(kinematics)
+    value = {
+        "object": "det_1",
+        "center_m": [0.6, 0.3, 0.03],
+        "extents_m": [0.05, 0.05, 0.06],
+        "yaw_deg": 0.0,
+        "destination": {"detection_id": "det_2", "center_m": [0.6, -0.3, 0.03], "extents_m": [0.15, 0.15, 0.06]},
+    }
+    harness.note_measurement("measure_object_geometry", value)
+    harness.sync_scene()
+    assert set(scene.world) == {"det_1", "det_2"}
+    assert harness.call("move_to", pose=POSE).success  # a physical action: every measurement is stale now
+    assert scene.world == {}
+    harness.note_measurement("measure_object_geometry", value)  # recorded at the new scene version
+    harness.sync_scene()
+    assert set(scene.world) == {"det_1", "det_2"}
+    harness.new_episode("next")
+    assert scene.world == {}
+
+
+def test_profiles_name_their_moveit_groups_and_a_bad_block_is_refused(tmp_path):
+    import yaml
+
+    from captain_ros.core import robot
+
+    groups = {n: robot.load_profile(n).interfaces.moveit.planning_group for n in ("franka_fr3", "ur5e", "panda_twin")}
+    assert groups == {"franka_fr3": "fr3_arm", "ur5e": "ur_manipulator", "panda_twin": "panda_arm"}
+    moveit = robot.load_profile("franka_fr3").interfaces.moveit
+    assert (moveit.check_state_validity_service, moveit.apply_planning_scene_service) == (
+        "/check_state_validity",
+        "/apply_planning_scene",
+    )
+    doc = yaml.safe_load(robot.profile_path("panda_twin").read_text())
+    doc["interfaces"]["moveit"]["max_states"] = 1
+    path = tmp_path / "bad_moveit.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(robot.ProfileError, match=r"interfaces\.moveit: timeout_s must be > 0 and max_states >= 2"):
+        robot.load_profile(path)
+    del doc["interfaces"]["moveit"]["planning_group"]
+    path = tmp_path / "no_group.yaml"  # load_profile caches by path: one name per edit
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(robot.ProfileError, match="missing 'planning_group'"):
+        robot.load_profile(path)
