@@ -260,10 +260,15 @@ def test_the_self_collision_waiver_is_off_unless_the_operator_names_it():
 # ------------------------------------------------------------------ real arm
 @pytest.mark.parametrize(
     ("name", "real_default", "twin_default", "kind"),
-    [("shadow_check", "true", "false", "bool"), ("estop_deadline_s", "0.5", "0.0", "float")],
+    [
+        ("shadow_check", "true", "false", "bool"),
+        ("estop_deadline_s", "0.5", "0.0", "float"),
+        ("use_moveit", "false", "false", "bool"),
+    ],
 )
 def test_real_arm_safety_defaults_reach_the_motion_node(name, real_default, twin_default, kind):
-    """real_arm.launch.py turns the shadow check on and gives the e-stop topic a 0.5 s deadline; each is passed to
+    """real_arm.launch.py turns the shadow check on, gives the e-stop topic a 0.5 s deadline and leaves MoveIt's
+    planning-scene check off unless asked (use_moveit:=true needs a running move_group); each is passed to
     harness.launch.py, whose motion node takes it as its typed parameter (off there by default: the twin's own
     launch)."""
     real = ast.parse((ROOT / "launch" / "real_arm.launch.py").read_text())

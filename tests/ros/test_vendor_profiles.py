@@ -38,8 +38,10 @@ from captain_interfaces.action import MoveTo  # noqa: E402
 from captain_interfaces.msg import CallResult as CallResultMsg  # noqa: E402
 from captain_interfaces.srv import HarnessCall  # noqa: E402
 from captain_ros.core import robot  # noqa: E402
+from captain_ros.core.moveit_scene import SceneBox  # noqa: E402
 from captain_ros.ros.spin import SpunActionClient  # noqa: E402
 
+from .fake_move_group import FakeMoveGroup  # noqa: E402
 from .fake_vendor import CONTROLLER_MANAGER_SERVICES, VENDORS, VendorGraph, VendorSpec, read_urdf  # noqa: E402
 from .helpers import (  # noqa: E402
     LOADED_MACHINE_STATE_TIMEOUT_S,
@@ -397,6 +399,42 @@ def test_move_to_runs_through_the_vendor_trajectory_controller(operator, vendor,
     graph = vendor(profile, **MAIN_GRAPHS[profile])
     operator.bring_up(profile)
     check_move(operator, graph, f"{profile}-small-move")
+
+
+def test_fr3_with_use_moveit_needs_move_group_and_refuses_a_sweep_its_scene_finds_in_collision(
+    operator, vendor, client_node
+):
+    """use_moveit:=true: configure names move_group's missing services; with a fake move_group (its world a box on
+    the sweep's path) the move_to is refused before the trajectory controller gets a goal, and runs once the box is
+    gone, each sweep checked in the FR3's planning group."""
+    graph = vendor("franka_fr3", **MAIN_GRAPHS["franka_fr3"])
+    set_parameters(operator.clients["set_parameters"], use_moveit=True)
+    fake = None
+    try:
+        ok, failure = operator.configure("franka_fr3", MISSING_TIMEOUT_S)
+        assert not ok
+        assert "use_moveit: nothing behind /check_state_validity (moveit_msgs/srv/GetStateValidity); " in failure
+        assert "/apply_planning_scene (moveit_msgs/srv/ApplyPlanningScene)" in failure, failure
+        profile = robot.load_profile("franka_fr3").with_urdf_text(read_urdf(VENDORS["franka_fr3"].urdf))
+        fake = FakeMoveGroup(client_node.context, profile).start()
+        log = operator.bring_up("franka_fr3")
+        assert "MoveIt planning scene on: every sweep checked through /check_state_validity (group 'fr3_arm'" in log
+        start, quaternion = tcp_pose(operator)
+        fake.add(SceneBox("crate", tuple(start + MOVE / 2), (0.02, 0.02, 0.02), 0.0))
+        goals = len(graph.controller.goals)
+        status, result = operator.run(pose_goal(start + MOVE, quaternion, "moveit-refused"))
+        assert status == GoalStatus.STATUS_ABORTED and not result.success
+        assert result.failure_category == "safety_stop", result.message
+        assert "MoveIt planning scene: fr3_hand_tcp collides with crate at" in result.message, result.message
+        assert len(graph.controller.goals) == goals  # nothing was sent to the arm
+        assert fake.groups == {"fr3_arm"}
+        fake.world.clear()
+        check_move(operator, graph, "moveit-clear")
+    finally:
+        operator.unconfigure()
+        set_parameters(operator.clients["set_parameters"], use_moveit=False)
+        if fake is not None:
+            fake.close()
 
 
 @pytest.mark.parametrize("profile", ["franka_fr3", "ur5e"])

@@ -90,6 +90,13 @@ def generate_launch_description() -> LaunchDescription:
             "when the twin predicts a collision of the arm, a force over the limit or an object pushed off the table",
         ),
         DeclareLaunchArgument(
+            "use_moveit",
+            default_value="false",
+            choices=["true", "false"],
+            description="check every sweep in MoveIt's planning scene (a running move_group's /check_state_validity) "
+            "before it runs, with measured objects in the scene; a move_group that does not answer refuses the sweep",
+        ),
+        DeclareLaunchArgument(
             "use_sim_time",
             default_value="false",
             choices=["true", "false"],
@@ -126,6 +133,7 @@ def generate_launch_description() -> LaunchDescription:
                 "approval_mode": typed("approval_mode", bool),
                 "estop_deadline_s": typed("estop_deadline_s", float),
                 "shadow_check": typed("shadow_check", bool),
+                "use_moveit": typed("use_moveit", bool),
                 "allow_unchecked_self_collision": typed("allow_unchecked_self_collision", bool),
                 "control_period_s": typed("control_period_s", float),
                 "use_sim_time": typed("use_sim_time", bool),

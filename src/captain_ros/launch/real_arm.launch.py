@@ -21,6 +21,7 @@ static_transform_publisher).
 
     ros2 launch captain_ros real_arm.launch.py robot_profile:=franka_fr3
     ros2 launch captain_ros real_arm.launch.py robot_profile:=ur5e camera_calibration:=/path/to/my_calibration.yaml
+    ros2 launch captain_ros real_arm.launch.py robot_profile:=franka_fr3 use_moveit:=true   # move_group running
 """
 
 from launch import LaunchContext, LaunchDescription
@@ -110,6 +111,14 @@ def generate_launch_description() -> LaunchDescription:
             "shadow_twin) built from what the robot measured, and refused when the twin predicts a collision of the "
             "arm, a force over the limit or an object pushed off the table",
         ),
+        DeclareLaunchArgument(
+            "use_moveit",
+            default_value="false",
+            choices=["true", "false"],
+            description="check every sweep in MoveIt's planning scene before it runs: needs the arm's move_group "
+            "running (the vendor's MoveIt configuration) with the services the profile's interfaces.moveit names; "
+            "objects perception measured go into the scene and leave it when stale; no answer refuses the sweep",
+        ),
     ]
     description = ParameterValue(
         Command(["cat ", PathJoinSubstitution([FindPackageShare("captain_ros"), "urdf", "panda.urdf"])]),
@@ -134,6 +143,7 @@ def generate_launch_description() -> LaunchDescription:
             "approval_mode": LaunchConfiguration("approval_mode"),
             "estop_deadline_s": LaunchConfiguration("estop_deadline_s"),
             "shadow_check": LaunchConfiguration("shadow_check"),
+            "use_moveit": LaunchConfiguration("use_moveit"),
         }.items(),
     )  # its arguments (robot_profile, safety_config, watchdog, ...) pass through: real_arm.launch.py watchdog:=true
     monitor = IncludeLaunchDescription(

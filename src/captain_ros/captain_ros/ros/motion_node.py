@@ -72,6 +72,7 @@ from captain_ros.core.clock import ForwardClock
 from captain_ros.core.config import load_config
 from captain_ros.core.contract import CallResult, FailureCategory
 from captain_ros.core.kinematics import Kinematics
+from captain_ros.core.moveit_scene import SceneCheckError
 from captain_ros.core.operator_view import planned_sweep_marker
 from captain_ros.harness.approval import load_supervisor_config
 from captain_ros.harness.backend import BackendError
@@ -218,6 +219,16 @@ class MotionNode(GuardedNode, LifecycleNode):
             ),
         )
         self.declare_parameter(
+            "use_moveit",
+            False,
+            describe(
+                description="check every sweep in MoveIt's planning scene before it runs (move_group's "
+                "/check_state_validity along the sweep; measured objects added to the scene, removed when stale): "
+                "configure needs the profile's interfaces.moveit services, and a move_group that does not answer "
+                "refuses the sweep"
+            ),
+        )
+        self.declare_parameter(
             "approval_timeout_s",
             0.0,
             describe(
@@ -235,6 +246,7 @@ class MotionNode(GuardedNode, LifecycleNode):
         self.watchdog: Watchdog | None = None
         self.harness: Harness | None = None  # built by the first activation after configure
         self.kinematics: Kinematics | None = None  # the profile's, its self-collision geometry checked (configure)
+        self.moveit = None  # ros/moveit_scene.MoveItScene with use_moveit (configure)
         self.failure = ""  # why the last transition failed (the lifecycle service's reply is only a bool)
         self._state = "unconfigured"  # this node's lifecycle state, for the reasons it gives
         self._active = False  # goals and calls are accepted
@@ -302,6 +314,7 @@ class MotionNode(GuardedNode, LifecycleNode):
                         "this episode's measurements"
                     )
                 self.harness.on_progress = self._feedback
+                self.harness.scene = self.moveit
                 self.harness.executor.on_plan = lambda plan, harness=self.harness: self._show_plan(harness, plan)
                 self.harness.new_episode(uuid.uuid4().hex)
             tcp = self.harness.kin.forward(self.backend.read_state(require_force=False).q_rad)[0]
@@ -394,6 +407,8 @@ class MotionNode(GuardedNode, LifecycleNode):
             horizon_s=float(param("sweep_horizon_s").value),
         )
         self.backend.wait_for_state(max(deadline - time.monotonic(), 1.0))
+        if param("use_moveit").value:
+            self._connect_moveit(max(deadline - time.monotonic(), 1.0))
         watchdog_s = float(param("watchdog_timeout_s").value) or self.config.safety.watchdog_timeout_s
         self.watchdog = Watchdog(watchdog_s, clock=self.clock) if param("watchdog").value else None
         self.safety.configure(
@@ -403,6 +418,31 @@ class MotionNode(GuardedNode, LifecycleNode):
             approval_mode=bool(param("approval_mode").value),
             approval_timeout_s=float(param("approval_timeout_s").value),
             cell_timeout_s=self.config.agent.cell_timeout_s,
+        )
+
+    def _connect_moveit(self, timeout_s: float) -> None:
+        """use_moveit: move_group's planning-scene services, named by the profile, must answer (configure fails
+        naming the missing ones otherwise)."""
+        settings = self.profile.interfaces.moveit
+        if settings is None:
+            raise BackendError(
+                f"use_moveit: robot profile '{self.profile.name}' names no interfaces.moveit (planning_group and "
+                "move_group's services); add them or run with use_moveit:=false"
+            )
+        from captain_ros.ros.moveit_scene import MoveItScene  # moveit_msgs only where MoveIt is used
+
+        self.moveit = MoveItScene(self, settings, self.profile.arm_joints, self.profile.base_frame)
+        missing = self.moveit.missing(timeout_s)
+        if missing:
+            raise BackendError(
+                f"use_moveit: nothing behind {'; '.join(missing)} within {timeout_s:.0f} s (is move_group running "
+                f"with the MoveIt configuration of '{self.profile.name}', planning group "
+                f"'{settings.planning_group}'?)"
+            )
+        self.get_logger().info(
+            f"MoveIt planning scene on: every sweep checked through {self.moveit.validity_name} (group "
+            f"'{settings.planning_group}', up to {settings.max_states} states, {settings.timeout_s:g} s), measured "
+            f"objects kept through {self.moveit.apply_name}"
         )
 
     def _check_collision_geometry(self, profile: robot.RobotProfile) -> Kinematics:
@@ -590,6 +630,9 @@ class MotionNode(GuardedNode, LifecycleNode):
         """Let go of the arm: no harness, no backend (its node and thread end)."""
         self._active = False
         self.harness = self.kinematics = None
+        moveit, self.moveit = self.moveit, None
+        if moveit is not None:
+            moveit.close()
         backend, self.backend = self.backend, None
         if backend is not None:
             backend.close()
@@ -860,6 +903,12 @@ class MotionNode(GuardedNode, LifecycleNode):
         harness = self.harness
         if harness is not None and hasattr(harness.perception, f"_{msg.capability}"):  # never our own results
             harness.note_external_call(msg.capability, msg.success)
+            if harness.scene is not None and msg.success:  # measured objects into MoveIt's scene
+                try:
+                    harness.note_measurement(msg.capability, json.loads(msg.value_json or "null"))
+                    harness.sync_scene()
+                except (SceneCheckError, ValueError, KeyError) as exc:
+                    self.get_logger().warning(f"MoveIt scene: {msg.capability} result not applied yet: {exc}")
             if harness.shadow is not None and msg.success:  # the perception node's measurements shape the shadow
                 known = set(harness.shadow.measured)
                 try:
