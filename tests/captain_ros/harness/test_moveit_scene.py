@@ -17,7 +17,9 @@ from captain_ros.core.moveit_scene import (
     StateVerdict,
     box_from_measurement,
     judge,
+    links_below,
     sample_indices,
+    touch_rule,
 )
 
 POSE = {"position": [0.4, 0.0, 0.3], "yaw_deg": 0}
@@ -26,12 +28,12 @@ POSE = {"position": [0.4, 0.0, 0.3], "yaw_deg": 0}
 class BoxScene:
     """A planning scene that knows boxes and the TCP (a 3 cm sphere), like tests/ros/fake_move_group.py."""
 
-    def __init__(self, kinematics, fail: bool = False) -> None:
-        self.kin, self.fail = kinematics, fail
+    def __init__(self, kinematics, fail: bool = False, link: str = "panda_link5") -> None:
+        self.kin, self.fail, self.link = kinematics, fail, link  # `link`: the robot link its contacts name
         self.world: dict[str, SceneBox] = {}
         self.checked: list[int] = []
 
-    def check(self, q_waypoints: np.ndarray) -> str:
+    def check(self, q_waypoints: np.ndarray) -> list[StateVerdict]:
         if self.fail:
             raise SceneCheckError("/check_state_validity did not answer within 2 s")
         idx = sample_indices(len(q_waypoints))
@@ -40,8 +42,8 @@ class BoxScene:
         for i in idx:
             tcp = self.kin.forward(q_waypoints[i])[0]
             hits = [b.id for b in self.world.values() if b.contains(tcp, margin_m=0.03)]
-            verdicts.append(StateVerdict(i, not hits, tuple(("tcp", h) for h in hits)))
-        return judge(verdicts, len(q_waypoints))
+            verdicts.append(StateVerdict(i, not hits, tuple((self.link, h) for h in hits)))
+        return verdicts
 
     def apply(self, add: list[SceneBox], remove: list[str]) -> None:
         if self.fail:
@@ -65,7 +67,13 @@ def test_judge_names_the_first_collision_and_where():
     refusal = judge(verdicts, 11)
     assert "fr3_hand_tcp collides with det_2 at 50% of the sweep" in refusal
     assert "1 more of 11 checked states invalid" in refusal
-    assert "joint limit" in judge([StateVerdict(0, False)], 2)
+    hand = touch_rule(frozenset({"fr3_hand", "fr3_hand_tcp", "fr3_leftfinger"}), frozenset({"det_2"}))
+    assert "at 60% of the sweep" in judge(verdicts, 11, hand)  # the contact-free invalid state is still refused
+    touching = [StateVerdict(3, False, (("fr3_leftfinger", "det_2"),))]
+    assert judge(touching, 11, hand) == ""  # the gripper reaching a measured object
+    assert judge([StateVerdict(3, False, (("fr3_link5", "det_2"),))], 11, hand) != ""  # the arm hitting it
+    assert judge([StateVerdict(3, False, (("fr3_hand", "table"),))], 11, hand) != ""  # the integrator's scene
+    assert "no contact reported" in judge([StateVerdict(0, False)], 2)
 
 
 def test_scene_box_from_a_measurement_is_yawed_and_padded():
@@ -112,7 +120,7 @@ def test_a_sweep_through_a_scene_object_is_refused_and_nothing_moves(harness, ki
     scene.world["crate"] = SceneBox("crate", tuple(midway), (0.04, 0.04, 0.04), 0.0)
     result = harness.call("move_to", pose=POSE)
     assert result.failure_category == FailureCategory.SAFETY_STOP, result.message
-    assert "tcp collides with crate" in result.message and "refused, nothing moved" in result.message
+    assert "panda_link5 collides with crate" in result.message and "refused, nothing moved" in result.message
     assert np.linalg.norm(_tcp(harness) - start) < 0.002
     del scene.world["crate"]
     assert harness.call("move_to", pose=POSE).success
@@ -172,3 +180,21 @@ def test_profiles_name_their_moveit_groups_and_a_bad_block_is_refused(tmp_path):
     path.write_text(yaml.safe_dump(doc))
     with pytest.raises(robot.ProfileError, match="missing 'planning_group'"):
         robot.load_profile(path)
+
+
+def test_a_guarded_sweep_may_bring_the_gripper_to_a_measured_object(harness, kinematics):
+    """A guarded move_to whose hand reaches a measured object runs (the force guard stops it at the touch); the
+    same contact with the arm's other links, or in manipulation mode, is refused."""
+    assert {"panda_hand", "panda_leftfinger", "panda_rightfinger"} <= links_below(
+        harness.profile.urdf_text, harness.profile.hand_frame
+    )
+    scene = harness.scene = BoxScene(kinematics, link="panda_hand")
+    target = np.array(POSE["position"])
+    harness.note_measurement(
+        "measure_object_geometry",
+        {"object": "det_9", "center_m": target.tolist(), "extents_m": [0.03, 0.03, 0.03], "yaw_deg": 0.0},
+    )
+    refused = harness.call("move_to", pose=POSE, mode="manipulation")
+    assert not refused.success and "panda_hand collides with det_9" in refused.message
+    assert set(scene.world) == {"det_9"}
+    assert harness.call("move_to", pose=POSE).success  # guarded: the default mode

@@ -2,9 +2,11 @@
 
 With `use_moveit:=true` the motion node asks move_group, before a planned sweep runs, whether each sampled joint
 configuration of the sweep is valid in MoveIt's planning scene (`/check_state_validity`, moveit_msgs
-`GetStateValidity`: collisions with the world and the robot itself, joint limits). The sweep's own joint path is
+`GetStateValidity`: collisions with the world and the robot itself, as move_group's state_validation_service
+capability checks them; not joint limits, which the planner checks). The sweep's own joint path is
 checked, not a path MoveIt would re-plan, so what was checked is what runs. Any invalid state refuses the whole
-sweep, naming the colliding pair and where along the sweep; a move_group that does not answer refuses it too
+sweep, naming the colliding pair and where along the sweep (a guarded sweep's gripper may touch a measured object:
+`touch_rule`); a move_group that does not answer refuses it too
 (fail closed): `SceneCheckError`.
 
 Objects that perception measured (`measure_object_geometry`: centre, extents and yaw of a fitted box or cylinder) go
@@ -18,6 +20,8 @@ share.
 from __future__ import annotations
 
 import math
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,10 +54,18 @@ class StateVerdict:
     contacts: tuple[tuple[str, str], ...] = ()  # (body, body) pairs in contact, as MoveIt names them
 
 
-def judge(verdicts: list[StateVerdict], n_waypoints: int) -> str:
+def judge(verdicts: list[StateVerdict], n_waypoints: int, may_touch: Callable[[str, str], bool] | None = None) -> str:
     """'' when every sampled configuration is valid, else the refusal: the first invalid one, what collides there
-    and how far along the sweep it is."""
-    bad = [v for v in sorted(verdicts, key=lambda v: v.index) if not v.valid]
+    and how far along the sweep it is. A configuration whose every contact `may_touch` allows counts as valid (a
+    guarded sweep's gripper reaching a measured object: the force guard stops it at the touch)."""
+
+    def refused(v: StateVerdict) -> StateVerdict | None:
+        if v.valid:
+            return None
+        kept = tuple(c for c in v.contacts if may_touch is None or not may_touch(*c))
+        return StateVerdict(v.index, False, kept) if kept or not v.contacts else None
+
+    bad = [b for v in sorted(verdicts, key=lambda v: v.index) if (b := refused(v)) is not None]
     if not bad:
         return ""
     first = bad[0]
@@ -61,10 +73,34 @@ def judge(verdicts: list[StateVerdict], n_waypoints: int) -> str:
     what = (
         f"{first.contacts[0][0]} collides with {first.contacts[0][1]}"
         if first.contacts
-        else "the configuration is invalid (no contact reported: a joint limit or a path constraint)"
+        else "the configuration is invalid (no contact reported: a path constraint)"
     )
     more = f"; {len(bad) - 1} more of {len(verdicts)} checked states invalid" if len(bad) > 1 else ""
     return f"MoveIt planning scene: {what} at {where:.0f}% of the sweep{more}"
+
+
+def links_below(urdf_text: str, link: str) -> frozenset[str]:
+    """`link` and every link below it in the URDF (the hand: its fingers and pads)."""
+    children: dict[str, list[str]] = {}
+    for joint in ET.fromstring(urdf_text).iter("joint"):
+        children.setdefault(joint.find("parent").get("link"), []).append(joint.find("child").get("link"))
+    out, todo = set(), [link]
+    while todo:
+        name = todo.pop()
+        out.add(name)
+        todo.extend(children.get(name, []))
+    return frozenset(out)
+
+
+def touch_rule(gripper_links: frozenset[str], objects: frozenset[str]) -> Callable[[str, str], bool]:
+    """The contacts a guarded sweep may make: a gripper link with one of the measured objects (what the robot is
+    there to grasp or push; the force guard stops the sweep at the touch). The arm's other links touching them,
+    and anything touching what the integrator put in MoveIt's scene (table, fixtures), still refuse the sweep."""
+
+    def may_touch(a: str, b: str) -> bool:
+        return (a in gripper_links and b in objects) or (b in gripper_links and a in objects)
+
+    return may_touch
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,15 @@ from captain_ros.core import robot
 from captain_ros.core.config import HarnessConfig
 from captain_ros.core.contract import CAPABILITY_BY_NAME, RECEIPT_MAX_CHARS, Budget, CallResult, FailureCategory
 from captain_ros.core.kinematics import Kinematics
-from captain_ros.core.moveit_scene import SceneCheckError, SceneObjects, box_from_measurement
+from captain_ros.core.moveit_scene import (
+    SceneCheckError,
+    SceneObjects,
+    StateVerdict,
+    box_from_measurement,
+    judge,
+    links_below,
+    touch_rule,
+)
 from captain_ros.harness.approval import Approver, Decision, EStop, PendingAction
 from captain_ros.harness.backend import ArmBackend
 from captain_ros.harness.dispatch import dispatch
@@ -100,9 +108,9 @@ class EpisodeLog:
 class PlanningScene(Protocol):
     """MoveIt's planning scene as the harness uses it (captain_ros.ros.moveit_scene.MoveItScene, or a test's)."""
 
-    def check(self, q_waypoints: np.ndarray) -> str:
-        """'' when the joint path is valid in the scene, else the refusal; raises SceneCheckError without an
-        answer."""
+    def check(self, q_waypoints: np.ndarray) -> list[StateVerdict]:
+        """The scene's verdict on sampled configurations of the joint path (core/moveit_scene.sample_indices);
+        raises SceneCheckError without an answer."""
         ...
 
     def apply(self, add: list, remove: list[str]) -> None:
@@ -152,6 +160,7 @@ class Harness:
         # checked in it right before it runs, and measured objects are kept in it while their measurement is fresh
         self.scene: PlanningScene | None = None
         self.scene_objects = SceneObjects()
+        self._gripper_links: frozenset[str] | None = None  # the hand and below: may touch measured objects
         self.shadow: ShadowTwin | None = None  # the shadow check (harness/shadow.py): enable_shadow()
         self._prediction: Prediction | None = None  # the shadow's prediction for the running call
         self.new_episode()
@@ -260,14 +269,20 @@ class Harness:
             self.scene.apply(add, remove)
             self.scene_objects.applied(add, remove, version)
 
-    def _scene_check(self, plan: SweepPlan) -> None:
+    def _scene_check(self, plan: SweepPlan, *, guarded: bool) -> None:
         """With MoveIt's planning scene on: the sweep's joint path checked there right before it runs, after the
-        scene is brought up to date. A collision, or a move_group that does not answer, refuses it (fail closed)."""
+        scene is brought up to date. A collision, or a move_group that does not answer, refuses it (fail closed). A
+        guarded sweep's gripper may touch the objects measured into the scene (core/moveit_scene.touch_rule)."""
         if self.scene is None or len(plan.q_waypoints) < 2:
             return
+        may_touch = None
+        if guarded and self.profile.urdf_text:
+            if self._gripper_links is None:
+                self._gripper_links = links_below(self.profile.urdf_text, self.profile.hand_frame)
+            may_touch = touch_rule(self._gripper_links, frozenset(self.scene_objects.in_scene))
         try:
             self.sync_scene()
-            refusal = self.scene.check(plan.q_waypoints)
+            refusal = judge(self.scene.check(plan.q_waypoints), len(plan.q_waypoints), may_touch)
         except SceneCheckError as exc:
             raise PlanError(
                 FailureCategory.SAFETY_STOP, f"MoveIt planning-scene check failed: {exc}; refused, nothing moved"
@@ -443,7 +458,7 @@ class Harness:
             plan = self.planner.plan_pose(
                 state.q_rad, position, rotation, speed_mps=speed, duration_s=duration, jaw_opening_m=state.jaw_opening_m
             )
-        self._scene_check(plan)
+        self._scene_check(plan, guarded=mode == "guarded")
         outcome = self.executor.execute(
             self.backend,
             plan,
@@ -527,7 +542,7 @@ class Harness:
         if self._approve(self._target("recover", description, end, rotation, tcp_path)):
             path[0] = self.backend.read_state().q_rad  # from where the arm is after the wait
         plan = self.planner.plan_path(np.array(path), speed_mps=speed)
-        self._scene_check(plan)
+        self._scene_check(plan, guarded=False)
         outcome = self.executor.execute(
             self.backend,
             plan,

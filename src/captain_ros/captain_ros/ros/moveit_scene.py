@@ -1,11 +1,11 @@
 """MoveIt 2's planning scene through move_group's standard services (moveit_msgs): the motion node's `use_moveit`.
 
 `MoveItScene.check(q_waypoints)` asks `/check_state_validity` (GetStateValidity) about each sampled configuration of
-a sweep, 8 requests in flight at a time (IN_FLIGHT), and judges the answers (core/moveit_scene.py): '' = valid, else
-the refusal naming what collides where. `apply(add, remove)` puts measured objects into the scene as collision
-boxes and takes stale ones out, as one diff through `/apply_planning_scene` (ApplyPlanningScene). No answer within
-the profile's `interfaces.moveit.timeout_s`, or a refused update, raises SceneCheckError: the harness then refuses
-the sweep.
+a sweep, 8 requests in flight at a time (IN_FLIGHT), and returns the answers, which the harness judges
+(core/moveit_scene.judge: a refusal naming what collides where). `apply(add, remove)` puts measured objects into
+the scene as collision boxes and takes stale ones out, as one diff through `/apply_planning_scene`
+(ApplyPlanningScene). No answer within the profile's `interfaces.moveit.timeout_s`, or a refused update, raises
+SceneCheckError: the harness then refuses the sweep.
 
 moveit-py (`moveit.planning.MoveItPy`) is not used: it embeds its own planning scene monitor in this process, loads
 the robot's MoveIt configuration itself, and has no PyPI build; these services reach the move_group an integrator
@@ -24,7 +24,7 @@ from moveit_msgs.msg import CollisionObject, PlanningScene, RobotState
 from moveit_msgs.srv import ApplyPlanningScene, GetStateValidity
 from shape_msgs.msg import SolidPrimitive
 
-from captain_ros.core.moveit_scene import SceneBox, SceneCheckError, StateVerdict, judge, sample_indices
+from captain_ros.core.moveit_scene import SceneBox, SceneCheckError, StateVerdict, sample_indices
 from captain_ros.core.robot import MoveItInterface
 from captain_ros.ros.spin import SideNode
 
@@ -115,14 +115,14 @@ class MoveItScene:
             replies += [f.result() for f in futures]
         return replies
 
-    def check(self, q_waypoints: np.ndarray) -> str:
+    def check(self, q_waypoints: np.ndarray) -> list[StateVerdict]:
+        """move_group's verdict on the sampled configurations (judged by core/moveit_scene.judge)."""
         indices = sample_indices(len(q_waypoints), self.settings.max_states)
         replies = self._wait_all(self._validity, [self._request(q_waypoints[i]) for i in indices], self.validity_name)
-        verdicts = [
+        return [
             StateVerdict(i, bool(r.valid), tuple((c.contact_body_1, c.contact_body_2) for c in r.contacts))
             for i, r in zip(indices, replies, strict=True)
         ]
-        return judge(verdicts, len(q_waypoints))
 
     def apply(self, add: list[SceneBox], remove: list[str]) -> None:
         request = ApplyPlanningScene.Request(scene=scene_diff(add, remove, self.frame_id))
