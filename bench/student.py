@@ -43,6 +43,11 @@ def _rate(summary: dict, metric: str) -> tuple[float | None, list]:
     return r["rate"], [r["ci_low"], r["ci_high"]]
 
 
+def _k(family: dict, metric: str) -> str:
+    r = family["rates"][metric]
+    return f"{r['k']}/{r['n']}"
+
+
 def _sft_record(sft_dir: Path) -> dict:
     """The SFT's run record: the one beside a fine-tuned folder made here, else the kept student's."""
     for path in (sft_dir / "sft_run.json", KEPT / "sft_run.json"):
@@ -52,10 +57,14 @@ def _sft_record(sft_dir: Path) -> dict:
 
 
 def _where(runs: list[dict]) -> str:
-    """Where an evaluation's runs generated, in words: "vLLM on CPU", "training.hf_serve on NVIDIA H100 80GB HBM3"."""
+    """Where an evaluation's runs generated, in words, with the episodes each ended: "vLLM on CPU (65 episodes)",
+    "training.hf_serve on NVIDIA H100 80GB HBM3 (64 episodes) and vLLM on CPU (1 episode)"."""
     names = {"vllm": "vLLM", "transformers": "training.hf_serve", None: "an unrecorded server"}
-    said = {f"{names.get(r['server'], r['server'])} on {r.get('gpu') or 'CPU'}" for r in runs}
-    return " and ".join(sorted(said))
+    ended: dict[str, int] = {}
+    for r in runs:
+        where = f"{names.get(r['server'], r['server'])} on {r.get('gpu') or 'CPU'}"
+        ended[where] = ended.get(where, 0) + r.get("episodes", 0)
+    return " and ".join(f"{w} ({n} episode{'s' * (n != 1)})" for w, n in sorted(ended.items(), key=lambda x: -x[1]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,6 +127,14 @@ def main(argv: list[str] | None = None) -> int:
         metrics[f"{name}_fenced_replies"] = b["replies_with_fenced_block_only"]
         metrics[f"{name}_replies"] = b["requests"]
         metrics[f"{name}_cell_errors"] = ", ".join(f"{k} {v}" for k, v in b["cell_error_types"].items()) or "none"
+    families = zs["success"]["by_family"]
+    metrics["strict_by_family"] = "; ".join(
+        f"{fam.replace('_', ' ')} {_k(families[fam], 'strict')}"
+        + (f" -> {_k(sft['success']['by_family'][fam], 'strict')}" if sft else "")
+        for fam in sorted(families)
+    )  # zero-shot -> SFT, strict successes over valid episodes per family
+    metrics["generation_zero_shot"] = _where(ev.generation_of(folders["zero_shot"][1]))
+    metrics["generation_sft"] = _where(ev.generation_of(folders["sft"][1])) if sft else None
     if sft:
         pair = ev.compare(ev.rows_of(folders["zero_shot"][1]), ev.rows_of(folders["sft"][1]), "strict")
         metrics["sft_vs_zero_shot_mcnemar_p"] = pair["mcnemar_p"]

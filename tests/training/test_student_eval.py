@@ -136,11 +136,11 @@ def test_where_each_run_generated_is_read_from_its_run_file_or_summary(tmp_path)
     (new / "summary.json").write_text(json.dumps(meta))
     (cut / ev.RUN_FILE).write_text(json.dumps(meta))
     h100 = {"server": "transformers", "host": "gpu-1", "gpu": "NVIDIA H100 80GB HBM3"}
-    assert ev.generation_of(tmp_path) == [
-        {"run": old.name, "server": "vllm"},
-        {"run": new.name, **h100},
-        {"run": cut.name, **h100},
-        {"run": bare.name, "server": None},
+    assert ev.generation_of(tmp_path) == [  # these stores hold no episodes yet
+        {"run": old.name, "server": "vllm", "episodes": 0},
+        {"run": new.name, "episodes": 0, **h100},
+        {"run": cut.name, "episodes": 0, **h100},
+        {"run": bare.name, "server": None, "episodes": 0},
     ]
 
 

@@ -145,7 +145,7 @@ def _gpu_name() -> str | None:
 
 def generation_of(out: Path) -> list[dict[str, Any]]:
     """Where each run of an evaluation folder generated (server, host, GPU), from its run.json (written when the run
-    starts), else its summary.json (runs before run.json), else unknown."""
+    starts), else its summary.json (runs before run.json), else unknown; and how many valid episodes it ended."""
     runs = []
     for store in stores(out):
         data = {}
@@ -155,7 +155,8 @@ def generation_of(out: Path) -> list[dict[str, Any]]:
                 break
         plan = data.get("plan") or {}
         server = plan.get("server", "vllm" if data else None)  # files from before the server was recorded: vLLM
-        runs.append({"run": store.parent.name, "server": server, **(data.get("generation") or {})})
+        ended = sum(r.valid for r in load_rows(store))
+        runs.append({"run": store.parent.name, "server": server, "episodes": ended, **(data.get("generation") or {})})
     return runs
 
 
