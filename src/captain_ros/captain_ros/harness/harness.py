@@ -8,6 +8,7 @@ action budget once their arguments are valid, whether or not the motion then suc
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -161,6 +162,8 @@ class Harness:
         self.scene: PlanningScene | None = None
         self.scene_objects = SceneObjects()
         self._gripper_links: frozenset[str] | None = None  # the hand and below: may touch measured objects
+        # the motion node feeds measurements from its receipts thread while a call may be syncing before a sweep
+        self._scene_lock = threading.RLock()
         self.shadow: ShadowTwin | None = None  # the shadow check (harness/shadow.py): enable_shadow()
         self._prediction: Prediction | None = None  # the shadow's prediction for the running call
         self.new_episode()
@@ -185,7 +188,8 @@ class Harness:
         self.log = EpisodeLog()
         self.backend.resync()
         self.perception.new_episode()
-        stale = self.scene_objects.clear()
+        with self._scene_lock:
+            stale = self.scene_objects.clear()
         if self.scene is not None and stale:
             try:
                 self.scene.apply([], stale)
@@ -256,18 +260,20 @@ class Harness:
         for part, key in ((value, "object"), (value.get("destination"), "detection_id")):
             if isinstance(part, dict) and "center_m" in part and "extents_m" in part:
                 oid = str((value if key == "object" else part).get(key) or f"object_{len(self.scene_objects.in_scene)}")
-                self.scene_objects.measured(box_from_measurement(oid, part), version)
+                with self._scene_lock:
+                    self.scene_objects.measured(box_from_measurement(oid, part), version)
 
     def sync_scene(self) -> None:
         """Add fresh measurements to MoveIt's scene and remove stale ones (measured before the last physical
         action). Raises SceneCheckError when move_group does not take them."""
         if self.scene is None:
             return
-        version = self.perception.store.scene_version
-        add, remove = self.scene_objects.update(version)
-        if add or remove:
-            self.scene.apply(add, remove)
-            self.scene_objects.applied(add, remove, version)
+        with self._scene_lock:
+            version = self.perception.store.scene_version
+            add, remove = self.scene_objects.update(version)
+            if add or remove:
+                self.scene.apply(add, remove)
+                self.scene_objects.applied(add, remove, version)
 
     def _scene_check(self, plan: SweepPlan, *, guarded: bool) -> None:
         """With MoveIt's planning scene on: the sweep's joint path checked there right before it runs, after the
@@ -276,12 +282,13 @@ class Harness:
         if self.scene is None or len(plan.q_waypoints) < 2:
             return
         may_touch = None
-        if guarded and self.profile.urdf_text:
-            if self._gripper_links is None:
-                self._gripper_links = links_below(self.profile.urdf_text, self.profile.hand_frame)
-            may_touch = touch_rule(self._gripper_links, frozenset(self.scene_objects.in_scene))
+        if guarded and self.profile.urdf_text and self._gripper_links is None:
+            self._gripper_links = links_below(self.profile.urdf_text, self.profile.hand_frame)
         try:
             self.sync_scene()
+            if guarded and self._gripper_links:
+                with self._scene_lock:  # the objects in the scene now, as this check sees it
+                    may_touch = touch_rule(self._gripper_links, frozenset(self.scene_objects.in_scene))
             refusal = judge(self.scene.check(plan.q_waypoints), len(plan.q_waypoints), may_touch)
         except SceneCheckError as exc:
             raise PlanError(
