@@ -406,7 +406,8 @@ def test_fr3_with_use_moveit_needs_move_group_and_refuses_a_sweep_its_scene_find
 ):
     """use_moveit:=true: configure names move_group's missing services; with a fake move_group (its world a box on
     the sweep's path) the move_to is refused before the trajectory controller gets a goal, and runs once the box is
-    gone, each sweep checked in the FR3's planning group."""
+    gone, each sweep checked in the FR3's planning group; the perception node's measurement (a receipt) enters the
+    scene and leaves it once stale."""
     graph = vendor("franka_fr3", **MAIN_GRAPHS["franka_fr3"])
     set_parameters(operator.clients["set_parameters"], use_moveit=True)
     fake = None
@@ -429,7 +430,15 @@ def test_fr3_with_use_moveit_needs_move_group_and_refuses_a_sweep_its_scene_find
         assert len(graph.controller.goals) == goals  # nothing was sent to the arm
         assert fake.groups == {"fr3_arm"}
         fake.world.clear()
+        # the perception node's measurement, as it publishes it: the object goes into the scene, and out of it once
+        # a motion has run (stale); a guarded sweep's hand may reach it
+        receipts = operator.node.create_publisher(CallResultMsg, "/harness/receipts", 50)
+        measured = {"object": "det_5", "center_m": (start + MOVE).tolist(), "extents_m": [0.02, 0.02, 0.02]}
+        receipt = CallResultMsg(capability="measure_object_geometry", success=True, value_json=json.dumps(measured))
+        receipts.publish(receipt)
+        wait_for(lambda: "det_5" in fake.world, 30, "the measured object in the fake move_group's scene")
         check_move(operator, graph, "moveit-clear")
+        wait_for(lambda: "det_5" not in fake.world, 30, "the stale object removed from the scene")
     finally:
         operator.unconfigure()
         set_parameters(operator.clients["set_parameters"], use_moveit=False)
