@@ -32,6 +32,7 @@ class BoxScene:
         self.kin, self.fail, self.link = kinematics, fail, link  # `link`: the robot link its contacts name
         self.world: dict[str, SceneBox] = {}
         self.checked: list[int] = []
+        self.plans: list[np.ndarray] = []
 
     def check(self, q_waypoints: np.ndarray) -> list[StateVerdict]:
         if self.fail:
@@ -44,6 +45,20 @@ class BoxScene:
             hits = [b.id for b in self.world.values() if b.contains(tcp, margin_m=0.03)]
             verdicts.append(StateVerdict(i, not hits, tuple((self.link, h) for h in hits)))
         return verdicts
+
+    free_space_min_m = 0.0  # > 0: move_to plans far targets here (plan)
+
+    def plan(self, q_start: np.ndarray, q_goal: np.ndarray) -> tuple[np.ndarray | None, str]:
+        """The straight line in joint space, as tests/ros/fake_move_group.py plans; refused through a box."""
+        if self.fail:
+            raise SceneCheckError("/plan_kinematic_path did not answer within 7 s")
+        path = np.linspace(q_start, q_goal, 25)
+        self.plans.append(path)
+        for q in path:
+            tcp = self.kin.forward(q)[0]
+            if any(b.contains(tcp, margin_m=0.03) for b in self.world.values()):
+                return None, "move_group found no free-space path (PLANNING_FAILED -1, ompl)"
+        return path, ""
 
     def apply(self, add: list[SceneBox], remove: list[str]) -> None:
         if self.fail:
@@ -198,3 +213,24 @@ def test_a_guarded_sweep_may_bring_the_gripper_to_a_measured_object(harness, kin
     assert not refused.success and "panda_hand collides with det_9" in refused.message
     assert set(scene.world) == {"det_9"}
     assert harness.call("move_to", pose=POSE).success  # guarded: the default mode
+
+
+def test_far_targets_are_planned_by_move_group_and_near_ones_swept(harness, kinematics):
+    """free_space_min_m: a move_to at least that far is move_group's joint path (timed here, run guarded and checked
+    in the scene), a nearer one the straight sweep; a path move_group cannot find is refused, nothing moved."""
+    scene = harness.scene = BoxScene(kinematics)
+    scene.free_space_min_m = 0.15
+    start = _tcp(harness)
+    far = harness.call("move_to", pose=POSE)
+    assert far.success, far.message
+    assert len(scene.plans) == 1 and "free-space path planned by move_group (25 waypoints)" in far.receipt
+    assert np.linalg.norm(_tcp(harness) - np.array(POSE["position"])) < 0.003
+    near = harness.call("move_to", pose={"position": [0.4, 0.05, 0.3], "yaw_deg": 0})
+    assert near.success and len(scene.plans) == 1  # 5 cm: the straight sweep
+    scene.world["wall"] = SceneBox("wall", tuple((start + np.array([0.4, 0.05, 0.3])) / 2), (0.3, 0.3, 0.3), 0.0)
+    blocked = harness.call("move_to", pose={"position": start.tolist(), "yaw_deg": 0})
+    assert blocked.failure_category == FailureCategory.UNREACHABLE
+    assert "PLANNING_FAILED" in blocked.message and "nothing moved" in blocked.message
+    scene.fail = True
+    lost = harness.call("move_to", pose={"position": start.tolist(), "yaw_deg": 0})
+    assert not lost.success and "free-space planning failed" in lost.message

@@ -79,6 +79,18 @@ def judge(verdicts: list[StateVerdict], n_waypoints: int, may_touch: Callable[[s
     return f"MoveIt planning scene: {what} at {where:.0f}% of the sweep{more}"
 
 
+def joint_path(names: list[str], points: list[list[float]], arm_joints: tuple[str, ...]) -> np.ndarray:
+    """A planned trajectory's positions (its joint order) -> (M, n) in `arm_joints`' order; ValueError when an arm
+    joint is missing or a point is short."""
+    missing = [j for j in arm_joints if j not in names]
+    if missing:
+        raise ValueError(f"the planned trajectory has no {', '.join(missing)}")
+    columns = [names.index(j) for j in arm_joints]
+    if not points or any(len(p) < len(names) for p in points):
+        raise ValueError("the planned trajectory has no points, or points without every joint's position")
+    return np.array([[float(p[c]) for c in columns] for p in points])
+
+
 def links_below(urdf_text: str, link: str) -> frozenset[str]:
     """`link` and every link below it in the URDF (the hand: its fingers and pads)."""
     children: dict[str, list[str]] = {}

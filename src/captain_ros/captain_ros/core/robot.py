@@ -160,6 +160,13 @@ class MoveItInterface:
     apply_planning_scene_service: str = "/apply_planning_scene"  # moveit_msgs/srv/ApplyPlanningScene
     timeout_s: float = 2.0  # one sweep's check (all its states) or one scene update; no answer = refused
     max_states: int = 64  # configurations checked per sweep, evenly spread along it, its ends always among them
+    # free-space moves: a move_to whose target is at least this far from the TCP is planned by move_group instead of
+    # a straight sweep (0 = never); through plan_service, in pipeline_id with planner_id ("" = the pipeline's default)
+    free_space_min_m: float = 0.0
+    plan_service: str = "/plan_kinematic_path"  # moveit_msgs/srv/GetMotionPlan (move_group's plan service)
+    pipeline_id: str = "ompl"  # or "pilz_industrial_motion_planner" with planner_id "PTP"
+    planner_id: str = ""
+    planning_time_s: float = 5.0  # move_group's allowed_planning_time; the call waits this plus timeout_s
 
 
 @dataclass(frozen=True)
@@ -461,9 +468,16 @@ def _moveit(doc: dict, where: str) -> MoveItInterface:
         ),
         timeout_s=_get(doc, "timeout_s", where, float, default.timeout_s),
         max_states=int(_get(doc, "max_states", where, int, default.max_states)),
+        free_space_min_m=_get(doc, "free_space_min_m", where, float, default.free_space_min_m),
+        plan_service=_get(doc, "plan_service", where, str, default.plan_service),
+        pipeline_id=_get(doc, "pipeline_id", where, str, default.pipeline_id),
+        planner_id=_get(doc, "planner_id", where, str, default.planner_id),
+        planning_time_s=_get(doc, "planning_time_s", where, float, default.planning_time_s),
     )
     if settings.timeout_s <= 0 or settings.max_states < 2:
         raise ProfileError(f"{where}: timeout_s must be > 0 and max_states >= 2")
+    if settings.free_space_min_m < 0 or settings.planning_time_s <= 0:
+        raise ProfileError(f"{where}: free_space_min_m must be >= 0 (0 = off) and planning_time_s > 0")
     return settings
 
 

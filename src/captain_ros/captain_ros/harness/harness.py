@@ -118,6 +118,9 @@ class PlanningScene(Protocol):
         """Add SceneBoxes to the scene and remove objects by id; raises SceneCheckError when not applied."""
         ...
 
+    # free_space_min_m: float, and plan(q_start, q_goal) -> (joint path | None, refusal): free-space planning, used
+    # by move_to when free_space_min_m > 0 (ros/moveit_scene.MoveItScene)
+
 
 class Harness:
     def __init__(
@@ -451,9 +454,7 @@ class Harness:
         position, rotation = A.pose("pose", pose)
         self._physical("move_to")
         state = self.backend.read_state()
-        plan = self.planner.plan_pose(
-            state.q_rad, position, rotation, speed_mps=speed, duration_s=duration, jaw_opening_m=state.jaw_opening_m
-        )
+        plan = self._plan_move(state, position, rotation, speed, duration)
         start = plan.tcp_waypoints[0]
         description = (
             f"move_to ({mode}): TCP ({start[0]:.3f}, {start[1]:.3f}, {start[2]:.3f}) -> ({position[0]:.3f}, "
@@ -462,9 +463,7 @@ class Harness:
         )
         if self._approve(self._target("move_to", description, position, rotation, plan.tcp_waypoints)):
             state = self.backend.read_state()  # planned again from where the arm is after the wait
-            plan = self.planner.plan_pose(
-                state.q_rad, position, rotation, speed_mps=speed, duration_s=duration, jaw_opening_m=state.jaw_opening_m
-            )
+            plan = self._plan_move(state, position, rotation, speed, duration)
         self._scene_check(plan, guarded=mode == "guarded")
         outcome = self.executor.execute(
             self.backend,
@@ -476,6 +475,51 @@ class Harness:
             on_progress=self.on_progress,
         )
         return self._motion_result("move_to", outcome, plan.notes, target=position)
+
+    def _plan_move(self, state, position: np.ndarray, rotation: np.ndarray, speed, duration) -> SweepPlan:
+        """move_to's plan: a straight sweep, or, with MoveIt's free-space planning on (PlanningScene.free_space_min_m)
+        and the target at least that far from the TCP, move_group's joint path to the target's IK solution, timed
+        within this stack's limits (it then runs guarded and checked like a sweep)."""
+        far = getattr(self.scene, "free_space_min_m", 0.0) if self.scene is not None else 0.0
+        tcp = self.kin.forward(state.q_rad)[0]
+        if not far or float(np.linalg.norm(position - tcp)) < far:
+            return self.planner.plan_pose(
+                state.q_rad, position, rotation, speed_mps=speed, duration_s=duration, jaw_opening_m=state.jaw_opening_m
+            )
+        safety = self.config.safety
+        if not safety.inside_workspace(position):
+            raise PlanError(
+                FailureCategory.WORKSPACE_LIMIT,
+                f"target {np.round(position, 3).tolist()} m is outside the workspace box "
+                f"{list(safety.workspace_min_m)}..{list(safety.workspace_max_m)}",
+            )
+        goal = self.kin.solve(position, rotation, state.q_rad)
+        if not goal.converged:
+            raise PlanError(
+                FailureCategory.UNREACHABLE,
+                f"no IK solution at the target ({np.round(position, 3).tolist()} m): position error "
+                f"{goal.position_error_m * 1000:.1f} mm",
+            )
+        try:
+            path, refusal = self.scene.plan(state.q_rad, goal.q_rad)
+        except SceneCheckError as exc:
+            raise PlanError(FailureCategory.UNREACHABLE, f"free-space planning failed: {exc}; nothing moved") from exc
+        if path is None:
+            raise PlanError(FailureCategory.UNREACHABLE, f"{refusal}; nothing moved")
+        path[0] = state.q_rad  # from where the arm is (the plan starts there within the planner's tolerance)
+        for k, q in enumerate(path):
+            collisions = self.kin.self_collisions(q, state.jaw_opening_m)
+            if collisions:
+                raise PlanError(
+                    FailureCategory.SELF_COLLISION,
+                    f"move_group's free-space path: self-collision {collisions[0][0]}/{collisions[0][1]} at "
+                    f"waypoint {k} of {len(path)}",
+                )
+        plan = self.planner.plan_path(path, speed_mps=speed)
+        if duration is not None and duration > plan.duration_s:
+            plan.duration_s = duration
+        plan.notes.append(f"free-space path planned by move_group ({len(path)} waypoints)")
+        return plan
 
     def _hold(self, duration_s: Any = 1.0, force_limit_n: Any = None) -> CallResult:
         seconds = A.number("duration_s", duration_s, lo=0.0, hi=30.0)
