@@ -7,6 +7,9 @@
   /apply_planning_scene  moveit_msgs/srv/ApplyPlanningScene  world collision objects: ADD (a box primitive)
                                                               replaces one of the same id, REMOVE takes it out
   /get_planning_scene    moveit_msgs/srv/GetPlanningScene    the world's collision objects as kept
+  /plan_kinematic_path   moveit_msgs/srv/GetMotionPlan       a free-space "plan": the straight line in joint space
+                                                              from the start to the joint goal (PLAN_POINTS points),
+                                                              PLANNING_FAILED when a point of it is invalid
 
 Its collision model is small on purpose (the TCP against boxes; no robot links, no self-collision, no octomap):
 enough to see a sweep refused by an obstacle and objects come and go. The real move_group checks every link's
@@ -24,14 +27,17 @@ from pathlib import Path
 
 import numpy as np
 import rclpy
-from moveit_msgs.msg import CollisionObject, ContactInformation
-from moveit_msgs.srv import ApplyPlanningScene, GetPlanningScene, GetStateValidity
+from moveit_msgs.msg import CollisionObject, ContactInformation, MoveItErrorCodes
+from moveit_msgs.srv import ApplyPlanningScene, GetMotionPlan, GetPlanningScene, GetStateValidity
 from rclpy.executors import SingleThreadedExecutor
 from shape_msgs.msg import SolidPrimitive
+from trajectory_msgs.msg import JointTrajectoryPoint
 
 from captain_ros.core.kinematics import Kinematics
 from captain_ros.core.moveit_scene import SceneBox
 from captain_ros.core.robot import RobotProfile, load_profile
+
+PLAN_POINTS = 25
 
 
 def _box(obj: CollisionObject) -> SceneBox:
@@ -55,11 +61,13 @@ class FakeMoveGroup:
         self.checked = 0  # GetStateValidity requests answered
         self.groups: set[str] = set()  # planning groups asked about
         self.applied = 0
+        self.plans: list[GetMotionPlan.Request] = []  # GetMotionPlan requests answered
         self._lock = threading.Lock()
         self.node = rclpy.create_node("move_group", context=context)
         self.node.create_service(GetStateValidity, "/check_state_validity", self._validity)
         self.node.create_service(ApplyPlanningScene, "/apply_planning_scene", self._apply)
         self.node.create_service(GetPlanningScene, "/get_planning_scene", self._get)
+        self.node.create_service(GetMotionPlan, "/plan_kinematic_path", self._plan)
         self.executor = SingleThreadedExecutor(context=context)
         self.executor.add_node(self.node)
         self.thread = threading.Thread(target=self.executor.spin, daemon=True)
@@ -77,14 +85,39 @@ class FakeMoveGroup:
         with self._lock:
             self.world[box.id] = box
 
+    def _hits(self, q: np.ndarray) -> list[SceneBox]:
+        tcp = self.kin.forward(q)[0]
+        with self._lock:
+            return [box for box in self.world.values() if box.contains(tcp, margin_m=self.tcp_radius_m)]
+
+    def _plan(self, request, response):
+        mpr = request.motion_plan_request
+        names = list(mpr.start_state.joint_state.name)
+        start = np.array([mpr.start_state.joint_state.position[names.index(j)] for j in self.profile.arm_joints])
+        goal_by_name = {c.joint_name: c.position for c in mpr.goal_constraints[0].joint_constraints}
+        goal = np.array([goal_by_name[j] for j in self.profile.arm_joints])
+        path = np.linspace(start, goal, PLAN_POINTS)
+        with self._lock:
+            self.plans.append(request)
+            self.groups.add(mpr.group_name)
+        out = response.motion_plan_response
+        out.group_name = mpr.group_name
+        if any(self._hits(q) for q in path):
+            out.error_code.val = MoveItErrorCodes.PLANNING_FAILED
+            return response
+        out.error_code.val = MoveItErrorCodes.SUCCESS
+        traj = out.trajectory.joint_trajectory
+        traj.joint_names = list(reversed(self.profile.arm_joints))  # any order: the client maps names
+        traj.points = [JointTrajectoryPoint(positions=[float(v) for v in reversed(q)]) for q in path]
+        return response
+
     def _validity(self, request, response):
         names = list(request.robot_state.joint_state.name)
         q = np.array([request.robot_state.joint_state.position[names.index(j)] for j in self.profile.arm_joints])
-        tcp = self.kin.forward(q)[0]
+        hits = self._hits(q)
         with self._lock:
             self.checked += 1
             self.groups.add(request.group_name)
-            hits = [box for box in self.world.values() if box.contains(tcp, margin_m=self.tcp_radius_m)]
         response.valid = not hits
         response.contacts = [
             ContactInformation(

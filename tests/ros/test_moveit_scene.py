@@ -103,3 +103,24 @@ def test_a_harness_refuses_a_move_to_through_a_measured_object(scene, move_group
     assert np.linalg.norm(moved - start) < 0.002
     assert harness.call("move_to", pose=POSE).success  # guarded: the hand may reach a measured object
     assert move_group.world == {}  # stale after that motion: removed
+
+
+def test_free_space_paths_come_from_get_motion_plan(client_node, move_group):
+    settings = replace(PROFILE.interfaces.moveit, free_space_min_m=0.2, pipeline_id="pilz_industrial_motion_planner")
+    s = MoveItScene(client_node, replace(settings, planner_id="PTP"), PROFILE.arm_joints, PROFILE.base_frame)
+    try:
+        assert s.missing(10.0) == []
+        q, middle = _sweep()
+        path, refusal = s.plan(q[0], q[-1])
+        assert refusal == "" and path.shape == (25, len(PROFILE.arm_joints))
+        np.testing.assert_allclose(path[[0, -1]], q[[0, -1]], atol=1e-9)  # the fake's names reversed, mapped back
+        (request,) = move_group.plans
+        mpr = request.motion_plan_request
+        assert (mpr.group_name, mpr.planner_id) == ("panda_arm", "PTP")
+        assert mpr.pipeline_id == "pilz_industrial_motion_planner"
+        assert len(mpr.goal_constraints[0].joint_constraints) == len(PROFILE.arm_joints)
+        move_group.add(SceneBox("crate", tuple(middle), (0.05, 0.05, 0.05), 0.0))
+        path, refusal = s.plan(q[0], q[-1])
+        assert path is None and "PLANNING_FAILED -1" in refusal, refusal
+    finally:
+        s.close()

@@ -443,6 +443,12 @@ class MotionNode(GuardedNode, LifecycleNode):
             f"MoveIt planning scene on: every sweep checked through {self.moveit.validity_name} (group "
             f"'{settings.planning_group}', up to {settings.max_states} states, {settings.timeout_s:g} s), measured "
             f"objects kept through {self.moveit.apply_name}"
+            + (
+                f"; move_to targets {settings.free_space_min_m:g} m or farther planned through {self.moveit.plan_name}"
+                f" ({settings.pipeline_id}{'/' + settings.planner_id if settings.planner_id else ''})"
+                if settings.free_space_min_m > 0
+                else ""
+            )
         )
 
     def _check_collision_geometry(self, profile: robot.RobotProfile) -> Kinematics:

@@ -20,14 +20,15 @@ import time
 
 import numpy as np
 from geometry_msgs.msg import Pose
-from moveit_msgs.msg import CollisionObject, PlanningScene, RobotState
-from moveit_msgs.srv import ApplyPlanningScene, GetStateValidity
+from moveit_msgs.msg import CollisionObject, Constraints, JointConstraint, MoveItErrorCodes, PlanningScene, RobotState
+from moveit_msgs.srv import ApplyPlanningScene, GetMotionPlan, GetStateValidity
 from shape_msgs.msg import SolidPrimitive
 
-from captain_ros.core.moveit_scene import SceneBox, SceneCheckError, StateVerdict, sample_indices
+from captain_ros.core.moveit_scene import SceneBox, SceneCheckError, StateVerdict, joint_path, sample_indices
 from captain_ros.core.robot import MoveItInterface
 from captain_ros.ros.spin import SideNode
 
+GOAL_TOL_RAD = 1e-3  # a free-space plan's joint goal tolerance
 IN_FLIGHT = 8  # requests sent before waiting for their replies: under a service's default queue depth of 10
 
 
@@ -61,6 +62,9 @@ class MoveItScene:
         self.apply_name = host.resolve_service_name(settings.apply_planning_scene_service)
         self._validity = self.node.create_client(GetStateValidity, self.validity_name)
         self._apply = self.node.create_client(ApplyPlanningScene, self.apply_name)
+        self.free_space_min_m = settings.free_space_min_m
+        self.plan_name = host.resolve_service_name(settings.plan_service)
+        self._plan = self.node.create_client(GetMotionPlan, self.plan_name) if settings.free_space_min_m > 0 else None
         self.node.start()
 
     def missing(self, timeout_s: float) -> list[str]:
@@ -70,8 +74,9 @@ class MoveItScene:
             for client, name, kind in (
                 (self._validity, self.validity_name, "moveit_msgs/srv/GetStateValidity"),
                 (self._apply, self.apply_name, "moveit_msgs/srv/ApplyPlanningScene"),
+                (self._plan, self.plan_name, "moveit_msgs/srv/GetMotionPlan"),
             )
-            if not client.wait_for_service(timeout_sec=timeout_s)
+            if client is not None and not client.wait_for_service(timeout_sec=timeout_s)
         ]
 
     def _request(self, q: np.ndarray) -> GetStateValidity.Request:
@@ -81,11 +86,55 @@ class MoveItScene:
         request.robot_state.joint_state.position = [float(v) for v in q]
         return request
 
-    def _wait_all(self, client, requests: list, what: str) -> list:
+    def plan(self, q_start: np.ndarray, q_goal: np.ndarray) -> tuple[np.ndarray | None, str]:
+        """A free-space joint path from `q_start` to `q_goal` planned by move_group (GetMotionPlan: the profile's
+        pipeline and planner, a joint goal within 1 mrad): (path, '') or (None, why not, naming MoveIt's error code).
+        SceneCheckError when move_group does not answer within planning_time_s + timeout_s."""
+        if self._plan is None:
+            raise SceneCheckError("free-space planning is off (interfaces.moveit.free_space_min_m is 0)")
+        s = self.settings
+        request = GetMotionPlan.Request()
+        mpr = request.motion_plan_request
+        mpr.group_name, mpr.pipeline_id, mpr.planner_id = s.planning_group, s.pipeline_id, s.planner_id
+        mpr.num_planning_attempts, mpr.allowed_planning_time = 1, s.planning_time_s
+        mpr.max_velocity_scaling_factor = mpr.max_acceleration_scaling_factor = 1.0  # timed again here
+        mpr.start_state = RobotState(is_diff=True)
+        mpr.start_state.joint_state.name = list(self.joint_names)
+        mpr.start_state.joint_state.position = [float(v) for v in q_start]
+        mpr.goal_constraints = [
+            Constraints(
+                joint_constraints=[
+                    JointConstraint(
+                        joint_name=j,
+                        position=float(v),
+                        tolerance_above=GOAL_TOL_RAD,
+                        tolerance_below=GOAL_TOL_RAD,
+                        weight=1.0,
+                    )
+                    for j, v in zip(self.joint_names, q_goal, strict=True)
+                ]
+            )
+        ]
+        limit = s.planning_time_s + s.timeout_s
+        (reply,) = self._wait_all(self._plan, [request], self.plan_name, limit)
+        response = reply.motion_plan_response
+        code = response.error_code.val
+        if code != MoveItErrorCodes.SUCCESS:
+            name = next((k for k in dir(MoveItErrorCodes) if k.isupper() and getattr(MoveItErrorCodes, k) == code), "")
+            return None, f"move_group found no free-space path ({name or 'error'} {code}, {s.pipeline_id})"
+        traj = response.trajectory.joint_trajectory
+        try:
+            path = joint_path(list(traj.joint_names), [list(p.positions) for p in traj.points], self.joint_names)
+        except ValueError as exc:
+            return None, f"move_group's free-space path is unusable: {exc}"
+        return path, ""
+
+    def _wait_all(self, client, requests: list, what: str, limit_s: float | None = None) -> list:
         """Send the requests IN_FLIGHT at a time and wait for every reply, all within the timeout; SceneCheckError
         if not. (A service's request queue keeps the 10 newest by default, rclcpp's and rclpy's alike: a burst of
         more loses the oldest, which then never get an answer.)"""
-        deadline = time.monotonic() + self.settings.timeout_s
+        limit_s = self.settings.timeout_s if limit_s is None else limit_s
+        deadline = time.monotonic() + limit_s
         replies: list = []
         for first in range(0, len(requests), IN_FLIGHT):
             batch = requests[first : first + IN_FLIGHT]
@@ -109,7 +158,7 @@ class MoveItScene:
                         client.remove_pending_request(future)
                         future.cancel()
                 raise SceneCheckError(
-                    f"{what} did not answer within {self.settings.timeout_s:g} s ({answered} of {len(requests)} "
+                    f"{what} did not answer within {limit_s:g} s ({answered} of {len(requests)} "
                     "replies; is move_group running with this robot's MoveIt configuration?)"
                 )
             replies += [f.result() for f in futures]
