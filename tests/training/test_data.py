@@ -567,3 +567,72 @@ def test_micro_batches_are_collated_when_used_never_all_at_once(monkeypatch):
     config = SFTConfig(max_steps=2, grad_accum_steps=2, shuffle=False, progress=False)
     train_sft(tiny_model(), batches, config)
     assert calls == [2, 2, 1, 2]
+
+
+# ------------------------------------------------------------------------------------------------ recovery examples
+def test_a_corrupted_tool_call_is_what_the_hermes_parser_refuses_and_the_loop_explains():
+    """Each slip (a `\\'` or a bare `"` inside the code string) leaves JSON that does not parse, so the server hands
+    the reply back as content and the loop answers with unread_tool_call's reason; code without quotes has none."""
+    import random
+
+    from captain_ros.agent.policy_client import unread_tool_call
+    from training.hf_serve import parse_hermes
+
+    code = 'p = robot.find(\'red cube\')\nprint(f"at {p[\\"x\\"]}")'
+    kinds = set()
+    for seed in range(12):
+        block = data.corrupt_tool_call(code, random.Random(seed))
+        assert block.startswith("<tool_call>\n") and block.endswith("\n</tool_call>")
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(block[len("<tool_call>\n") : -len("\n</tool_call>")])
+        assert parse_hermes(block) == (block, [])  # read as plain content, no call
+        reason = unread_tool_call(block, "stop")
+        assert reason.startswith("a <tool_call> block is not JSON")
+        kinds.add("escape" if "Invalid \\escape" in reason else "quote")
+        # the slip is one character: the block equals the well-formed call but for it
+        good = json.dumps({"name": "python", "arguments": {"code": code}}, ensure_ascii=False)
+        body = block[len("<tool_call>\n") : -len("\n</tool_call>")]
+        assert abs(len(body) - len(good)) == 1
+    assert kinds == {"escape", "quote"}
+    assert data.corrupt_tool_call("print(1)", random.Random(0)) is None
+
+
+def test_the_budget_line_after_an_unread_call_counts_one_request_more():
+    line = "[budget] requests 3/16, physical actions 2/150, time 40/1080 s"
+    messages = [{"role": "tool", "content": "[budget] requests 2/16, physical actions 1/150, time 9/1080 s"},
+                {"role": "user", "content": [{"type": "text", "text": "Images"}]},
+                {"role": "tool", "content": f"ok\n{line}"}]  # fmt: skip
+    assert data._budget_after(messages, None) == "[budget] requests 4/16, physical actions 2/150, time 40/1080 s"
+    assert data._budget_after(messages[1:2], ("16", "150", "1080")) == (
+        "[budget] requests 1/16, physical actions 0/150, time 0/1080 s"
+    )
+    assert data._budget_after(messages[1:2], None) == ""
+
+
+def test_recovery_examples_show_the_slip_and_the_loops_answer_and_supervise_only_the_experts_call(store, tokenizer):
+    reader, _ = store
+    plain = data.sft_examples(tokenizer, reader, config=DataConfig(mark_point_mask_prob=0.0))
+    stats = data.TrajectoryStats()
+    config = DataConfig(mark_point_mask_prob=0.0, recovery_per_episode=2)
+    examples = data.sft_examples(tokenizer, reader, config=config, stats=stats)
+    extra = [e for e in examples if e.source == "recovery"]
+    assert [e for e in examples if e.source != "recovery"] == plain  # the others unchanged
+    assert stats.recovery_examples == len(extra) == 4  # 2 episodes x 2: each has weight-1 turns with quotes
+    assert "4 recovery examples" in str(stats)
+    for example in extra:
+        episode = reader.load(example.episode_id)
+        requests = [r for r in episode.requests if r.model_call and r.model_call.get("messages")]
+        position = next(i for i, r in enumerate(requests) if r.index == example.request)
+        weights = data.request_weights(example.episode_id, requests, config)
+        assert weights[position] > 0  # never a turn the SFT would not imitate
+        expert, _ = data.assistant_turn(requests, position, requests[position].model_call["messages"])
+        target = [t for t, m in zip(example.input_ids, example.response_mask, strict=True) if m]
+        prompt = reader.restore_messages(requests[position].model_call["messages"])
+        assert target == data.response_ids(tokenizer, prompt, reader.restore_messages([expert])[0], TOOLS,
+                                           config.render)  # fmt: skip
+        assert example.prompt_len == len(example.input_ids) - len(target)  # one span, at the end
+        text = tokenizer.decode(example.input_ids[: example.prompt_len])
+        assert "Your tool call could not be read, so nothing ran: a <tool_call> block is not JSON" in text
+        assert text.count("<tool_call>") >= 1 and expert["content"] in text
+    again = data.sft_examples(tokenizer, reader, config=config)
+    assert [e.input_ids for e in again if e.source == "recovery"] == [e.input_ids for e in extra]  # seeded

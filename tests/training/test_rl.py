@@ -802,3 +802,10 @@ def test_the_minimum_learning_rate_ratio_must_be_between_zero_and_one(value, cap
     with pytest.raises(SystemExit):
         main(["sft", "--tiny", "--lr-schedule", "cosine", "--min-lr-ratio", value, "--out", "x"])
     assert "--min-lr-ratio" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["-1", "1.5", "two"])
+def test_the_recovery_examples_per_episode_must_be_a_whole_number_of_zero_or_more(value, capsys):
+    with pytest.raises(SystemExit):
+        main(["sft-data", "--tiny", "--store", "x", "--out", "y", "--recovery-per-episode", value])
+    assert "--recovery-per-episode" in capsys.readouterr().err

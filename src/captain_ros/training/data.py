@@ -63,6 +63,7 @@ import json
 import lzma
 import pickle
 import random
+import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -100,6 +101,8 @@ class DataConfig:
     # a request whose own prompt + turn is longer is left out, ending its segment (0: no limit); so no whole-episode
     # example is longer (it is as long as its last request's per-request example)
     max_trajectory_tokens: int = 0
+    # per successful episode, this many extra examples of recovering from an unreadable tool call (`recovery_example`)
+    recovery_per_episode: int = 0
     render: RenderConfig = field(default_factory=RenderConfig)
 
 
@@ -417,6 +420,7 @@ class TrajectoryStats:
     prompt_mismatches: int = 0  # spans left out: not preceded by the gated prompt ids, or not the request's turn
     too_long: int = 0  # requests left out: their own prompt + turn exceed max_trajectory_tokens
     masked_turn_examples: int = 0  # per-request examples of target turns that were masked in their segment
+    recovery_examples: int = 0  # examples of recovering from an unreadable tool call (DataConfig.recovery_per_episode)
     mask_skipped: int = 0  # segments left unmasked: their assistant messages and spans could not be matched
     masked_points: int = 0  # mark_point calls masked, over all examples
     requests: Counter = field(default_factory=Counter)
@@ -433,7 +437,7 @@ class TrajectoryStats:
         lines = [
             f"SFT data: {self.episodes} episodes, {self.unsuccessful_skipped} unsuccessful left out; {self.whole} "
             f"whole, {self.segmented} cut into segments, {self.per_request} per request ({self.segments} segment "
-            f"examples, {self.masked_turn_examples} masked-turn examples)",
+            f"examples, {self.masked_turn_examples} masked-turn examples, {self.recovery_examples} recovery examples)",
             f"  requests: {requests}; {self.prompt_mismatches} spans not matching their gated prompt or turn left "
             f"out; {self.masked_points} mark_point calls masked, {self.mask_skipped} segments left unmasked",
         ]
@@ -691,6 +695,126 @@ def sft_examples(
         else:
             stats.per_request += 1
             examples += episode_examples(tokenizer, reader, eid, config, gate, stats=stats)
+        if config.recovery_per_episode:
+            extra = recovery_examples(tokenizer, reader, episode, config, gate)
+            stats.recovery_examples += len(extra)
+            examples += extra
+    return examples
+
+
+# ------------------------------------------------------------------------------------------ recovery examples
+BUDGET_LINE = re.compile(r"\[budget\] requests (\d+)/(\d+), physical actions (\d+)/(\d+), time (\d+)/(\d+) s")
+
+
+def corrupt_tool_call(code: str, rng: random.Random) -> str | None:
+    """The hermes text of a `python` tool call of `code` (`<tool_call>` JSON `</tool_call>`) with one slip of the
+    kind a small student makes inside the JSON string, where the code's quotes must be escaped: a single quote
+    written `\\'` (not a JSON escape) or a double quote left bare (it ends the string). None when the code has
+    neither quote. The text does not parse: vLLM's hermes parser (and hf_serve's) hands it back as content."""
+    text = json.dumps({"name": "python", "arguments": {"code": code}}, ensure_ascii=False)
+    places = [("'", i) for i, ch in enumerate(text) if ch == "'"]
+    places += [('"', m.start()) for m in re.finditer(r'(?<!\\)\\"', text)]
+    while places:
+        quote, i = places.pop(rng.randrange(len(places)))
+        bad = text[:i] + "\\'" + text[i + 1 :] if quote == "'" else text[:i] + text[i + 1 :]
+        try:
+            json.loads(bad)
+        except json.JSONDecodeError:
+            return f"<tool_call>\n{bad}\n</tool_call>"
+    return None
+
+
+def _budget_after(messages: Sequence[dict], limits: tuple[str, str, str] | None) -> str:
+    """The budget line the loop would write after one more request that ran nothing: the latest line in
+    `messages` with one request more, else (the first request) one from the episode's `limits`; '' if unknown."""
+    for message in reversed(messages):
+        content = message.get("content")
+        found = BUDGET_LINE.findall(content) if isinstance(content, str) else []
+        if found:
+            used, limit, actions, actions_limit, time_s, time_limit = found[-1]
+            return (
+                f"[budget] requests {int(used) + 1}/{limit}, physical actions {actions}/{actions_limit}, time "
+                f"{time_s}/{time_limit} s"
+            )
+    if limits is None:
+        return ""
+    return f"[budget] requests 1/{limits[0]}, physical actions 0/{limits[1]}, time 0/{limits[2]} s"
+
+
+def recovery_example(
+    tokenizer: Any,
+    reader: Any,
+    episode_id: str,
+    requests: Sequence[Any],
+    position: int,
+    *,
+    config: DataConfig,
+    limits: tuple[str, str, str] | None,
+    rng: random.Random,
+) -> Example | None:
+    """Request `position` of an expert episode as a recovery from a slip: its prompt, then an assistant reply whose
+    tool call is the expert's with one JSON slip (`corrupt_tool_call`; its text before the block kept), then the
+    loop's answer to an unreadable call (policy_client.unread_feedback with the budget line it would show), and as
+    the only target the expert's own turn. The students this trains never saw that answer in the expert's episodes
+    and, at temperature 1, answered it in its own words instead of a corrected call (docs/student.md). None when the
+    turn is not one `python` call with a quote in its code. `limits`: the episode's budget limits (requests,
+    actions, seconds), for a first request's line."""
+    from captain_ros.agent.policy_client import unread_feedback, unread_tool_call
+
+    req = requests[position]
+    prompt = reader.restore_messages(req.model_call["messages"])
+    assistant, _ = assistant_turn(requests, position, req.model_call["messages"])
+    calls = assistant.get("tool_calls") or []
+    code = cell_code(assistant)
+    if len(calls) != 1 or (calls[0].get("function") or {}).get("name") != "python" or not code:
+        return None
+    block = corrupt_tool_call(code, rng)
+    if block is None:
+        return None
+    text = assistant.get("content") or ""
+    slipped = {"role": "assistant", "content": f"{text}\n{block}" if text else block}
+    reason = unread_tool_call(slipped["content"], "stop")
+    if reason is None:  # corrupt_tool_call guarantees a block that does not parse
+        raise AssertionError(f"{episode_id} request {req.index}: the corrupted call parsed")
+    answer = {"role": "user", "content": unread_feedback(reason, _budget_after(prompt, limits))}
+    history, masked = mask_mark_points([*prompt, slipped, answer], rng, config.mark_point_mask_prob)
+    example = build_example(
+        tokenizer, history, reader.restore_messages([assistant])[0], req.model_call.get("tools"),
+        weight=ROW_WEIGHTS["turn"], render=config.render, episode_id=episode_id, request=req.index,
+        source="recovery",
+    )  # fmt: skip
+    example.masked_points = masked
+    return example
+
+
+def recovery_examples(
+    tokenizer: Any, reader: Any, episode: Any, config: DataConfig, gate: GateReport | None = None
+) -> list[Example]:
+    """`config.recovery_per_episode` recovery examples of one episode (`recovery_example`), at requests drawn
+    (seeded by the episode) among those with weight > 0; fewer when fewer turns qualify."""
+    eid = episode.episode_id
+    requests = [r for r in episode.requests if r.model_call and r.model_call.get("messages")]
+    weights = request_weights(eid, requests, config, gate)
+    rng = example_rng(config.seed, eid, "recovery")
+    limits = None
+    for r in requests:
+        for message in r.model_call["messages"]:
+            content = message.get("content")
+            found = BUDGET_LINE.findall(content) if isinstance(content, str) else []
+            if found:
+                limits = (found[-1][1], found[-1][3], found[-1][5])
+                break
+        if limits:
+            break
+    positions = [i for i, w in enumerate(weights) if w > 0]
+    rng.shuffle(positions)
+    examples = []
+    for i in positions:
+        if len(examples) == config.recovery_per_episode:
+            break
+        example = recovery_example(tokenizer, reader, eid, requests, i, config=config, limits=limits, rng=rng)
+        if example is not None:
+            examples.append(example)
     return examples
 
 

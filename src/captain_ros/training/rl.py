@@ -759,6 +759,7 @@ def _data_config(args: argparse.Namespace) -> Any:
         whole_episodes=not args.per_request,
         strict_success=not args.keep_missed_finish,  # a solved scene without finish() would teach not finishing
         max_trajectory_tokens=args.max_tokens,
+        recovery_per_episode=args.recovery_per_episode,
     )
 
 
@@ -1031,6 +1032,13 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--keep-missed-finish", action="store_true", help="also imitate solved episodes that never called finish()"
         )
+        p.add_argument(
+            "--recovery-per-episode",
+            type=_count,
+            default=0,
+            help="per episode, this many extra examples of recovering from a tool call the server could not read: the "
+            "expert's call with one JSON slip, the loop's error message, then the expert's call as the target",
+        )
 
     data = sub.add_parser(
         "sft-data",
@@ -1135,6 +1143,17 @@ def parser() -> argparse.ArgumentParser:
     plot.add_argument("--keys", default="", help=f"comma-separated metrics (default: {','.join(PLOT_KEYS)})")
     plot.set_defaults(func=cmd_plot)
     return top
+
+
+def _count(text: str) -> int:
+    """A command-line whole number, zero or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is below zero")
+    return value
 
 
 def _fraction(text: str) -> float:

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from captain_ros.agent.context import Context, Turn, cut_text, image_part
 from captain_ros.agent.link import HarnessLink, LinkError
-from captain_ros.agent.policy_client import unread_tool_call
+from captain_ros.agent.policy_client import unread_feedback, unread_tool_call
 from captain_ros.agent.prompt import SYSTEM_PROMPT, TOOLS, parameters, task_md
 from captain_ros.agent.sandbox import SandboxError, remove_scratch
 from captain_ros.agent.transcript import Transcript
@@ -347,13 +347,7 @@ class _Episode:
         if unread:  # it tried to call the tool: say what was wrong, costing the request, instead of ending
             turn.unread_tool_call = unread
             self.event("unread_tool_call", request=self.requests, reason=unread)
-            turn.replies.append(
-                {
-                    "role": "user",
-                    "content": f"Your tool call could not be read, so nothing ran: {unread}. Reply with one call of "
-                    "the `python` tool holding a cell of code.\n" + self.budget_line(),
-                }
-            )
+            turn.replies.append({"role": "user", "content": unread_feedback(unread, self.budget_line())})
             return turn
         fenced = fenced_python(content) if not calls and self.cfg.accept_fenced_code else None
         if fenced is not None:  # a small local model that answers in a code block instead of a tool call
