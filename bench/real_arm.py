@@ -49,10 +49,19 @@ estop_lapse_trials          lapses measured; estop_spurious_lapses counts lapses
 One motion_node serves every lapse: after each, the bridge comes back (a new publisher), /safety/clear_estop is
 called until the node accepts it, and the next sweep starts again from the start pose.
 
-Not measured yet (issue 27 is open): moveit_scene_check_ms_p50.
+moveit_scene_check_ms_p50/_p95  MoveIt's planning-scene check of one sweep (use_moveit): the 40 cm sweep the other
+                            parts run, planned by the harness's planner, its sampled joint configurations sent 8 at a
+                            time to /check_state_validity (moveit_msgs/GetStateValidity), every answer received: host
+                            time around MoveItScene.check (ros/moveit_scene.py), over DDS to a fake move_group in its
+                            own process (tests/ros/fake_move_group.py: the TCP as a sphere against world boxes, one
+                            box measured into the scene first). The fake's own work per state (the profile's forward
+                            kinematics in Python) is in the number; a real move_group's collision check of every
+                            link's meshes takes its place (not measured: MoveIt does not install here).
+moveit_scene_apply_ms_p50   one ApplyPlanningScene round trip (a measured box added, then removed)
 
   python bench/real_arm.py                      # prints a table, writes bench/results/real_arm.json
   python bench/real_arm.py --kills 1 --whole-kills 1 --lapses 1 --out /tmp/r.json    # one of each (the test's run)
+  python bench/real_arm.py --only moveit        # only the planning-scene check; its keys merged into the results
 """
 
 from __future__ import annotations
@@ -557,14 +566,132 @@ def self_collision_timing(configs: int) -> dict[str, object]:
     }
 
 
+def moveit_scene_timing(node, checks: int) -> dict[str, object]:
+    """The planning-scene check's round trip against a fake move_group in its own process (see the docstring)."""
+    from captain_ros.core.config import load_config
+    from captain_ros.core.moveit_scene import SceneBox, judge
+    from captain_ros.harness.motion import Planner
+    from captain_ros.ros.moveit_scene import MoveItScene
+
+    profile = robot.load_profile("panda_twin")
+    kin = Kinematics(profile=profile)
+    planner = Planner(load_config(), kin)
+    home = np.array(profile.home_q_rad)
+    start = planner.plan_pose(home, START, kin.forward(home)[1]).q_waypoints[-1]
+    plan = planner.plan_pose(start, END, kin.forward(start)[1], speed_mps=SPEED_MPS)
+    fake = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "ros" / "fake_move_group.py"), "--profile", profile.name],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    scene = None
+    try:
+        line = fake.stdout.readline()
+        if "READY" not in line:
+            raise RuntimeError(f"the fake move_group did not start: {line!r}")
+        scene = MoveItScene(node, profile.interfaces.moveit, profile.arm_joints, profile.base_frame)
+        missing = scene.missing(WAIT_S)
+        if missing:
+            raise RuntimeError(f"the fake move_group's services did not appear: {missing}")
+        box = SceneBox("bench_box", (0.6, 0.35, 0.05), (0.05, 0.05, 0.1), 0.0)  # off the sweep
+        applies, times = [], []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            scene.apply([box], [])
+            t1 = time.perf_counter()
+            scene.apply([], [box.id])
+            applies += [t1 - t0, time.perf_counter() - t1]
+        scene.apply([box], [])
+        for _ in range(3):  # warm-up: discovery and the first requests' allocations
+            assert judge(scene.check(plan.q_waypoints), len(plan.q_waypoints)) == ""
+        for _ in tqdm(range(checks), desc="MoveIt planning-scene checks", unit="sweep"):
+            t0 = time.perf_counter()
+            refusal = judge(scene.check(plan.q_waypoints), len(plan.q_waypoints))
+            times.append(time.perf_counter() - t0)
+            assert refusal == "", refusal
+    finally:
+        if scene is not None:
+            scene.close()
+        fake.send_signal(signal.SIGINT)
+        try:
+            fake.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            fake.kill()
+    states = min(len(plan.q_waypoints), profile.interfaces.moveit.max_states)
+    return {
+        "moveit_scene_check_ms_p50": 1e3 * float(np.median(times)),
+        "moveit_scene_check_ms_p95": 1e3 * float(np.percentile(times, 95)),
+        "moveit_scene_apply_ms_p50": 1e3 * float(np.median(applies)),
+        "moveit_scene_checks": checks,
+        "moveit_scene_states_per_check": states,
+        "moveit_scene_sweep_waypoints": len(plan.q_waypoints),
+        "moveit_scene_against": "tests/ros/fake_move_group.py in its own process over DDS (Fast DDS, localhost); "
+        "its collision model is the TCP as a 3 cm sphere against world boxes (Python forward kinematics per state), "
+        "not MoveIt's FCL on the robot's meshes, whose time per state takes its place on a real move_group",
+    }
+
+
+def _merge_moveit(args) -> None:
+    """--only moveit: the planning-scene check alone, its keys merged into the results file."""
+    from captain_ros.core.domains import claim_ros_domain
+
+    os.environ.setdefault("ROS_DOMAIN_ID", str(claim_ros_domain(151, 230)))
+    os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    import rclpy
+    from rclpy.executors import MultiThreadedExecutor
+
+    rclpy.init()
+    node = rclpy.create_node("bench_real_arm")
+    executor = MultiThreadedExecutor(num_threads=2)
+    executor.add_node(node)
+    threading.Thread(target=executor.spin, daemon=True).start()
+    try:
+        moveit = moveit_scene_timing(node, args.moveit_checks)
+    finally:
+        executor.shutdown()
+        node.destroy_node()
+        rclpy.shutdown()
+    out = Path(args.out)
+    results = json.loads(out.read_text()) if out.is_file() else {}
+    results.update(moveit)
+    results["not_measured_yet"] = [k for k in results.get("not_measured_yet", []) if k != "moveit_scene_check_ms_p50"]
+    results["moveit_scene_machine"] = machine()  # this part's run; "machine" stays the other parts'
+    _print_moveit(moveit)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nwrote {out} (the moveit keys; the others as they were)")
+
+
+def _print_moveit(moveit: dict[str, object]) -> None:
+    print_table(
+        f"MoveIt planning-scene check of one sweep ({moveit['moveit_scene_states_per_check']} states, "
+        f"{moveit['moveit_scene_checks']} sweeps; fake move_group over DDS)",
+        ["check", "p50 ms", "p95 ms", "apply p50 ms"],
+        [
+            [
+                "GetStateValidity along the sweep",
+                moveit["moveit_scene_check_ms_p50"],
+                moveit["moveit_scene_check_ms_p95"],
+                moveit["moveit_scene_apply_ms_p50"],
+            ]
+        ],
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=8, help="kills with the sweep given a horizon at a time")
     parser.add_argument("--whole-kills", type=int, default=2, help="kills with sweeps sent whole (the anchor)")
     parser.add_argument("--lapses", type=int, default=6, help="e-stop bridge deaths mid-sweep (deadline lapses)")
     parser.add_argument("--configs", type=int, default=2000, help="joint positions the self-collision check times")
+    parser.add_argument("--moveit-checks", type=int, default=50, help="sweeps the planning-scene check times")
+    parser.add_argument("--only", choices=["moveit"], help="run only this part; its keys merged into --out")
     parser.add_argument("--out", default=str(RESULTS / "real_arm.json"), help="where the results go")
     args = parser.parse_args()
+    if args.only == "moveit":
+        _merge_moveit(args)
+        return
     collision = self_collision_timing(args.configs)
 
     from captain_ros.core.domains import claim_ros_domain
@@ -603,6 +730,7 @@ def main() -> None:
                         runs["lapse"].append(run)
                         bar.update()
                 spurious = bench.spurious_reasons
+        moveit = moveit_scene_timing(node, args.moveit_checks)
     finally:
         executor.shutdown()
         node.destroy_node()
@@ -647,7 +775,8 @@ def main() -> None:
         "stop ramp's stamp; lapse_to_rest = lapse_to_hold + hold_to_rest; stop_distance: the TCP's travel from "
         "lapse_to_hold of arm time before the stop ramp's stamp until the arm rests",
         **collision,
-        "not_measured_yet": ["moveit_scene_check_ms_p50"] + ([] if runs["lapse"] else ["estop_lapse_to_hold_ms"]),
+        **moveit,
+        "not_measured_yet": [] if runs["lapse"] else ["estop_lapse_to_hold_ms"],
     }
     anchor = metrics["whole_sweep_kill_distance_mm_p50"]
     print_table(
@@ -714,6 +843,7 @@ def main() -> None:
             ["MuJoCo (anchor)", "Panda twin primitives", "", collision["self_collision_anchor_ms_p50"], "", 1.0],
         ],
     )
+    _print_moveit(moveit)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**metrics, "runs": runs, "machine": machine()}, indent=2) + "\n")
