@@ -142,6 +142,31 @@ def test_a_sweep_through_a_scene_object_is_refused_and_nothing_moves(harness, ki
     assert scene.checked[-1] >= 2
 
 
+def test_an_operator_is_asked_only_about_sweeps_the_scene_lets_through(harness, kinematics):
+    from captain_ros.harness.approval import Approval, Decision
+
+    class Recording:
+        def __init__(self) -> None:
+            self.asked: list[str] = []
+
+        def ask(self, action) -> Approval:
+            self.asked.append(action.capability)
+            return Approval(Decision.APPROVED, "", request_id=f"r{len(self.asked)}")
+
+        def withdraw(self, reason: str) -> int:
+            return 0
+
+    scene = harness.scene = BoxScene(kinematics)
+    harness.approver = approver = Recording()
+    start = _tcp(harness)
+    scene.world["crate"] = SceneBox("crate", tuple((start + np.array(POSE["position"])) / 2), (0.04,) * 3, 0.0)
+    assert not harness.call("move_to", pose=POSE).success
+    assert approver.asked == []  # refused before anyone was asked
+    del scene.world["crate"]
+    assert harness.call("move_to", pose=POSE).success
+    assert approver.asked == ["move_to"] and len(scene.checked) == 3  # checked, asked, planned again and checked
+
+
 def test_no_answer_from_the_scene_refuses_the_sweep(harness, kinematics):
     harness.scene = BoxScene(kinematics, fail=True)
     start = _tcp(harness)

@@ -461,10 +461,11 @@ class Harness:
             f"{position[1]:.3f}, {position[2]:.3f}) m, {plan.distance_m * 100:.1f} cm and "
             f"{math.degrees(plan.rotation_rad):.0f} deg in {plan.duration_s:.1f} s, force limit {limit:.0f} N"
         )
+        self._scene_check(plan, guarded=mode == "guarded")  # before an operator is asked to approve it
         if self._approve(self._target("move_to", description, position, rotation, plan.tcp_waypoints)):
             state = self.backend.read_state()  # planned again from where the arm is after the wait
             plan = self._plan_move(state, position, rotation, speed, duration)
-        self._scene_check(plan, guarded=mode == "guarded")
+            self._scene_check(plan, guarded=mode == "guarded")
         outcome = self.executor.execute(
             self.backend,
             plan,
