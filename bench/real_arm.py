@@ -19,11 +19,13 @@ about 20 s with Fast DDS), then runs freely: the arm's travel is on the twin's c
 the wall time.
 
 self_collision_check_ms_p50 one self-collision check (Kinematics.self_collisions: link poses, then FCL on every
-                            checked pair) at random joint positions inside the limits, on Franka's own mesh
-                            description with its SRDF: the Panda's, as example-robot-data ships it on PyPI (the
-                            FR3's meshes are in franka_description, which is not; the same links and mesh kind)
-                            (target <= 5 ms). Anchor: MuJoCo's collision pass on the Panda twin's primitives, the
-                            check this one replaced (which saw no mesh at all).
+                            checked pair) at random joint positions inside the limits, on the FR3's own mesh
+                            description: franka_description's xacro output with its collision STLs, kept in
+                            third_party/franka_description (no SRDF ships with it: the pairs touching at home are
+                            left out) (target <= 5 ms); beside it the Panda's with MoveIt's SRDF, as
+                            example-robot-data ships it on PyPI (self_collision_panda_srdf_*). Anchor: MuJoCo's
+                            collision pass on the Panda twin's primitives, the check this one replaced (which saw no
+                            mesh at all).
 
 estop_lapse_to_hold_ms_p50/_p95  a dead e-stop button bridge: motion_node runs with estop_deadline_s 0.5 (as
                             real_arm.launch.py sets it), a bridge in this process publishes "not engaged" on
@@ -62,6 +64,7 @@ moveit_scene_apply_ms_p50   one ApplyPlanningScene round trip (a measured box ad
   python bench/real_arm.py                      # prints a table, writes bench/results/real_arm.json
   python bench/real_arm.py --kills 1 --whole-kills 1 --lapses 1 --out /tmp/r.json    # one of each (the test's run)
   python bench/real_arm.py --only moveit        # only the planning-scene check; its keys merged into the results
+  python bench/real_arm.py --only self_collision   # only the self-collision timing, likewise
 """
 
 from __future__ import annotations
@@ -521,49 +524,95 @@ class LapseBench:
         }
 
 
-def self_collision_timing(configs: int) -> dict[str, object]:
-    """Per-configuration self-collision time on Franka's mesh description, and MuJoCo's pass on the twin's
-    primitives at the same configurations (the anchor)."""
+FR3_PREFIX = ROOT / "third_party" / "franka_description"  # franka_description's FR3 (xacro output + collision STLs)
+
+
+def _mesh_kinematics(arm: str) -> Kinematics:
+    """Kinematics on a Franka mesh description, its package:// URIs resolved through AMENT_PREFIX_PATH: "fr3"
+    (franka_description's FR3, kept in third_party; no SRDF ships with it) or "panda" (example-robot-data's Panda
+    with MoveIt's SRDF)."""
     import importlib.metadata
 
+    if arm == "fr3":
+        prefix, urdf = FR3_PREFIX, FR3_PREFIX / "share" / "franka_description" / "urdf" / "fr3.urdf"
+    else:
+        prefix = Path(importlib.metadata.distribution("example-robot-data").locate_file("cmeel.prefix"))
+        urdf = prefix / "share" / "example-robot-data" / "robots" / "panda_description" / "urdf" / "panda.urdf"
+    os.environ["AMENT_PREFIX_PATH"] = os.pathsep.join(filter(None, [str(prefix), os.environ.get("AMENT_PREFIX_PATH")]))
+    data = ROOT / "tests" / "captain_ros" / "core" / "data"
+    profile = robot.load_profile(data / f"{arm}_franka_meshes.yaml")
+    kin = Kinematics(profile=profile.with_urdf_text(urdf.read_text()))
+    assert not kin.collision.coverage_problems(), kin.collision.coverage_problems()  # loads the meshes (untimed)
+    return kin
+
+
+def self_collision_timing(configs: int) -> dict[str, object]:
+    """Per-configuration self-collision time on Franka's mesh descriptions (the FR3's, the headline; the Panda's
+    with its SRDF), and MuJoCo's pass on the twin's primitives at the same configurations (the anchor)."""
     import mujoco
 
-    prefix = Path(importlib.metadata.distribution("example-robot-data").locate_file("cmeel.prefix"))
-    os.environ["AMENT_PREFIX_PATH"] = os.pathsep.join(filter(None, [str(prefix), os.environ.get("AMENT_PREFIX_PATH")]))
-    urdf = prefix / "share" / "example-robot-data" / "robots" / "panda_description" / "urdf" / "panda.urdf"
-    profile = robot.load_profile(ROOT / "tests" / "captain_ros" / "core" / "data" / "panda_franka_meshes.yaml")
-    kin = Kinematics(profile=profile.with_urdf_text(urdf.read_text()))
-    model = kin.collision  # loads the meshes (not timed: once at configure)
-    assert not model.coverage_problems(), model.coverage_problems()
+    arms = {arm: _mesh_kinematics(arm) for arm in ("fr3", "panda")}
     twin = Kinematics(profile=robot.load_profile("panda_twin"))
     spec = mujoco.MjSpec.from_string(twin.profile.urdf_text)
     spec.compiler.fusestatic = False
     spec.compiler.boundmass, spec.compiler.boundinertia = 1e-3, 1e-9
     anchor_model = spec.compile()
     anchor_data = mujoco.MjData(anchor_model)
-    lower, upper = kin.profile.arm_limits_rad()
+    lower, upper = arms["fr3"].profile.arm_limits_rad()
     rng = np.random.default_rng(5)
-    ours, anchor, colliding = [], [], 0
+    times: dict[str, list[float]] = {"fr3": [], "panda": [], "anchor": []}
+    colliding = {"fr3": 0, "panda": 0}
     for q in tqdm(rng.uniform(lower, upper, size=(configs, len(lower))), desc="self-collision checks", unit="q"):
+        for arm, kin in arms.items():
+            t0 = time.perf_counter()
+            colliding[arm] += bool(kin.self_collisions(q))
+            times[arm].append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        colliding += bool(kin.self_collisions(q))
-        t1 = time.perf_counter()
         anchor_data.qpos[: len(q)] = q
         mujoco.mj_kinematics(anchor_model, anchor_data)
         mujoco.mj_collision(anchor_model, anchor_data)
-        t2 = time.perf_counter()
-        ours.append(t1 - t0)
-        anchor.append(t2 - t1)
+        times["anchor"].append(time.perf_counter() - t0)
+    fr3, panda = arms["fr3"].collision, arms["panda"].collision
     return {
-        "self_collision_check_ms_p50": 1e3 * float(np.median(ours)),
-        "self_collision_check_ms_p95": 1e3 * float(np.percentile(ours, 95)),
-        "self_collision_anchor_ms_p50": 1e3 * float(np.median(anchor)),
-        "self_collision_description": "Franka Panda (example-robot-data's franka_description: collision STLs + SRDF)",
-        "self_collision_links_with_geometry": len(model.parts),
-        "self_collision_pairs_checked": len(model.pairs),
+        "self_collision_check_ms_p50": 1e3 * float(np.median(times["fr3"])),
+        "self_collision_check_ms_p95": 1e3 * float(np.percentile(times["fr3"], 95)),
+        "self_collision_anchor_ms_p50": 1e3 * float(np.median(times["anchor"])),
+        "self_collision_description": "Franka FR3 (franka_description b299b39: xacro fr3.urdf.xacro hand:=true, "
+        "collision STLs and the hand's finger boxes; no SRDF ships: pairs touching at home left out)",
+        "self_collision_links_with_geometry": len(fr3.parts),
+        "self_collision_pairs_checked": len(fr3.pairs),
         "self_collision_configs": configs,
-        "self_collision_colliding_fraction": colliding / configs,
+        "self_collision_colliding_fraction": colliding["fr3"] / configs,
+        "self_collision_panda_srdf_ms_p50": 1e3 * float(np.median(times["panda"])),
+        "self_collision_panda_srdf_pairs_checked": len(panda.pairs),
+        "self_collision_panda_srdf_colliding_fraction": colliding["panda"] / configs,
     }
+
+
+def _print_self_collision(collision: dict[str, object], configs: int) -> None:
+    print_table(
+        f"self-collision check per configuration ({configs} random joint positions)",
+        ["check", "geometry", "pairs", "p50 ms", "p95 ms", "ratio to anchor"],
+        [
+            [
+                "FCL (core/collision.py)",
+                "Franka FR3 meshes (franka_description)",
+                collision["self_collision_pairs_checked"],
+                collision["self_collision_check_ms_p50"],
+                collision["self_collision_check_ms_p95"],
+                collision["self_collision_check_ms_p50"] / collision["self_collision_anchor_ms_p50"],
+            ],
+            [
+                "FCL (core/collision.py)",
+                "Franka Panda meshes + SRDF",
+                collision["self_collision_panda_srdf_pairs_checked"],
+                collision["self_collision_panda_srdf_ms_p50"],
+                "",
+                collision["self_collision_panda_srdf_ms_p50"] / collision["self_collision_anchor_ms_p50"],
+            ],
+            ["MuJoCo (anchor)", "Panda twin primitives", "", collision["self_collision_anchor_ms_p50"], "", 1.0],
+        ],
+    )
 
 
 def moveit_scene_timing(node, checks: int) -> dict[str, object]:
@@ -652,15 +701,20 @@ def _merge_moveit(args) -> None:
         executor.shutdown()
         node.destroy_node()
         rclpy.shutdown()
-    out = Path(args.out)
-    results = json.loads(out.read_text()) if out.is_file() else {}
-    results.update(moveit)
-    results["not_measured_yet"] = [k for k in results.get("not_measured_yet", []) if k != "moveit_scene_check_ms_p50"]
-    results["moveit_scene_machine"] = machine()  # this part's run; "machine" stays the other parts'
     _print_moveit(moveit)
+    _merge(Path(args.out), moveit, "moveit_scene_machine")
+
+
+def _merge(out: Path, part: dict[str, object], machine_key: str) -> None:
+    """One part's keys into the results file, the others as they were; `machine_key` names this part's machine
+    ("machine" stays the other parts')."""
+    results = json.loads(out.read_text()) if out.is_file() else {}
+    results.update(part)
+    results["not_measured_yet"] = [k for k in results.get("not_measured_yet", []) if k not in part]
+    results[machine_key] = machine()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"\nwrote {out} (the moveit keys; the others as they were)")
+    print(f"\nwrote {out} (this part's keys; the others as they were)")
 
 
 def _print_moveit(moveit: dict[str, object]) -> None:
@@ -686,11 +740,18 @@ def main() -> None:
     parser.add_argument("--lapses", type=int, default=6, help="e-stop bridge deaths mid-sweep (deadline lapses)")
     parser.add_argument("--configs", type=int, default=2000, help="joint positions the self-collision check times")
     parser.add_argument("--moveit-checks", type=int, default=50, help="sweeps the planning-scene check times")
-    parser.add_argument("--only", choices=["moveit"], help="run only this part; its keys merged into --out")
+    parser.add_argument(
+        "--only", choices=["moveit", "self_collision"], help="run only this part; its keys merged into --out"
+    )
     parser.add_argument("--out", default=str(RESULTS / "real_arm.json"), help="where the results go")
     args = parser.parse_args()
     if args.only == "moveit":
         _merge_moveit(args)
+        return
+    if args.only == "self_collision":
+        collision = self_collision_timing(args.configs)
+        _print_self_collision(collision, args.configs)
+        _merge(Path(args.out), collision, "self_collision_machine")
         return
     collision = self_collision_timing(args.configs)
 
@@ -828,21 +889,7 @@ def main() -> None:
             ]
         ],
     )
-    print_table(
-        f"self-collision check per configuration ({args.configs} random joint positions)",
-        ["check", "geometry", "pairs", "p50 ms", "p95 ms", "ratio to anchor"],
-        [
-            [
-                "FCL (core/collision.py)",
-                "Franka Panda meshes + SRDF",
-                collision["self_collision_pairs_checked"],
-                collision["self_collision_check_ms_p50"],
-                collision["self_collision_check_ms_p95"],
-                collision["self_collision_check_ms_p50"] / collision["self_collision_anchor_ms_p50"],
-            ],
-            ["MuJoCo (anchor)", "Panda twin primitives", "", collision["self_collision_anchor_ms_p50"], "", 1.0],
-        ],
-    )
+    _print_self_collision(collision, args.configs)
     _print_moveit(moveit)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -170,3 +170,26 @@ def test_a_profile_names_its_srdf_and_a_missing_one_is_refused(tmp_path, ament):
     (tmp_path / "p.yaml").write_text(doc)
     with pytest.raises(robot.ProfileError, match=r"srdf 'package://example-robot-data/.*absent\.srdf' cannot be read"):
         robot.load_profile(tmp_path / "p.yaml")
+
+
+FR3_PREFIX = Path(__file__).resolve().parents[3] / "third_party" / "franka_description"
+
+
+def test_the_fr3s_own_mesh_description_loads_and_the_hand_meets_the_base_when_folded(monkeypatch):
+    """franka_description's FR3 (its xacro output, collision STLs and the hand's finger boxes, kept in third_party as
+    an install prefix): every link with geometry is checked; with no SRDF, the pairs touching at home are left
+    out; home is free and the shoulder folded forward brings the hand down onto the base, as on the Panda."""
+    monkeypatch.setenv("AMENT_PREFIX_PATH", str(FR3_PREFIX))
+    profile = robot.load_profile(DATA / "fr3_franka_meshes.yaml")
+    profile = profile.with_urdf_text((FR3_PREFIX / "share" / "franka_description" / "urdf" / "fr3.urdf").read_text())
+    kin = Kinematics(profile=profile)
+    model = kin.collision
+    assert model.coverage_problems() == []
+    assert set(model.parts) == {f"fr3_link{i}" for i in range(8)} | {"fr3_hand", "fr3_leftfinger", "fr3_rightfinger"}
+    assert len(model.parts["fr3_leftfinger"]) == 4  # the hand's four finger boxes
+    assert all(reason != "SRDF" and not reason.startswith("SRDF") for reason in model.disabled.values())
+    home = np.array(profile.home_q)
+    assert kin.self_collisions(home) == []
+    bent = home.copy()
+    bent[1] = 1.76
+    assert ("fr3_hand", "fr3_link0") in kin.self_collisions(bent)
