@@ -25,7 +25,9 @@
 # Every stage is idempotent: rerun the same command to keep waiting, or after a lost call. What a stage starts logs
 # to $WORK/<stage>.log. Variables (defaults): CARRY (/tmp/carry), BUNDLE_CARRY (/tmp/carry_hb), BUNDLE
 # (/tmp/hb/host_bundle), STORE (.cache/store/rollout.sqlite), WORK (/tmp/work), OUT (./back), WAIT_S (500),
-# WORKERS (33), EPOCHS (3), RANK (32), FINE_TUNED (models/qwen2.5-coder-0.5b-captain-sft), EXAMPLES ($WORK/carried/sft_data.pkl.xz).
+# WORKERS (33), EPOCHS (3), RANK (32), RECOVERY (0; recovery examples per episode, as the examples were built with
+# `sft-data --recovery-per-episode`), FINE_TUNED (models/qwen2.5-coder-0.5b-captain-sft), EXAMPLES
+# ($WORK/carried/sft_data.pkl.xz).
 set -u -o pipefail
 
 CARRY=${CARRY:-/tmp/carry}
@@ -38,12 +40,13 @@ WAIT_S=${WAIT_S:-500}
 WORKERS=${WORKERS:-33}
 EPOCHS=${EPOCHS:-3}
 RANK=${RANK:-32}
+RECOVERY=${RECOVERY:-0}
 FINE_TUNED=${FINE_TUNED:-models/qwen2.5-coder-0.5b-captain-sft}
 EXAMPLES=${EXAMPLES:-$WORK/carried/sft_data.pkl.xz}
 NAME=qwen2.5-coder-0.5b-instruct
 STUDENT=$WORK/student/$NAME
 PROJ=$WORK/proj
-[ $# -gt 0 ] || { sed -n '2,25p' "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,/^set -u/p' "$0" | sed '$d'; exit 2; }
 mkdir -p "$WORK" "$OUT"
 export PYTHONPATH=$PROJ/src/captain_ros:/tmp/site HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 [ -f "$WORK/host.env" ] && . "$WORK/host.env"
@@ -108,8 +111,8 @@ sft() {
     fi
     background "training.rl sft" "$WORK/sft/sft_run.json" "$WORK/sft.log" \
         python3 -m training.rl sft --model "$STUDENT" "${data[@]}" --out "$WORK/sft" \
-        --lora-rank "$RANK" --epochs "$EPOCHS" --lr 2e-4 --warmup 5 --lr-schedule cosine --rows 1 --grad-accum 8 --max-tokens 24576 \
-        --gradient-checkpointing --no-progress
+        --lora-rank "$RANK" --epochs "$EPOCHS" --lr 2e-4 --warmup 5 --lr-schedule cosine --rows 1 --grad-accum 8 \
+        --max-tokens 24576 --recovery-per-episode "$RECOVERY" --gradient-checkpointing --no-progress
     if wait_for "$WORK/sft/sft_run.json" "training.rl sft"; then
         say "SFT done: $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(f\"{r['episodes']} episodes, {r['steps']} steps, {r['tokens_per_s']:.0f} tokens/s, loss {r['final_loss']:.3f}\")" "$WORK/sft/sft_run.json")"
         [ -f "$OUT/adapter/adapter.carry-manifest.json" ] ||
