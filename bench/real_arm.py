@@ -409,12 +409,7 @@ class LapseBench:
     def __exit__(self, *_exc) -> None:
         self.bridge.die()
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            _interrupt(self.proc)
 
     def _wait(self, future):
         return wait_future(future, WAIT_S)
@@ -522,6 +517,16 @@ class LapseBench:
                 and result.failure_category == "safety_stop"
             ),
         }
+
+
+def _interrupt(proc: subprocess.Popen) -> None:
+    """Stop a node process as Ctrl-C would, killing it if it has not ended 20 s later."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 FR3_PREFIX = ROOT / "third_party" / "franka_description"  # franka_description's FR3 (xacro output + collision STLs)
@@ -662,11 +667,7 @@ def moveit_scene_timing(node, checks: int) -> dict[str, object]:
     finally:
         if scene is not None:
             scene.close()
-        fake.send_signal(signal.SIGINT)
-        try:
-            fake.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            fake.kill()
+        _interrupt(fake)
     states = min(len(plan.q_waypoints), profile.interfaces.moveit.max_states)
     return {
         "moveit_scene_check_ms_p50": 1e3 * float(np.median(times)),
@@ -796,11 +797,7 @@ def main() -> None:
         executor.shutdown()
         node.destroy_node()
         rclpy.shutdown()
-        twin.send_signal(signal.SIGINT)
-        try:
-            twin.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            twin.kill()
+        _interrupt(twin)
 
     def column(kind: str, key: str) -> np.ndarray:
         return np.array([r[key] for r in runs[kind]]) if runs[kind] else np.array([np.nan])

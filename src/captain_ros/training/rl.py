@@ -1145,37 +1145,26 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def _count(text: str) -> int:
-    """A command-line whole number, zero or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} is below zero")
-    return value
+def _cli_number(convert: Any, ok: Any, what: str) -> Any:
+    """An argparse type: `convert` (float or int) of the text, refused with a message unless `ok(value)` (NaN fails
+    any comparison, so it is refused too)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            kind = "a whole number" if convert is int else "a number"
+            raise argparse.ArgumentTypeError(f"{text!r} is not {kind}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"{text} is not {what}")
+        return value
+
+    return parse
 
 
-def _fraction(text: str) -> float:
-    """A command-line number in [0, 1]."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0.0 <= value <= 1.0:  # NaN fails too
-        raise argparse.ArgumentTypeError(f"{text} is not between 0 and 1")
-    return value
-
-
-def _positive(text: str) -> float:
-    """A command-line number that must be above zero (a learning rate)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:  # NaN fails too
-        raise argparse.ArgumentTypeError(f"{text} is not above zero")
-    return value
+_count = _cli_number(int, lambda v: v >= 0, "zero or more")
+_fraction = _cli_number(float, lambda v: 0.0 <= v <= 1.0, "between 0 and 1")
+_positive = _cli_number(float, lambda v: v > 0, "above zero")  # a learning rate
 
 
 def main(argv: list[str] | None = None) -> int:
