@@ -45,6 +45,12 @@ is shown masked, as context only, and is supervised instead by an extra per-requ
 masked with probability 0.2, as in the per-request form; the extras cost about 0.2 prompts per turn with a
 mark_point call. Masking comes after the prompt check: a masked prompt differs from the gated ids by design.
 
+Recovery examples (`recovery_per_episode`, off by default): per successful episode, that many requests drawn among
+the imitated ones become an extra example each: the request's prompt, an assistant reply holding the expert's call
+with one JSON slip (`corrupt_tool_call`), the episode loop's answer to a call it could not read, and the expert's
+call as the only target (`recovery_example`). The expert never slips, so its episodes alone never show a student
+what to do after the loop's JSON error (docs/student.md).
+
 Packing: examples are placed first-fit into rows of at most `max_tokens`; `position_ids` restart at 0 for each
 document, `doc_ids` name each token's document (padding is a document of its own), and `cu_seqlens` are the
 document boundaries for varlen kernels. `block_causal_mask` turns doc ids into the additive 4D mask for
