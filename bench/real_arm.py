@@ -87,6 +87,7 @@ from tqdm import tqdm
 
 from captain_ros.core import robot
 from captain_ros.core.kinematics import Kinematics
+from captain_ros.stack import interrupt
 
 TASK = "put_blue_cube_in_box"
 START = np.array([0.45, -0.2, 0.25])
@@ -409,7 +410,7 @@ class LapseBench:
     def __exit__(self, *_exc) -> None:
         self.bridge.die()
         if self.proc is not None and self.proc.poll() is None:
-            _interrupt(self.proc)
+            interrupt(self.proc, grace_s=20.0)
 
     def _wait(self, future):
         return wait_future(future, WAIT_S)
@@ -517,16 +518,6 @@ class LapseBench:
                 and result.failure_category == "safety_stop"
             ),
         }
-
-
-def _interrupt(proc: subprocess.Popen) -> None:
-    """Stop a node process as Ctrl-C would, killing it if it has not ended 20 s later."""
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 FR3_PREFIX = ROOT / "third_party" / "franka_description"  # franka_description's FR3 (xacro output + collision STLs)
@@ -667,7 +658,7 @@ def moveit_scene_timing(node, checks: int) -> dict[str, object]:
     finally:
         if scene is not None:
             scene.close()
-        _interrupt(fake)
+        interrupt(fake, grace_s=20.0)
     states = min(len(plan.q_waypoints), profile.interfaces.moveit.max_states)
     return {
         "moveit_scene_check_ms_p50": 1e3 * float(np.median(times)),
@@ -797,7 +788,7 @@ def main() -> None:
         executor.shutdown()
         node.destroy_node()
         rclpy.shutdown()
-        _interrupt(twin)
+        interrupt(twin, grace_s=20.0)
 
     def column(kind: str, key: str) -> np.ndarray:
         return np.array([r[key] for r in runs[kind]]) if runs[kind] else np.array([np.nan])

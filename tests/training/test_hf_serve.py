@@ -544,3 +544,12 @@ def test_the_slot_engine_decodes_each_slot_as_the_forward_pass_of_its_own_reques
                 assert torch.stack(got[s]).log_softmax(-1) == pytest.approx(want, abs=1e-4)
     finally:
         engine.close()
+
+
+def test_an_unknown_engine_is_refused_with_the_choices(folder, capsys):
+    with pytest.raises(SystemExit):
+        hf_serve.parse_args(["--model", str(folder), "--engine", "paged"])
+    err = capsys.readouterr().err
+    assert "--engine" in err and "'slots'" in err and "'cb'" in err
+    with pytest.raises(SystemExit, match="--engine must be one of slots, cb, not 'paged'"):
+        hf_serve.load(hf_serve.ServeConfig(model=str(folder), engine="paged", device="cpu"))

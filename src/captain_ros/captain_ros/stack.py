@@ -25,6 +25,17 @@ from captain_ros.paths import config_path
 EXPERT_READY_TIMEOUT_S = 120.0
 
 
+def interrupt(proc: subprocess.Popen, grace_s: float) -> None:
+    """Stop a node process as Ctrl-C would (its shutdown runs: a motion node holds the arm), killing it if it has
+    not ended `grace_s` later."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @dataclass(frozen=True)
 class RunOptions:
     tasks: str = "put_red_cube_in_bowl,stack_red_on_blue,open_drawer"
@@ -174,9 +185,4 @@ class Stack:
             proc = self.procs.get(name)
             if proc is None or proc.poll() is not None:
                 continue
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            interrupt(proc, grace_s=10.0)
