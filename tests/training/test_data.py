@@ -587,7 +587,7 @@ def test_a_corrupted_tool_call_is_what_the_hermes_parser_refuses_and_the_loop_ex
             json.loads(block[len("<tool_call>\n") : -len("\n</tool_call>")])
         assert parse_hermes(block) == (block, [])  # read as plain content, no call
         reason = unread_tool_call(block, "stop")
-        assert reason.startswith("a <tool_call> block is not JSON")
+        assert reason.startswith("the tool call is not JSON")
         kinds.add("escape" if "Invalid \\escape" in reason else "quote")
         # the slip is one character: the block equals the well-formed call but for it
         good = json.dumps({"name": "python", "arguments": {"code": code}}, ensure_ascii=False)
@@ -632,7 +632,7 @@ def test_recovery_examples_show_the_slip_and_the_loops_answer_and_supervise_only
                                            config.render)  # fmt: skip
         assert example.prompt_len == len(example.input_ids) - len(target)  # one span, at the end
         text = tokenizer.decode(example.input_ids[: example.prompt_len])
-        assert "Your tool call could not be read, so nothing ran: a <tool_call> block is not JSON" in text
+        assert "Your tool call could not be read, so nothing ran: the tool call is not JSON" in text
         assert text.count("<tool_call>") >= 1 and expert["content"] in text
     again = data.sft_examples(tokenizer, reader, config=config)
     assert [e.input_ids for e in again if e.source == "recovery"] == [e.input_ids for e in extra]  # seeded

@@ -217,7 +217,7 @@ def test_a_tool_call_block_the_server_could_not_read_is_explained_and_the_episod
     assert first["role"] == "user" and first["content"].startswith("Your tool call could not be read, so nothing ran")
     assert "Invalid \\escape" in first["content"] and "print(\\'hi" in first["content"]
     assert "a JSON string knows only the escapes" in first["content"]
-    assert "token limit inside a <tool_call> block" in second["content"]
+    assert "token limit inside its tool call" in second["content"]
     requests = [r for r in transcript(result) if r["type"] == "request"]
     assert [r["request"] for r in requests] == [1, 2, 3, 4]
     assert not [r for r in transcript(result) if r["type"] == "call"]  # nothing ran before the well-formed cell
@@ -226,9 +226,9 @@ def test_a_tool_call_block_the_server_could_not_read_is_explained_and_the_episod
 def test_unread_tool_call_names_the_first_bad_block_and_ignores_replies_without_one():
     good = '<tool_call>{"name": "python", "arguments": {"code": "x"}}</tool_call>'
     assert unread_tool_call("plain text, no block") is None
-    assert unread_tool_call(good) == "the server did not read its <tool_call> block as a tool call"
+    assert unread_tool_call(good) == "the server did not read the tool call"
     assert "not JSON: Expecting" in unread_tool_call(good + "<tool_call>{name: 1}</tool_call>")
-    assert unread_tool_call('<tool_call>["python"]</tool_call>').startswith('a <tool_call> block is not {"name"')
+    assert unread_tool_call('<tool_call>["python"]</tool_call>').startswith('the tool call is not {"name"')
     unclosed = '<tool_call>{"name": "python", "arguments": {"code": "x'
     assert "not JSON: Unterminated string" in unread_tool_call(unclosed)
     assert "token limit" in unread_tool_call(unclosed, "length")
@@ -465,3 +465,13 @@ def test_a_fenced_block_can_be_turned_off(link, tmp_path):
     policy = Scripted([Reply("```python\nprint(1)\n```")])
     result = run(link, policy, tmp_path, config=config)
     assert result.requests == 1 and "no tool call" in result.reason
+
+
+def test_unread_tool_call_reasons_never_hold_the_markers():
+    """The reason goes back to the model in a user message, where the template reads `<tool_call>` as its special
+    token; a student echoing such a reason opened a new block. Not even the text quoted from the bad block holds one."""
+    nested = '<tool_call>{"name": "python", "arguments": {"code": <tool_call>x}}</tool_call>'
+    replies = [(nested, "stop"), ('<tool_call>{"name": "py', "length"), ("<tool_call>[1]</tool_call>", "stop")]
+    for reply, finish in replies:
+        reason = unread_tool_call(reply, finish)
+        assert reason and "<tool_call>" not in reason and "</tool_call>" not in reason

@@ -321,29 +321,31 @@ def unread_tool_call(content: str, finish_reason: str = "") -> str | None:
     The hermes parser hands a reply back as plain content when any of its blocks is not JSON of the form
     {"name": ..., "arguments": ...} (a slip such as `\\'` inside a string, or a reply cut at max_tokens). Such a reply
     tried to call a tool, so the harness tells the policy what was wrong rather than taking it for a reply that
-    ended the episode. The reason names the first bad block's fault and the text around it."""
+    ended the episode. The reason names the first bad block's fault and the text around it, never the markers
+    themselves: the template reads them as special tokens, and a student echoing a reason that held them opened a
+    new, unreadable block (22 of the 113 unreadable replies of the first fine-tuned student's evaluation)."""
     rest = content
     while (start := rest.find(TOOL_CALL_OPEN)) >= 0:
         rest = rest[start + len(TOOL_CALL_OPEN) :]
         end = rest.find(TOOL_CALL_CLOSE)
         body, rest = (rest[:end], rest[end + len(TOOL_CALL_CLOSE) :]) if end >= 0 else (rest, "")
         if end < 0 and finish_reason == "length":
-            return "the reply reached its token limit inside a <tool_call> block; write a shorter cell"
+            return "the reply reached its token limit inside its tool call; write a shorter cell"
         try:
             call = json.loads(body)
         except json.JSONDecodeError as exc:
-            near = body[max(0, exc.pos - 40) : exc.pos + 20]
+            near = body[max(0, exc.pos - 40) : exc.pos + 20].replace(TOOL_CALL_OPEN, "").replace(TOOL_CALL_CLOSE, "")
             hint = (
                 '; a JSON string knows only the escapes \\\\ \\" \\/ \\b \\f \\n \\r \\t \\uXXXX'
                 if "escape" in exc.msg
                 else ""
             )
             where = f"line {exc.lineno} column {exc.colno}"
-            return f"a <tool_call> block is not JSON: {exc.msg} at {where}, here: `{near}`{hint}"
+            return f"the tool call is not JSON: {exc.msg} at {where}, here: `{near}`{hint}"
         if not isinstance(call, dict) or not isinstance(call.get("name"), str) or "arguments" not in call:
-            return 'a <tool_call> block is not {"name": "python", "arguments": {"code": "..."}}'
+            return 'the tool call is not {"name": "python", "arguments": {"code": "..."}}'
     if TOOL_CALL_OPEN in content:
-        return "the server did not read its <tool_call> block as a tool call"
+        return "the server did not read the tool call"
     return None
 
 
