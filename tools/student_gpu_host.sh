@@ -22,8 +22,9 @@
 #            else $FINE_TUNED (its adapter/, by default the one kept in models/, and a token_rows.npz if it has one)
 #            merged into the student
 #
-# Every stage is idempotent: rerun the same command to keep waiting, or after a lost call. What a stage starts logs
-# to $WORK/<stage>.log. Variables (defaults): CARRY (/tmp/carry), BUNDLE_CARRY (/tmp/carry_hb), BUNDLE
+# Every stage is idempotent: rerun the same command to keep waiting, or after a lost call. WAIT_S bounds the whole
+# call, not each stage: `sft eval` waits for the SFT, starts the evaluation the moment it ends, and waits for that
+# with what is left. What a stage starts logs to $WORK/<stage>.log. Variables (defaults): CARRY (/tmp/carry), BUNDLE_CARRY (/tmp/carry_hb), BUNDLE
 # (/tmp/hb/host_bundle), STORE (.cache/store/rollout.sqlite), WORK (/tmp/work), OUT (./back), WAIT_S (500),
 # WORKERS (33), EPOCHS (3), RANK (32), RECOVERY (0; recovery examples per episode, as the examples were built with
 # `sft-data --recovery-per-episode`), FINE_TUNED (models/qwen2.5-coder-0.5b-captain-sft), EXAMPLES
@@ -37,6 +38,7 @@ STORE=${STORE:-.cache/store/rollout.sqlite}
 WORK=${WORK:-/tmp/work}
 OUT=${OUT:-./back}
 WAIT_S=${WAIT_S:-500}
+WAIT_UNTIL=$(($(date +%s) + WAIT_S))
 WORKERS=${WORKERS:-33}
 EPOCHS=${EPOCHS:-3}
 RANK=${RANK:-32}
@@ -63,10 +65,10 @@ background() {
     setsid nohup "$@" >"$log" 2>&1 </dev/null &
 }
 
-# wait up to WAIT_S for $1 (a file) while $2 (a pattern) runs; 0 when the file is there
+# wait until WAIT_S after the call began for $1 (a file) while $2 (a pattern) runs; 0 when the file is there
 wait_for() {
-    local done_file=$1 pattern=$2 i
-    for ((i = 0; i < WAIT_S; i++)); do
+    local done_file=$1 pattern=$2
+    while [ "$(date +%s)" -lt "$WAIT_UNTIL" ]; do
         [ -e "$done_file" ] && return 0
         pgrep -f "$pattern" >/dev/null || { [ -e "$done_file" ]; return; }
         sleep 1
