@@ -49,6 +49,9 @@ ROSDEP_KEYS = {
 # Imported somewhere in the package but by no node (or by a node only on an optional path, inside the function
 # that needs it), and optional where it is imported: not declared.
 NOT_DECLARED = {
+    # moveit-py (rosdep key moveit_py) is optional: use_moveit takes it where it imports (interfaces.moveit.api auto,
+    # captain_ros.ros.moveit_py_scene) and move_group's services otherwise; declaring it would install MoveIt always.
+    "moveit": "optional: use_moveit through moveit-py where it is installed",
     # `captain-ros doctor` reports whether the CPU torch build is there; the trainer (a later issue)
     # installs it from requirements/pip-only.in, which pins the CPU build rosdep's key would not.
     "torch": "optional doctor check",

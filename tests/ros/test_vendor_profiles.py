@@ -419,7 +419,10 @@ def test_fr3_with_use_moveit_needs_move_group_and_refuses_a_sweep_its_scene_find
         profile = robot.load_profile("franka_fr3").with_urdf_text(read_urdf(VENDORS["franka_fr3"].urdf))
         fake = FakeMoveGroup(client_node.context, profile).start()
         log = operator.bring_up("franka_fr3")
-        assert "MoveIt planning scene on: every sweep checked through /check_state_validity (group 'fr3_arm'" in log
+        assert (
+            "MoveIt planning scene on (services, interfaces.moveit.api auto): every sweep checked through "
+            "/check_state_validity (group 'fr3_arm'"
+        ) in log
         start, quaternion = tcp_pose(operator)
         fake.add(SceneBox("crate", tuple(start + MOVE / 2), (0.02, 0.02, 0.02), 0.0))
         goals = len(graph.controller.goals)

@@ -16,6 +16,7 @@ from captain_ros.core.moveit_scene import (
     SceneObjects,
     StateVerdict,
     box_from_measurement,
+    choose_api,
     judge,
     links_below,
     sample_indices,
@@ -220,6 +221,28 @@ def test_profiles_name_their_moveit_groups_and_a_bad_block_is_refused(tmp_path):
     path.write_text(yaml.safe_dump(doc))
     with pytest.raises(robot.ProfileError, match="missing 'planning_group'"):
         robot.load_profile(path)
+    doc["interfaces"]["moveit"].update(planning_group="panda_arm", max_states=64, api="moveitpy")
+    path = tmp_path / "bad_api.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(robot.ProfileError, match=r"interfaces\.moveit\.api: 'moveitpy' is not one of auto, moveit_py"):
+        robot.load_profile(path)
+    doc["interfaces"]["moveit"].update(api="moveit_py", moveit_py_params_file="/opt/cell/moveit_py.yaml")
+    path = tmp_path / "moveit_py.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    moveit = robot.load_profile(path).interfaces.moveit
+    assert (moveit.api, moveit.moveit_py_params_file) == ("moveit_py", "/opt/cell/moveit_py.yaml")
+    assert robot.load_profile("panda_twin").interfaces.moveit.api == "auto"
+
+
+def test_choose_api_takes_moveit_py_where_it_imports_unless_told_services():
+    assert choose_api("auto", True) == "moveit_py"
+    assert choose_api("auto", False) == "services"
+    assert choose_api("services", True) == "services"
+    assert choose_api("moveit_py", True) == "moveit_py"
+    with pytest.raises(SceneCheckError, match=r"api is moveit_py, but moveit\.planning\.MoveItPy does not import"):
+        choose_api("moveit_py", False)
+    with pytest.raises(SceneCheckError, match="is not auto, moveit_py or services"):
+        choose_api("moveitpy", True)
 
 
 def test_a_guarded_sweep_may_bring_the_gripper_to_a_measured_object(harness, kinematics):

@@ -13,8 +13,9 @@ Objects that perception measured (`measure_object_geometry`: centre, extents and
 into the scene as collision boxes (`SceneObjects`), and out of it once their measurement is stale: the perception
 store's scene version moved on (something physical happened since) or the object was measured anew.
 
-The ROS side (service clients, messages) is `captain_ros.ros.moveit_scene`; this module is what it and the tests
-share.
+The ROS side is `captain_ros.ros.moveit_scene` (move_group's services) or `captain_ros.ros.moveit_py_scene` (moveit-py
+in the motion node's process), as the profile's `interfaces.moveit.api` chooses (`choose_api`); this module is what
+both and the tests share.
 """
 
 from __future__ import annotations
@@ -32,6 +33,22 @@ DEFAULT_MAX_STATES = 64  # sampled configurations per sweep (its ends always amo
 
 class SceneCheckError(RuntimeError):
     """The planning-scene check could not be made (move_group absent, slow or failing): the sweep is refused."""
+
+
+def choose_api(setting: str, moveit_py_importable: bool) -> str:
+    """interfaces.moveit.api -> what the motion node uses: "moveit_py" or "services". "auto" takes moveit_py where
+    `moveit.planning.MoveItPy` imports, move_group's services otherwise; "moveit_py" where it does not import is a
+    SceneCheckError (configure fails naming it)."""
+    if setting == "services" or (setting == "auto" and not moveit_py_importable):
+        return "services"
+    if setting not in ("auto", "moveit_py"):
+        raise SceneCheckError(f"interfaces.moveit.api '{setting}' is not auto, moveit_py or services")
+    if not moveit_py_importable:
+        raise SceneCheckError(
+            "interfaces.moveit.api is moveit_py, but moveit.planning.MoveItPy does not import here (install "
+            "ros-<distro>-moveit-py and source its workspace, or set api: services)"
+        )
+    return "moveit_py"
 
 
 def sample_indices(n_waypoints: int, max_states: int = DEFAULT_MAX_STATES) -> list[int]:

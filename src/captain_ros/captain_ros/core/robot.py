@@ -149,6 +149,9 @@ class URStatus:
     program_running_topic: str  # std_msgs/msg/Bool
 
 
+MOVEIT_APIS = ("auto", "moveit_py", "services")  # interfaces.moveit.api
+
+
 @dataclass(frozen=True)
 class MoveItInterface:
     """move_group's services the planning-scene check calls (motion node `use_moveit:=true`, core/moveit_scene.py):
@@ -167,6 +170,11 @@ class MoveItInterface:
     pipeline_id: str = "ompl"  # or "pilz_industrial_motion_planner" with planner_id "PTP"
     planner_id: str = ""
     planning_time_s: float = 5.0  # move_group's allowed_planning_time; the call waits this plus timeout_s
+    # how the stack reaches MoveIt (one of MOVEIT_APIS): "services" = move_group's services above; "moveit_py" =
+    # moveit-py (moveit.planning.MoveItPy) in the motion node's process, loading the MoveIt configuration from
+    # moveit_py_params_file ("" = the --params-file arguments of this process); "auto" = moveit_py where it imports
+    api: str = "auto"
+    moveit_py_params_file: str = ""
 
 
 @dataclass(frozen=True)
@@ -473,7 +481,11 @@ def _moveit(doc: dict, where: str) -> MoveItInterface:
         pipeline_id=_get(doc, "pipeline_id", where, str, default.pipeline_id),
         planner_id=_get(doc, "planner_id", where, str, default.planner_id),
         planning_time_s=_get(doc, "planning_time_s", where, float, default.planning_time_s),
+        api=_get(doc, "api", where, str, default.api),
+        moveit_py_params_file=_get(doc, "moveit_py_params_file", where, str, default.moveit_py_params_file),
     )
+    if settings.api not in MOVEIT_APIS:
+        raise ProfileError(f"{where}.api: '{settings.api}' is not one of {', '.join(MOVEIT_APIS)}")
     if settings.timeout_s <= 0 or settings.max_states < 2:
         raise ProfileError(f"{where}: timeout_s must be > 0 and max_states >= 2")
     if settings.free_space_min_m < 0 or settings.planning_time_s <= 0:

@@ -107,7 +107,8 @@ class EpisodeLog:
 
 
 class PlanningScene(Protocol):
-    """MoveIt's planning scene as the harness uses it (captain_ros.ros.moveit_scene.MoveItScene, or a test's)."""
+    """MoveIt's planning scene as the harness uses it (ros/moveit_scene.MoveItScene over move_group's services,
+    ros/moveit_py_scene.MoveItPyScene through moveit-py, or a test's)."""
 
     def check(self, q_waypoints: np.ndarray) -> list[StateVerdict]:
         """The scene's verdict on sampled configurations of the joint path (core/moveit_scene.sample_indices);

@@ -246,7 +246,7 @@ class MotionNode(GuardedNode, LifecycleNode):
         self.watchdog: Watchdog | None = None
         self.harness: Harness | None = None  # built by the first activation after configure
         self.kinematics: Kinematics | None = None  # the profile's, its self-collision geometry checked (configure)
-        self.moveit = None  # ros/moveit_scene.MoveItScene with use_moveit (configure)
+        self.moveit = None  # ros/moveit_scene.open_scene's MoveItScene or MoveItPyScene with use_moveit
         self.failure = ""  # why the last transition failed (the lifecycle service's reply is only a bool)
         self._state = "unconfigured"  # this node's lifecycle state, for the reasons it gives
         self._active = False  # goals and calls are accepted
@@ -421,26 +421,34 @@ class MotionNode(GuardedNode, LifecycleNode):
         )
 
     def _connect_moveit(self, timeout_s: float) -> None:
-        """use_moveit: move_group's planning-scene services, named by the profile, must answer (configure fails
-        naming the missing ones otherwise)."""
+        """use_moveit: MoveIt's planning scene through moveit-py or move_group's services, as the profile's
+        interfaces.moveit.api chooses (logged); the services must answer, moveit-py's model must hold the planning
+        group (configure fails naming what is missing otherwise)."""
         settings = self.profile.interfaces.moveit
         if settings is None:
             raise BackendError(
                 f"use_moveit: robot profile '{self.profile.name}' names no interfaces.moveit (planning_group and "
                 "move_group's services); add them or run with use_moveit:=false"
             )
-        from captain_ros.ros.moveit_scene import MoveItScene  # moveit_msgs only where MoveIt is used
+        from captain_ros.ros.moveit_scene import open_scene  # moveit_msgs only where MoveIt is used
 
-        self.moveit = MoveItScene(self, settings, self.profile.arm_joints, self.profile.base_frame)
+        try:  # interfaces.moveit.api: moveit-py in this process, or move_group's services (core/moveit_scene.py)
+            self.moveit = open_scene(self, settings, self.profile.arm_joints, self.profile.base_frame)
+        except SceneCheckError as exc:
+            raise BackendError(f"use_moveit: {exc}") from exc
         missing = self.moveit.missing(timeout_s)
         if missing:
-            raise BackendError(
-                f"use_moveit: nothing behind {'; '.join(missing)} within {timeout_s:.0f} s (is move_group running "
-                f"with the MoveIt configuration of '{self.profile.name}', planning group "
-                f"'{settings.planning_group}'?)"
+            where = (
+                f"moveit_py has no {'; '.join(missing)} (is {settings.moveit_py_params_file or 'its params file'} "
+                f"the MoveIt configuration of '{self.profile.name}'?)"
+                if self.moveit.api == "moveit_py"
+                else f"nothing behind {'; '.join(missing)} within {timeout_s:.0f} s (is move_group running with the "
+                f"MoveIt configuration of '{self.profile.name}', planning group '{settings.planning_group}'?)"
             )
+            raise BackendError(f"use_moveit: {where}")
         self.get_logger().info(
-            f"MoveIt planning scene on: every sweep checked through {self.moveit.validity_name} (group "
+            f"MoveIt planning scene on ({self.moveit.api}, interfaces.moveit.api {settings.api}): every sweep "
+            f"checked through {self.moveit.validity_name} (group "
             f"'{settings.planning_group}', up to {settings.max_states} states, {settings.timeout_s:g} s), measured "
             f"objects kept through {self.moveit.apply_name}"
             + (

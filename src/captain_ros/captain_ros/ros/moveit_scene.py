@@ -7,10 +7,11 @@ the scene as collision boxes and takes stale ones out, as one diff through `/app
 (ApplyPlanningScene). No answer within the profile's `interfaces.moveit.timeout_s`, or a refused update, raises
 SceneCheckError: the harness then refuses the sweep.
 
-moveit-py (`moveit.planning.MoveItPy`) is not used: it embeds its own planning scene monitor in this process, loads
-the robot's MoveIt configuration itself, and has no PyPI build; these services reach the move_group an integrator
-already runs with the vendor's MoveIt configuration (franka_fr3_moveit_config, ur_moveit_config). The clients live
-on a side node spun by a thread of its own, so a harness call waiting on them never blocks their replies.
+This is the profile's `interfaces.moveit.api` "services" (and "auto" where moveit-py does not import): these services
+reach the move_group an integrator already runs with the vendor's MoveIt configuration (franka_fr3_moveit_config,
+ur_moveit_config). moveit-py (`moveit.planning.MoveItPy`, embedding its own planning scene monitor in this process) is
+ros/moveit_py_scene.py; `open_scene` picks one (core/moveit_scene.choose_api). The clients live on a side node spun by
+a thread of its own, so a harness call waiting on them never blocks their replies.
 """
 
 from __future__ import annotations
@@ -24,7 +25,14 @@ from moveit_msgs.msg import CollisionObject, Constraints, JointConstraint, MoveI
 from moveit_msgs.srv import ApplyPlanningScene, GetMotionPlan, GetStateValidity
 from shape_msgs.msg import SolidPrimitive
 
-from captain_ros.core.moveit_scene import SceneBox, SceneCheckError, StateVerdict, joint_path, sample_indices
+from captain_ros.core.moveit_scene import (
+    SceneBox,
+    SceneCheckError,
+    StateVerdict,
+    choose_api,
+    joint_path,
+    sample_indices,
+)
 from captain_ros.core.robot import MoveItInterface
 from captain_ros.ros.spin import SideNode
 
@@ -52,8 +60,38 @@ def scene_diff(add: list[SceneBox], remove: list[str], frame_id: str) -> Plannin
     return scene
 
 
+def joint_goal(joint_names: tuple[str, ...], q_goal: np.ndarray) -> Constraints:
+    """A free-space plan's goal: each arm joint at `q_goal` within GOAL_TOL_RAD (both APIs send this)."""
+    return Constraints(
+        joint_constraints=[
+            JointConstraint(
+                joint_name=j, position=float(v), tolerance_above=GOAL_TOL_RAD, tolerance_below=GOAL_TOL_RAD, weight=1.0
+            )
+            for j, v in zip(joint_names, q_goal, strict=True)
+        ]
+    )
+
+
+def error_code_name(code: int) -> str:
+    """MoveItErrorCodes' name for `code` ('' when it has none)."""
+    return next((k for k in dir(MoveItErrorCodes) if k.isupper() and getattr(MoveItErrorCodes, k) == code), "")
+
+
+def open_scene(host, settings: MoveItInterface, joint_names: tuple[str, ...], frame_id: str):
+    """The planning scene `settings.api` asks for (core/moveit_scene.choose_api): MoveItPyScene (moveit-py in this
+    process) or MoveItScene (move_group's services). SceneCheckError when moveit_py is asked for and does not import,
+    or does not start."""
+    from captain_ros.ros import moveit_py_scene
+
+    if choose_api(settings.api, moveit_py_scene.importable()) == "moveit_py":
+        return moveit_py_scene.MoveItPyScene(settings, joint_names, frame_id)
+    return MoveItScene(host, settings, joint_names, frame_id)
+
+
 class MoveItScene:
     """move_group's planning scene for the harness (harness.PlanningScene)."""
+
+    api = "services"
 
     def __init__(self, host, settings: MoveItInterface, joint_names: tuple[str, ...], frame_id: str) -> None:
         self.settings, self.joint_names, self.frame_id = settings, tuple(joint_names), frame_id
@@ -101,26 +139,13 @@ class MoveItScene:
         mpr.start_state = RobotState(is_diff=True)
         mpr.start_state.joint_state.name = list(self.joint_names)
         mpr.start_state.joint_state.position = [float(v) for v in q_start]
-        mpr.goal_constraints = [
-            Constraints(
-                joint_constraints=[
-                    JointConstraint(
-                        joint_name=j,
-                        position=float(v),
-                        tolerance_above=GOAL_TOL_RAD,
-                        tolerance_below=GOAL_TOL_RAD,
-                        weight=1.0,
-                    )
-                    for j, v in zip(self.joint_names, q_goal, strict=True)
-                ]
-            )
-        ]
+        mpr.goal_constraints = [joint_goal(self.joint_names, q_goal)]
         limit = s.planning_time_s + s.timeout_s
         (reply,) = self._wait_all(self._plan, [request], self.plan_name, limit)
         response = reply.motion_plan_response
         code = response.error_code.val
         if code != MoveItErrorCodes.SUCCESS:
-            name = next((k for k in dir(MoveItErrorCodes) if k.isupper() and getattr(MoveItErrorCodes, k) == code), "")
+            name = error_code_name(code)
             return None, f"move_group found no free-space path ({name or 'error'} {code}, {s.pipeline_id})"
         traj = response.trajectory.joint_trajectory
         try:
