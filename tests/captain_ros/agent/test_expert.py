@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 
 from captain_ros.agent import expert
-from captain_ros.agent.expert import MAX_ATTEMPTS, ScriptedExpert, parse_instruction
+from captain_ros.agent.expert import MAX_ATTEMPTS, ScriptedExpert, narrated, parse_instruction, read_history
 from captain_ros.agent.expert_server import MODEL_ID, serve
 from captain_ros.core.contract import CAPABILITY_BY_NAME
 from captain_ros.twin.tasks import FAMILIES, default_suite
@@ -476,10 +476,25 @@ def test_server_answers_a_chat_completion_with_one_python_tool_call(server_url):
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["role"] == "assistant"
     (call,) = choice["message"]["tool_calls"]
     assert call["type"] == "function" and call["function"]["name"] == "python"
-    assert json.loads(call["function"]["arguments"])["code"].startswith("# step: setup goal=1")
+    code = json.loads(call["function"]["arguments"])["code"]
+    reasoning, cell = ScriptedExpert().reply(conversation(PICK))
+    assert choice["message"]["content"] is None and code == narrated(reasoning, cell)
+    step, said, title = code.splitlines()[:3]
+    assert step == "# step: setup goal=1 attempt=1" and said == f"# {reasoning}" and title == cell.splitlines()[1]
     assert reply["prompt_token_ids"] is None and choice["token_ids"] is None
     usage = reply["usage"]
     assert usage["prompt_tokens"] > 0 and usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def test_narrated_puts_every_reasoning_line_under_the_step_line_and_keeps_the_cell():
+    cell = "# step: grasp goal=1 attempt=2\n# close, check, lift\nprint('status: lifted')\n"
+    out = narrated("first line.\n\nsecond line", cell)
+    assert out.splitlines() == [
+        "# step: grasp goal=1 attempt=2", "# first line.", "#", "# second line", "# close, check, lift",
+        "print('status: lifted')",
+    ]  # fmt: skip
+    assert read_history(conversation(PICK, (out, tool_output("status: lifted")))).turns[-1].step == "grasp"
+    assert narrated("", cell) == cell
 
 
 def test_server_ends_the_episode_with_a_reply_without_tool_calls(server_url):

@@ -1,8 +1,9 @@
 """The scripted expert: a rule-based code-as-policy agent that writes the cells a careful engineer would.
 
 It is the offline default policy and the source of supervised demonstrations (CaPtain §3.2), so its turns are
-meant to be read: each reply is one line of reasoning and one Python cell against the public `robot` API
-(CaPtain Table 4) that observes, measures, checks, moves and prints what it found. It decides from the
+meant to be read: each reply is one Python cell against the public `robot` API (CaPtain Table 4) that observes,
+measures, checks, moves and prints what it found, with its line of reasoning as a comment under the step line
+(`narrated`; the reply has no text besides the call). It decides from the
 conversation alone: the instruction in TASK.md and what its own cells printed. Every object position comes from
 perception in the episode; the only built-in knowledge is what an engineer writing the script would know (the
 gripper, the walls of the vessels, the cabinet model: where its handle and drawer floor sit relative to the
@@ -612,6 +613,16 @@ def _cell(step: str, goal: int, attempt: int, title: str, body: str, *, helpers:
     head = f"# step: {step} goal={goal} attempt={attempt}\n# {title}\n"
     library = "".join(HELPERS[part] + "\n\n\n" for part in HELPER_ORDER if part in helpers)
     return head + library + body.strip() + "\n"
+
+
+def narrated(reasoning: str, code: str) -> str:
+    """The cell with the turn's reasoning as comment lines after its step line: the expert's replies are the tool
+    call alone. A student imitating prose before the call sometimes went on in prose at temperature 1 and so ended
+    the episode (15 of the 39 unsolved episodes of the second fine-tuned student's evaluation, docs/student.md);
+    a reply that opens with the call gives it no such point to stray from."""
+    step, _, rest = code.partition("\n")
+    comment = "".join(f"# {line}\n" if line.strip() else "#\n" for line in reasoning.strip().splitlines())
+    return f"{step}\n{comment}{rest}" if comment else code
 
 
 def _fill(template: str, **values: object) -> str:
@@ -1498,4 +1509,13 @@ class ScriptedExpert:
         return survey(j, f"{said}. Goal {j} is not met: start it again from a fresh observation.")
 
 
-__all__ = ["Goal", "History", "ScriptedExpert", "Turn", "instruction_of", "parse_instruction", "read_history"]
+__all__ = [
+    "Goal",
+    "History",
+    "ScriptedExpert",
+    "Turn",
+    "instruction_of",
+    "narrated",
+    "parse_instruction",
+    "read_history",
+]

@@ -2,9 +2,10 @@
 that talks to a vLLM server) can run it as its policy: `GET /health`, `GET /v1/models` (one model,
 `captain-expert`) and `POST /v1/chat/completions`.
 
-Each completion carries the expert's reasoning line as `content` and its cell as one call of the `python` tool
-(`finish_reason: "tool_calls"`); when the expert has nothing more to do (finish() was accepted, or it gave up) the
-reply has no tool call and `finish_reason: "stop"`, which ends the episode. It is not a language model: `usage`
+Each completion is the expert's cell as one call of the `python` tool, its reasoning line a comment in the cell
+(`expert.narrated`; `content` null, `finish_reason: "tool_calls"`); when the expert has nothing more to do (finish()
+was accepted, or it gave up) the reply is its reasoning as `content` with no tool call and `finish_reason: "stop"`,
+which ends the episode. It is not a language model: `usage`
 counts are approximate (about 4 characters per token) and `prompt_token_ids` / `token_ids` are null. Requests are
 independent (the expert is stateless), so one server serves any number of episodes at once.
 
@@ -22,7 +23,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from captain_ros.agent.expert import ScriptedExpert
+from captain_ros.agent.expert import ScriptedExpert, narrated
 
 MODEL_ID = "captain-expert"
 CHARS_PER_TOKEN = 4.0  # for the approximate usage counts
@@ -72,8 +73,9 @@ def validate(body: Any) -> list[dict]:
 def completion(expert: ScriptedExpert, messages: list[dict]) -> dict:
     """The chat.completion answering `messages`."""
     reasoning, code = expert.reply(messages)
-    message: dict[str, Any] = {"role": "assistant", "content": reasoning}
+    message: dict[str, Any] = {"role": "assistant", "content": reasoning if code is None else None}
     if code is not None:
+        code = narrated(reasoning, code)
         call = {
             "id": f"call_{uuid.uuid4().hex[:24]}",
             "type": "function",
