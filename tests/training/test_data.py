@@ -597,6 +597,24 @@ def test_a_corrupted_tool_call_is_what_the_hermes_parser_refuses_and_the_loop_ex
     assert data.corrupt_tool_call("print(1)", random.Random(0)) is None
 
 
+def test_a_broken_cell_does_not_compile_and_differs_from_the_cell_by_one_slip():
+    import ast
+    import random
+
+    code = 'p = robot.find("red cube")\nif p:\n    print(f"at {p[\'x\']}")\n# a comment (never the broken line)'
+    kinds = set()
+    for seed in range(30):
+        bad, error = data.break_cell(code, 3, random.Random(seed))
+        with pytest.raises(SyntaxError):
+            ast.parse(bad)
+        assert error.startswith('  File "<cell 3>", line ') and error.endswith("\n")
+        assert error.splitlines()[-1].startswith(("SyntaxError: ", "IndentationError: "))
+        assert abs(len(bad) - len(code)) == 1 and bad.splitlines()[-1] == code.splitlines()[-1]
+        kinds.add("indent" if len(bad) > len(code) else "dropped")
+    assert kinds == {"indent", "dropped"}
+    assert data.break_cell("# only a comment\n", 1, random.Random(0)) is None
+
+
 def test_the_budget_line_after_an_unread_call_counts_one_request_more():
     line = "[budget] requests 3/16, physical actions 2/150, time 40/1080 s"
     messages = [{"role": "tool", "content": "[budget] requests 2/16, physical actions 1/150, time 9/1080 s"},
@@ -615,8 +633,8 @@ def test_recovery_examples_show_the_slip_and_the_loops_answer_and_supervise_only
     stats = data.TrajectoryStats()
     config = DataConfig(mark_point_mask_prob=0.0, recovery_per_episode=2)
     examples = data.sft_examples(tokenizer, reader, config=config, stats=stats)
-    extra = [e for e in examples if e.source == "recovery"]
-    assert [e for e in examples if e.source != "recovery"] == plain  # the others unchanged
+    extra = [e for e in examples if e.source.startswith("recovery_")]
+    assert [e for e in examples if not e.source.startswith("recovery_")] == plain  # the others unchanged
     assert stats.recovery_examples == len(extra) == 4  # 2 episodes x 2: each has weight-1 turns with quotes
     assert "4 recovery examples" in str(stats)
     for example in extra:
@@ -632,7 +650,54 @@ def test_recovery_examples_show_the_slip_and_the_loops_answer_and_supervise_only
                                            config.render)  # fmt: skip
         assert example.prompt_len == len(example.input_ids) - len(target)  # one span, at the end
         text = tokenizer.decode(example.input_ids[: example.prompt_len])
-        assert "Your tool call could not be read, so nothing ran: the tool call is not JSON" in text
+        after = text.rsplit("<|im_start|>assistant", 2)[1]  # the failed turn and the answer to it
+        if example.source == "recovery_unread_call":
+            assert "Your tool call could not be read, so nothing ran: the tool call is not JSON" in after
+        else:
+            assert example.source == "recovery_syntax_error"
+            assert '<tool_response>\n[error] (error)\n  File "<cell ' in after and "Error: " in after
         assert text.count("<tool_call>") >= 1 and expert["content"] in text
     again = data.sft_examples(tokenizer, reader, config=config)
-    assert [e.input_ids for e in again if e.source == "recovery"] == [e.input_ids for e in extra]  # seeded
+    assert [e.input_ids for e in again if e.source.startswith("recovery_")] == [e.input_ids for e in extra]  # seeded
+
+
+def test_a_syntax_error_recovery_shows_the_broken_cell_and_its_compile_error(store, tokenizer):
+    """Both kinds of failed turn are built for the same request; the broken cell's report names the session's cell
+    number (one cell per earlier request) and the budget after one more request."""
+    import random
+
+    reader, _ = store
+    eid = reader.episode_ids()[0]
+    requests = [r for r in reader.load(eid).requests if r.model_call and r.model_call.get("messages")]
+    config = DataConfig(mark_point_mask_prob=0.0)
+    limits = ("16", "150", "1080")
+    shown = {}
+    for kind in data.RECOVERY_KINDS:
+        example = data.recovery_example(tokenizer, reader, eid, requests, 1, config=config, limits=limits,
+                                        rng=random.Random(0), kind=kind)  # fmt: skip
+        assert example.source == f"recovery_{kind}"
+        shown[kind] = tokenizer.decode(example.input_ids[: example.prompt_len])
+    assert 'File "<cell 2>"' in shown["syntax_error"] and "could not be read" not in shown["syntax_error"]
+    # this test store's outputs have no budget line: the first request's, one request on
+    syntax = shown["syntax_error"]
+    assert "Error: " in syntax and "\n[budget] requests 1/16, physical actions 0/150" in syntax
+    assert "could not be read" in shown["unread_call"]
+    with pytest.raises(ValueError, match="unknown recovery kind"):
+        data.recovery_example(tokenizer, reader, eid, requests, 1, config=config, limits=limits,
+                              rng=random.Random(0), kind="other")  # fmt: skip
+
+
+def test_a_broken_cells_error_is_the_one_the_real_sandbox_reports(tmp_path):
+    """The compile error a syntax-error recovery example shows is the sandbox's own report for that cell, cell
+    number included (a session's second cell here)."""
+    import random
+
+    from captain_ros.agent.sandbox import Sandbox
+
+    code = 'r = robot.observe()\nif r["ok"]:\n    print(f"seen {r[\'value\']}")'
+    with Sandbox(tmp_path / "scratch", lambda name, args, kwargs: {"ok": True, "value": 1}, ["observe"]) as sandbox:
+        assert sandbox.run_cell("x = 1").status == "ok"
+        for seed in range(4):
+            bad, error = data.break_cell(code, 2 + seed, random.Random(seed))
+            result = sandbox.run_cell(bad)
+            assert result.status == "error" and result.error == error and not result.output

@@ -46,10 +46,11 @@ masked with probability 0.2, as in the per-request form; the extras cost about 0
 mark_point call. Masking comes after the prompt check: a masked prompt differs from the gated ids by design.
 
 Recovery examples (`recovery_per_episode`, off by default): per successful episode, that many requests drawn among
-the imitated ones become an extra example each: the request's prompt, an assistant reply holding the expert's call
-with one JSON slip (`corrupt_tool_call`), the episode loop's answer to a call it could not read, and the expert's
-call as the only target (`recovery_example`). The expert never slips, so its episodes alone never show a student
-what to do after the loop's JSON error (docs/student.md).
+the imitated ones become an extra example each: the request's prompt, one failed turn, and the expert's call as the
+only target (`recovery_example`). The failed turn, of a kind drawn per example, is the expert's call with one JSON
+slip (`corrupt_tool_call`) and the episode loop's answer to a call it could not read, or the expert's call with its
+cell broken so that it does not compile (`break_cell`) and the tool's compile error. The expert never slips, so its
+episodes alone never show a student what to do after either (docs/student.md).
 
 Packing: examples are placed first-fit into rows of at most `max_tokens`; `position_ids` restart at 0 for each
 document, `doc_ids` name each token's document (padding is a document of its own), and `cu_seqlens` are the
@@ -70,6 +71,7 @@ import lzma
 import pickle
 import random
 import re
+import traceback
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -107,7 +109,8 @@ class DataConfig:
     # a request whose own prompt + turn is longer is left out, ending its segment (0: no limit); so no whole-episode
     # example is longer (it is as long as its last request's per-request example)
     max_trajectory_tokens: int = 0
-    # per successful episode, this many extra examples of recovering from an unreadable tool call (`recovery_example`)
+    # per successful episode, this many extra examples of recovering from an unreadable tool call or a cell that did
+    # not compile (`recovery_example`)
     recovery_per_episode: int = 0
     render: RenderConfig = field(default_factory=RenderConfig)
 
@@ -426,7 +429,7 @@ class TrajectoryStats:
     prompt_mismatches: int = 0  # spans left out: not preceded by the gated prompt ids, or not the request's turn
     too_long: int = 0  # requests left out: their own prompt + turn exceed max_trajectory_tokens
     masked_turn_examples: int = 0  # per-request examples of target turns that were masked in their segment
-    recovery_examples: int = 0  # examples of recovering from an unreadable tool call (DataConfig.recovery_per_episode)
+    recovery_examples: int = 0  # examples of recovering from a failed turn (DataConfig.recovery_per_episode)
     mask_skipped: int = 0  # segments left unmasked: their assistant messages and spans could not be matched
     masked_points: int = 0  # mark_point calls masked, over all examples
     requests: Counter = field(default_factory=Counter)
@@ -730,6 +733,36 @@ def corrupt_tool_call(code: str, rng: random.Random) -> str | None:
     return None
 
 
+def break_cell(code: str, index: int, rng: random.Random) -> tuple[str, str] | None:
+    """The cell with one slip that stops it compiling, of the kinds the fine-tuned students' cells raised
+    SyntaxError on (their most common error): a line's last closing bracket dropped, a string's closing quote
+    dropped, or a line indented one space further; and the error the sandbox reports for it as cell `index` of the
+    session (sandbox_child.run_cell: nothing runs, the compile error is the whole report). None when no line of
+    the cell takes such a slip."""
+    lines = code.split("\n")
+    places = [i for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("#")]
+    rng.shuffle(places)
+    for i in places:
+        line = lines[i]
+        kinds = ["indent"]
+        if any(ch in line for ch in ")]}"):
+            kinds.append("bracket")
+        if line.count('"') >= 2 or line.count("'") >= 2:
+            kinds.append("quote")
+        kind = rng.choice(kinds)
+        if kind == "bracket":
+            j = max(line.rfind(ch) for ch in ")]}")
+        elif kind == "quote":
+            j = max(line.rfind('"'), line.rfind("'"))
+        bad_line = " " + line if kind == "indent" else line[:j] + line[j + 1 :]
+        bad = "\n".join([*lines[:i], bad_line, *lines[i + 1 :]])
+        try:
+            ast.parse(bad, f"<cell {index}>", "exec")
+        except SyntaxError as exc:
+            return bad, "".join(traceback.format_exception_only(type(exc), exc))
+    return None
+
+
 def _budget_after(messages: Sequence[dict], limits: tuple[str, str, str] | None) -> str:
     """The budget line the loop would write after one more request that ran nothing: the latest line in
     `messages` with one request more, else (the first request) one from the episode's `limits`; '' if unknown."""
@@ -747,6 +780,17 @@ def _budget_after(messages: Sequence[dict], limits: tuple[str, str, str] | None)
     return f"[budget] requests 1/{limits[0]}, physical actions 0/{limits[1]}, time 0/{limits[2]} s"
 
 
+RECOVERY_KINDS = ("unread_call", "syntax_error")
+
+
+def _cells_run(request: Any) -> int:
+    """The cells a request ran: as its step recorded them, else one per tool call of its reply."""
+    cells = (request.step or {}).get("cells")
+    if cells is not None:
+        return len(cells)
+    return len(((request.model_call or {}).get("response") or {}).get("tool_calls") or [])
+
+
 def recovery_example(
     tokenizer: Any,
     reader: Any,
@@ -757,14 +801,21 @@ def recovery_example(
     config: DataConfig,
     limits: tuple[str, str, str] | None,
     rng: random.Random,
+    kind: str = "unread_call",
 ) -> Example | None:
-    """Request `position` of an expert episode as a recovery from a slip: its prompt, then an assistant reply whose
-    tool call is the expert's with one JSON slip (`corrupt_tool_call`; its text before the block kept), then the
-    loop's answer to an unreadable call (policy_client.unread_feedback with the budget line it would show), and as
-    the only target the expert's own turn. The students this trains never saw that answer in the expert's episodes
-    and, at temperature 1, answered it in its own words instead of a corrected call (docs/student.md). None when the
-    turn is not one `python` call with a quote in its code. `limits`: the episode's budget limits (requests,
-    actions, seconds), for a first request's line."""
+    """Request `position` of an expert episode as a recovery from a slip, with the expert's own turn as the only
+    target, after its prompt and one failed turn of `kind`:
+      * "unread_call": an assistant reply whose tool call is the expert's with one JSON slip (`corrupt_tool_call`;
+        its text before the block kept), then the loop's answer to an unreadable call (policy_client.unread_feedback
+        with the budget line it would show);
+      * "syntax_error": the expert's call with its cell broken so that it does not compile (`break_cell`), then the
+        tool's answer: the compile error and the budget line (episode.py's cell report; nothing ran, so the scene
+        and the session are as before and the expert's cell is still the right next one).
+    The students this trains never saw either in the expert's episodes and, at temperature 1, answered in their own
+    words or with more broken cells (docs/student.md). None when the turn is not one `python` call, or its code
+    takes no such slip. `limits`: the episode's budget limits (requests, actions, seconds), for a first request's
+    budget line."""
+    from captain_ros.agent.context import cut_text
     from captain_ros.agent.policy_client import unread_feedback, unread_tool_call
 
     req = requests[position]
@@ -774,20 +825,33 @@ def recovery_example(
     code = cell_code(assistant)
     if len(calls) != 1 or (calls[0].get("function") or {}).get("name") != "python" or not code:
         return None
-    block = corrupt_tool_call(code, rng)
-    if block is None:
-        return None
-    text = assistant.get("content") or ""
-    slipped = {"role": "assistant", "content": f"{text}\n{block}" if text else block}
-    reason = unread_tool_call(slipped["content"], "stop")
-    if reason is None:  # corrupt_tool_call guarantees a block that does not parse
-        raise AssertionError(f"{episode_id} request {req.index}: the corrupted call parsed")
-    answer = {"role": "user", "content": unread_feedback(reason, _budget_after(prompt, limits))}
-    history, masked = mask_mark_points([*prompt, slipped, answer], rng, config.mark_point_mask_prob)
+    budget = _budget_after(prompt, limits)
+    if kind == "unread_call":
+        block = corrupt_tool_call(code, rng)
+        if block is None:
+            return None
+        text = assistant.get("content") or ""
+        slipped = {"role": "assistant", "content": f"{text}\n{block}" if text else block}
+        reason = unread_tool_call(slipped["content"], "stop")
+        if reason is None:  # corrupt_tool_call guarantees a block that does not parse
+            raise AssertionError(f"{episode_id} request {req.index}: the corrupted call parsed")
+        failed = [slipped, {"role": "user", "content": unread_feedback(reason, budget)}]
+    elif kind == "syntax_error":
+        index = 1 + sum(_cells_run(r) for r in requests[:position])  # the session's number for the cell
+        broken = break_cell(code, index, rng)
+        if broken is None:
+            return None
+        bad, error = broken
+        call = {**calls[0], "function": {**calls[0]["function"], "arguments": json.dumps({"code": bad})}}
+        report = "\n".join(p for p in (f"[error] (error)\n{cut_text(error, 3000)}", budget) if p)
+        failed = [{**assistant, "tool_calls": [call]}, {"role": "tool", "tool_call_id": call["id"], "content": report}]
+    else:
+        raise ValueError(f"unknown recovery kind {kind!r}; one of {', '.join(RECOVERY_KINDS)}")
+    history, masked = mask_mark_points([*prompt, *failed], rng, config.mark_point_mask_prob)
     example = build_example(
         tokenizer, history, reader.restore_messages([assistant])[0], req.model_call.get("tools"),
         weight=ROW_WEIGHTS["turn"], render=config.render, episode_id=episode_id, request=req.index,
-        source="recovery",
+        source=f"recovery_{kind}",
     )  # fmt: skip
     example.masked_points = masked
     return example
@@ -797,7 +861,8 @@ def recovery_examples(
     tokenizer: Any, reader: Any, episode: Any, config: DataConfig, gate: GateReport | None = None
 ) -> list[Example]:
     """`config.recovery_per_episode` recovery examples of one episode (`recovery_example`), at requests drawn
-    (seeded by the episode) among those with weight > 0; fewer when fewer turns qualify."""
+    (seeded by the episode) among those with weight > 0, each of a kind drawn among RECOVERY_KINDS; fewer when
+    fewer turns qualify."""
     eid = episode.episode_id
     requests = [r for r in episode.requests if r.model_call and r.model_call.get("messages")]
     weights = request_weights(eid, requests, config, gate)
@@ -818,7 +883,10 @@ def recovery_examples(
     for i in positions:
         if len(examples) == config.recovery_per_episode:
             break
-        example = recovery_example(tokenizer, reader, eid, requests, i, config=config, limits=limits, rng=rng)
+        kind = rng.choice(RECOVERY_KINDS)
+        example = recovery_example(
+            tokenizer, reader, eid, requests, i, config=config, limits=limits, rng=rng, kind=kind
+        )
         if example is not None:
             examples.append(example)
     return examples

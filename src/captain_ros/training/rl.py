@@ -1036,8 +1036,9 @@ def parser() -> argparse.ArgumentParser:
             "--recovery-per-episode",
             type=_count,
             default=0,
-            help="per episode, this many extra examples of recovering from a tool call the server could not read: the "
-            "expert's call with one JSON slip, the loop's error message, then the expert's call as the target",
+            help="per episode, this many extra examples of recovering from a failed turn: the expert's call with one "
+            "JSON slip and the loop's error message, or with its cell broken and the compile error; then the expert's "
+            "call as the target",
         )
 
     data = sub.add_parser(
