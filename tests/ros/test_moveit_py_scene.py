@@ -1,8 +1,10 @@
 """MoveIt's planning-scene check through moveit-py (ros/moveit_py_scene.py) against a fake `moveit` package
 (tests/ros/fake_moveit_py, built from moveit2's moveit_py stubs and bindings, put on sys.path by these tests only):
-the chooser (interfaces.moveit.api), a sweep through a world box refused as over the services, measured objects added
-and removed, a free-space plan's joint waypoints, and anything moveit-py raises failing closed. The real moveit-py is
-not installed here (no PyPI build): what these show is the calls against its names, not MoveIt's collision checking."""
+the chooser (interfaces.moveit.api), a sweep through a world box refused as over the services, a guarded sweep's
+gripper allowed to reach a measured object through the check's AllowedCollisionMatrix (and nothing else allowed),
+measured objects added and removed, a free-space plan's joint waypoints, and anything moveit-py raises failing
+closed. The real moveit-py is not installed here (no PyPI build): what these show is the calls against its names, not
+MoveIt's collision checking."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from captain_interfaces.srv import HarnessCall
 from captain_ros.core.config import load_config
 from captain_ros.core.contract import FailureCategory
 from captain_ros.core.kinematics import Kinematics
-from captain_ros.core.moveit_scene import SceneBox, SceneCheckError, judge
+from captain_ros.core.moveit_scene import SceneBox, SceneCheckError, judge, links_below, touch_rule
 from captain_ros.core.robot import load_profile
 from captain_ros.harness.harness import Harness
 from captain_ros.harness.twin_backend import TwinBackend
@@ -41,6 +43,7 @@ FAKE = Path(__file__).parent / "fake_moveit_py"
 PROFILE = load_profile("panda_twin")
 POSE = {"position": [0.4, 0.0, 0.3], "yaw_deg": 0}
 UNNAMED = "panda_arm collides with MoveIt's scene (moveit_py names no contacts)"
+GRIPPER = links_below(PROFILE.urdf_text, PROFILE.hand_frame)  # the harness's gripper links
 
 
 def _drop_moveit() -> None:
@@ -193,6 +196,33 @@ def test_anything_moveit_py_raises_fails_closed(scene, fake):
         scene.plan(q[0], q[-1])
 
 
+def test_a_guarded_sweep_may_bring_the_gripper_to_a_measured_object_and_nothing_else(scene, fake):
+    """The touch rule goes into a copy of the scene's AllowedCollisionMatrix: the gripper reaching a measured object
+    is allowed; the same sweep touching it with another link, or touching an object the integrator put in the scene,
+    is refused (unnamed: the real binding cannot read the contacts); the monitored scene's ACM is left as it was."""
+    q, middle = _sweep()
+    assert PROFILE.tcp_frame in GRIPPER and "panda_link5" not in GRIPPER
+    fake.world["det_3"] = SceneBox("det_3", tuple(middle), (0.04, 0.04, 0.04), 0.0)  # measured, applied
+    rule = touch_rule(GRIPPER, frozenset({"det_3"}))
+    assert judge(scene.check(q, rule), len(q), rule) == ""
+    assert fake.acm_checks == 41 and fake.clones == 1  # one ACM copy per check, passed with every state
+    monitored = scene.psm._scene.allowed_collision_matrix
+    assert monitored.get_entry(PROFILE.tcp_frame, "det_3") == (False, "UNKNOWN")  # the copy was changed, not it
+    assert judge(scene.check(q), len(q)).startswith(f"MoveIt planning scene: {UNNAMED} at ")  # no rule: refused
+    fake.body = "panda_link5"  # the arm's other link reaches it
+    assert judge(scene.check(q, rule), len(q), rule).startswith(f"MoveIt planning scene: {UNNAMED} at ")
+    fake.body = ""
+    fake.world["fixture"] = SceneBox("fixture", tuple(middle), (0.04, 0.04, 0.04), 0.0)  # the integrator's object
+    verdicts = scene.check(q, rule)
+    assert judge(verdicts, len(q), rule).startswith(f"MoveIt planning scene: {UNNAMED} at ")
+    fake.contacts_readable = True  # with the contacts named: only the integrator's object, det_3 was allowed
+    assert {c for v in scene.check(q, rule) for c in v.contacts} == {(PROFILE.tcp_frame, "fixture")}
+    assert judge(scene.check(q, touch_rule(GRIPPER, frozenset())), len(q)).startswith(
+        f"MoveIt planning scene: {PROFILE.tcp_frame} collides with det_3 at "
+    )  # no measured objects: no pair allowed, no ACM copied
+    assert fake.acm_checks == 4 * 41
+
+
 def test_a_harness_refuses_a_move_to_through_a_measured_object(scene, fake):
     twin = Twin("put_red_cube_in_bowl")
     twin.reset("put_red_cube_in_bowl/official/0")
@@ -208,17 +238,23 @@ def test_a_harness_refuses_a_move_to_through_a_measured_object(scene, fake):
     assert result.failure_category == FailureCategory.SAFETY_STOP, result.message
     assert UNNAMED in result.message and "refused, nothing moved" in result.message
     assert set(fake.world) == {"det_7"}
-    # guarded: the hand may touch a measured object, but moveit-py does not say what collides: refused too
-    result = harness.call("move_to", pose=POSE)
-    assert result.failure_category == FailureCategory.SAFETY_STOP and UNNAMED in result.message, result.message
     fake.fail = {"check_collision": RuntimeError("collision environment not ready")}
     result = harness.call("move_to", pose=POSE)
     assert result.failure_category == FailureCategory.SAFETY_STOP, result.message
     assert "MoveIt planning-scene check failed: moveit_py state check" in result.message
+    fake.fail, fake.body = {}, "panda_link5"  # guarded, but the arm's other link would hit the measured object
+    result = harness.call("move_to", pose=POSE)
+    assert result.failure_category == FailureCategory.SAFETY_STOP and UNNAMED in result.message, result.message
+    fake.body = ""
+    fake.world["fixture"] = SceneBox("fixture", tuple(middle), (0.02, 0.02, 0.02), 0.0)  # the integrator's
+    result = harness.call("move_to", pose=POSE)
+    assert result.failure_category == FailureCategory.SAFETY_STOP and UNNAMED in result.message, result.message
     moved = harness.kin.forward(harness.backend.read_state(require_force=False).q_rad)[0]
     assert np.linalg.norm(moved - start) < 0.002
-    fake.fail, fake.contacts_readable = {}, True  # with contact names the touch rule applies, as over services
-    assert harness.call("move_to", pose=POSE).success
+    del fake.world["fixture"]
+    # guarded: the hand may reach a measured object, allowed in the check's ACM (as judge allows it over services)
+    result = harness.call("move_to", pose=POSE)
+    assert result.success, result.message
     assert fake.world == {}  # stale after that motion: removed
 
 

@@ -15,6 +15,7 @@ from captain_ros.core.moveit_scene import (
     SceneCheckError,
     SceneObjects,
     StateVerdict,
+    TouchRule,
     box_from_measurement,
     choose_api,
     judge,
@@ -33,9 +34,11 @@ class BoxScene:
         self.kin, self.fail, self.link = kinematics, fail, link  # `link`: the robot link its contacts name
         self.world: dict[str, SceneBox] = {}
         self.checked: list[int] = []
+        self.rules: list[TouchRule | None] = []  # the touch rule each check was given (judge applies it)
         self.plans: list[np.ndarray] = []
 
-    def check(self, q_waypoints: np.ndarray) -> list[StateVerdict]:
+    def check(self, q_waypoints: np.ndarray, may_touch: TouchRule | None = None) -> list[StateVerdict]:
+        self.rules.append(may_touch)
         if self.fail:
             raise SceneCheckError("/check_state_validity did not answer within 2 s")
         idx = sample_indices(len(q_waypoints))
@@ -89,6 +92,10 @@ def test_judge_names_the_first_collision_and_where():
     assert judge(touching, 11, hand) == ""  # the gripper reaching a measured object
     assert judge([StateVerdict(3, False, (("fr3_link5", "det_2"),))], 11, hand) != ""  # the arm hitting it
     assert judge([StateVerdict(3, False, (("fr3_hand", "table"),))], 11, hand) != ""  # the integrator's scene
+    # the same rule as (link, object) pairs: what moveit-py's check allows in its ACM (ros/moveit_py_scene.py)
+    assert hand.pairs() == [("fr3_hand", "det_2"), ("fr3_hand_tcp", "det_2"), ("fr3_leftfinger", "det_2")]
+    assert all(hand(*pair) and hand(*reversed(pair)) for pair in hand.pairs())
+    assert touch_rule(frozenset({"fr3_hand"}), frozenset()).pairs() == []
     assert "no contact reported" in judge([StateVerdict(0, False)], 2)
 
 
@@ -259,8 +266,10 @@ def test_a_guarded_sweep_may_bring_the_gripper_to_a_measured_object(harness, kin
     )
     refused = harness.call("move_to", pose=POSE, mode="manipulation")
     assert not refused.success and "panda_hand collides with det_9" in refused.message
-    assert set(scene.world) == {"det_9"}
+    assert set(scene.world) == {"det_9"} and scene.rules[-1] is None  # manipulation: no touch rule
     assert harness.call("move_to", pose=POSE).success  # guarded: the default mode
+    rule = scene.rules[-1]  # the scene is handed the rule judge applies (moveit-py allows it in its check)
+    assert rule.objects == {"det_9"} and rule("panda_hand", "det_9") and not rule("panda_link5", "det_9")
 
 
 def test_far_targets_are_planned_by_move_group_and_near_ones_swept(harness, kinematics):

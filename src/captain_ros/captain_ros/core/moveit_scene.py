@@ -6,7 +6,7 @@ configuration of the sweep is valid in MoveIt's planning scene (`/check_state_va
 capability checks them; not joint limits, which the planner checks). The sweep's own joint path is
 checked, not a path MoveIt would re-plan, so what was checked is what runs. Any invalid state refuses the whole
 sweep, naming the colliding pair and where along the sweep (a guarded sweep's gripper may touch a measured object:
-`touch_rule`); a move_group that does not answer refuses it too
+`touch_rule`, the same rule on both ROS sides); a move_group that does not answer refuses it too
 (fail closed): `SceneCheckError`.
 
 Objects that perception measured (`measure_object_geometry`: centre, extents and yaw of a fitted box or cylinder) go
@@ -121,15 +121,31 @@ def links_below(urdf_text: str, link: str) -> frozenset[str]:
     return frozenset(out)
 
 
-def touch_rule(gripper_links: frozenset[str], objects: frozenset[str]) -> Callable[[str, str], bool]:
+@dataclass(frozen=True)
+class TouchRule:
     """The contacts a guarded sweep may make: a gripper link with one of the measured objects (what the robot is
     there to grasp or push; the force guard stops the sweep at the touch). The arm's other links touching them,
-    and anything touching what the integrator put in MoveIt's scene (table, fixtures), still refuse the sweep."""
+    and anything touching what the integrator put in MoveIt's scene (table, fixtures), still refuse the sweep.
 
-    def may_touch(a: str, b: str) -> bool:
-        return (a in gripper_links and b in objects) or (b in gripper_links and a in objects)
+    One rule, used two ways: called with a contact pair `(a, b)` it says whether that contact may happen (judge
+    filters the contacts move_group names: ros/moveit_scene.py); `pairs()` lists every allowed (link, object) pair,
+    which moveit-py's check allows in a copy of the scene's AllowedCollisionMatrix (ros/moveit_py_scene.py)."""
 
-    return may_touch
+    gripper_links: frozenset[str]
+    objects: frozenset[str]
+
+    def __call__(self, a: str, b: str) -> bool:
+        return (a in self.gripper_links and b in self.objects) or (b in self.gripper_links and a in self.objects)
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """Every (gripper link, measured object) pair the rule allows, sorted."""
+        return [(link, obj) for link in sorted(self.gripper_links) for obj in sorted(self.objects)]
+
+
+def touch_rule(gripper_links: frozenset[str], objects: frozenset[str]) -> TouchRule:
+    """The touch rule of a guarded sweep (TouchRule): `gripper_links` (links_below the hand) may touch `objects`
+    (the ids of the measured objects in the scene)."""
+    return TouchRule(frozenset(gripper_links), frozenset(objects))
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from captain_ros.core.moveit_scene import (
     SceneCheckError,
     SceneObjects,
     StateVerdict,
+    TouchRule,
     box_from_measurement,
     judge,
     links_below,
@@ -110,9 +111,11 @@ class PlanningScene(Protocol):
     """MoveIt's planning scene as the harness uses it (ros/moveit_scene.MoveItScene over move_group's services,
     ros/moveit_py_scene.MoveItPyScene through moveit-py, or a test's)."""
 
-    def check(self, q_waypoints: np.ndarray) -> list[StateVerdict]:
+    def check(self, q_waypoints: np.ndarray, may_touch: TouchRule | None = None) -> list[StateVerdict]:
         """The scene's verdict on sampled configurations of the joint path (core/moveit_scene.sample_indices);
-        raises SceneCheckError without an answer."""
+        raises SceneCheckError without an answer. `may_touch` (a guarded sweep's touch rule) is the harness's
+        judge's too: a scene whose contacts are named may leave it to judge, one whose are not (moveit-py) must
+        allow its pairs in the check itself."""
         ...
 
     def apply(self, add: list, remove: list[str]) -> None:
@@ -293,7 +296,8 @@ class Harness:
             if guarded and self._gripper_links:
                 with self._scene_lock:  # the objects in the scene now, as this check sees it
                     may_touch = touch_rule(self._gripper_links, frozenset(self.scene_objects.in_scene))
-            refusal = judge(self.scene.check(plan.q_waypoints), len(plan.q_waypoints), may_touch)
+            verdicts = self.scene.check(plan.q_waypoints, may_touch)  # moveit-py allows its pairs in the check
+            refusal = judge(verdicts, len(plan.q_waypoints), may_touch)
         except SceneCheckError as exc:
             raise PlanError(
                 FailureCategory.SAFETY_STOP, f"MoveIt planning-scene check failed: {exc}; refused, nothing moved"

@@ -5,7 +5,10 @@ The same three things as ros/moveit_scene.MoveItScene (move_group's services), i
   check(q_waypoints)  each sampled configuration (core/moveit_scene.sample_indices) checked with
                       PlanningScene.check_collision(CollisionRequest, CollisionResult, RobotState) in the planning
                       group (the request move_group's /check_state_validity makes), under the scene monitor's
-                      read_only() lock; the other joints (the fingers) keep the monitored current state's values
+                      read_only() lock; the other joints (the fingers) keep the monitored current state's values.
+                      A guarded sweep's touch rule (core/moveit_scene.TouchRule: the gripper links may touch the
+                      measured objects) is allowed in the check itself: check_collision(..., state, acm) with a
+                      copy of the scene's AllowedCollisionMatrix plus set_entry(link, object, True) per pair
   apply(add, remove)  PlanningSceneMonitor.process_collision_object(CollisionObject) per object: the same messages
                       (ros/moveit_scene.collision_box), REMOVE by id; a False return refuses the update
   plan(start, goal)   PlanningComponent.set_start_state(robot_state=) / set_goal_state(motion_plan_constraints=) with
@@ -18,7 +21,10 @@ moveit_py/src/moveit/moveit_ros/moveit_cpp/moveit_cpp.cpp (MoveItPy(node_name, l
 get_planning_scene_monitor, get_planning_component, get_robot_model, shutdown),
 moveit_py/src/moveit/moveit_ros/planning_scene_monitor/planning_scene_monitor.cpp (read_only,
 process_collision_object -> bool), moveit_py/src/moveit/moveit_core/planning_scene/planning_scene.cpp (current_state,
-check_collision), moveit_py/src/moveit/moveit_core/collision_detection/collision_common.cpp (CollisionRequest:
+check_collision with and without `acm`, allowed_collision_matrix, __copy__ = PlanningScene::clone),
+moveit_py/src/moveit/moveit_core/collision_detection/collision_matrix.cpp (AllowedCollisionMatrix(names,
+default_entry), set_entry(name1, name2, allowed), get_entry, remove_entry, clear),
+moveit_py/src/moveit/moveit_core/collision_detection/collision_common.cpp (CollisionRequest:
 joint_model_group_name, contacts, max_contacts, max_contacts_per_pair; CollisionResult: collision, contacts),
 moveit_py/src/moveit/moveit_core/robot_state/robot_state.cpp (joint_positions as a dict, update, __copy__),
 moveit_py/src/moveit/moveit_ros/moveit_cpp/planning_component.cpp (set_start_state, set_goal_state, plan,
@@ -29,10 +35,13 @@ get_joint_model_group, active_joint_model_names); the stubs are moveit_py/moveit
 
 Limits, from those bindings: CollisionResult.contacts maps body pairs to collision_detection::Contact, a type the
 bindings do not register, so reading it raises TypeError when there are contacts; a collision is then reported as
-UNNAMED (what collides is not known, so a guarded sweep's gripper touching a measured object is refused too: stricter
-than the services path). The calls are synchronous in this process, so `timeout_s` does not bound them (planning is
-bounded by `planning_time_s`). Tested only against tests/ros/fake_moveit_py (a fake `moveit` package built from these
-names); moveit-py has no PyPI build and does not install here.
+UNNAMED. That is why the touch rule goes into the ACM rather than into judge: what the services path lets judge drop
+(a gripper link touching a measured object) is not a collision here, and whatever still collides (the arm's other
+links touching an object, anything touching the integrator's scene objects, self-collision) is refused unnamed. The
+ACM's copy comes from a clone of the scene per guarded check (moveit_py binds no copy of an ACM alone). The calls are
+synchronous in this process, so `timeout_s` does not bound them (planning is bounded by `planning_time_s`). Tested
+only against tests/ros/fake_moveit_py (a fake `moveit` package built from these names, its ACM included); moveit-py
+has no PyPI build and does not install here, so MoveIt's own FCL checking with that ACM is not run.
 """
 
 from __future__ import annotations
@@ -44,7 +53,14 @@ from contextlib import contextmanager
 import numpy as np
 from moveit_msgs.msg import CollisionObject
 
-from captain_ros.core.moveit_scene import SceneBox, SceneCheckError, StateVerdict, joint_path, sample_indices
+from captain_ros.core.moveit_scene import (
+    SceneBox,
+    SceneCheckError,
+    StateVerdict,
+    TouchRule,
+    joint_path,
+    sample_indices,
+)
 from captain_ros.core.robot import MoveItInterface
 from captain_ros.ros.moveit_scene import collision_box, error_code_name, joint_goal
 
@@ -127,17 +143,40 @@ class MoveItPyScene:
             pairs = ()
         return pairs or (self.unnamed,)
 
-    def check(self, q_waypoints: np.ndarray) -> list[StateVerdict]:
-        """moveit-py's verdict on the sampled configurations (judged by core/moveit_scene.judge)."""
+    @staticmethod
+    def _touch_acm(scene, may_touch: TouchRule | None):
+        """The AllowedCollisionMatrix a guarded sweep is checked with: a copy of the scene's own (the SRDF's
+        disabled pairs, the integrator's entries) with every pair of `may_touch` (core/moveit_scene.TouchRule:
+        a gripper link and a measured object) allowed; None without a rule (the scene's own applies). The copy
+        is the ACM of a clone of the scene (`copy.copy(scene)`: PlanningScene::clone, whose decoupleParent copies
+        the ACM; moveit_py binds no copy of an AllowedCollisionMatrix itself), so the monitored scene is not
+        changed; the clone stays alive as long as the returned ACM (its reference_internal getter)."""
+        pairs = may_touch.pairs() if may_touch is not None else []
+        if not pairs:
+            return None
+        acm = copy.copy(scene).allowed_collision_matrix
+        for link, obj in pairs:
+            acm.set_entry(link, obj, True)
+        return acm
+
+    def check(self, q_waypoints: np.ndarray, may_touch: TouchRule | None = None) -> list[StateVerdict]:
+        """moveit-py's verdict on the sampled configurations (judged by core/moveit_scene.judge). A guarded sweep's
+        `may_touch` pairs are allowed in the check itself (`_touch_acm`): moveit-py cannot name the contacts, so
+        judge could not drop them afterwards; whatever still collides is refused."""
         indices = sample_indices(len(q_waypoints), self.settings.max_states)
         verdicts = []
         with self._failing("state check (PlanningScene.check_collision)"), self.psm.read_only() as scene:
+            acm = self._touch_acm(scene, may_touch)
             for i in indices:
                 request = self._collision.CollisionRequest()
                 request.joint_model_group_name = self.settings.planning_group
                 request.contacts, request.max_contacts, request.max_contacts_per_pair = True, MAX_CONTACTS, 1
                 result = self._collision.CollisionResult()
-                scene.check_collision(request, result, self._state(scene, q_waypoints[i]))
+                state = self._state(scene, q_waypoints[i])
+                if acm is None:
+                    scene.check_collision(request, result, state)
+                else:
+                    scene.check_collision(request, result, state, acm)
                 collided = bool(result.collision)
                 verdicts.append(StateVerdict(i, not collided, self._contacts(result) if collided else ()))
         return verdicts

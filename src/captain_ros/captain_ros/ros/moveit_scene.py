@@ -29,6 +29,7 @@ from captain_ros.core.moveit_scene import (
     SceneBox,
     SceneCheckError,
     StateVerdict,
+    TouchRule,
     choose_api,
     joint_path,
     sample_indices,
@@ -189,8 +190,9 @@ class MoveItScene:
             replies += [f.result() for f in futures]
         return replies
 
-    def check(self, q_waypoints: np.ndarray) -> list[StateVerdict]:
-        """move_group's verdict on the sampled configurations (judged by core/moveit_scene.judge)."""
+    def check(self, q_waypoints: np.ndarray, may_touch: TouchRule | None = None) -> list[StateVerdict]:
+        """move_group's verdict on the sampled configurations (judged by core/moveit_scene.judge). `may_touch` is
+        left to judge: GetStateValidity names each contact pair, and judge drops those the rule allows."""
         indices = sample_indices(len(q_waypoints), self.settings.max_states)
         replies = self._wait_all(self._validity, [self._request(q_waypoints[i]) for i in indices], self.validity_name)
         return [

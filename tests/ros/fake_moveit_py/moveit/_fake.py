@@ -24,10 +24,13 @@ class FakeState:
     group: str = "panda_arm"  # the SRDF group the fake's robot model has
     tcp_radius_m: float = 0.03
     contacts_readable: bool = False  # True: CollisionResult.contacts reads (the real binding cannot: README.md)
+    body: str = ""  # the robot link the TCP's sphere stands for in contacts and the ACM ("" = the TCP link)
     world: dict[str, SceneBox] = field(default_factory=_obstacles)
     fail: dict[str, Exception] = field(default_factory=dict)  # method name -> what it raises
     started: list[dict] = field(default_factory=list)  # MoveItPy's arguments, one per instance
     checked: int = 0  # states checked
+    acm_checks: int = 0  # of them, checked with an AllowedCollisionMatrix passed (check_collision's acm)
+    clones: int = 0  # PlanningScene.__copy__ calls (PlanningScene::clone)
     groups: set[str] = field(default_factory=set)  # check_collision's joint_model_group_name
     plans: list[dict] = field(default_factory=list)  # what each plan() was asked
     shutdown: int = 0

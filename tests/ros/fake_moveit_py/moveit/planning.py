@@ -163,7 +163,7 @@ class PlanningComponent:
         for q in np.linspace(start, end, _fake.PLAN_POINTS):
             state = copy.copy(self._start)
             state.joint_positions = dict(zip(model.profile.arm_joints, q, strict=True))
-            if scene.hits(state):
+            if scene.hits(state, scene.allowed_collision_matrix):
                 return MotionPlanResponse(MoveItErrorCodes.PLANNING_FAILED)
             waypoints.append(state)
         return MotionPlanResponse(
