@@ -153,11 +153,11 @@ class Operator:
     def _failure(self, start: int) -> str:
         return next((line for line in self.lines[start:] if "configure failed" in line), "")
 
-    def bring_up(self, profile: str) -> str:
-        """Configure and activate; returns the log from configure until the harness was ready (so every warning
-        the transitions gave is in it: the log keeps its order)."""
+    def bring_up(self, profile: str, *, waive: bool | None = None) -> str:
+        """Configure (`waive`: as configure's) and activate; returns the log from configure until the harness was
+        ready (so every warning the transitions gave is in it: the log keeps its order)."""
         start = len(self.lines)
-        ok, failure = self.configure(profile, CONNECT_TIMEOUT_S)
+        ok, failure = self.configure(profile, CONNECT_TIMEOUT_S, waive=waive)
         assert ok, failure or "".join(self.lines[start:])
         assert self.change(Transition.TRANSITION_ACTIVATE), "".join(self.lines[start:])
         wait_for(lambda: any("harness ready on" in line for line in self.lines[start:]), 30, "the harness")
@@ -356,6 +356,17 @@ def test_ur5e_runs_with_the_shadow_check_asked_for_and_says_it_is_off(operator, 
     finally:
         set_parameters(operator.clients["set_parameters"], shadow_check=False)
     assert "shadow check OFF: robot profile 'ur5e' has no twin and names no shadow_twin" in log, log
+
+
+def test_a_payload_only_franka_hardware_would_take_is_named_at_configure_not_dropped(operator, vendor, tmp_path):
+    """A UR profile that declares a payload: nothing here sends it to the UR, so configure says where to set it."""
+    doc = robot.profile_path("ur5e").read_text() + "payload:\n  mass_kg: 1.2\n  center_of_mass_m: [0.0, 0.0, 0.04]\n"
+    (tmp_path / "ur5e_tool.yaml").write_text(doc)
+    assert robot.load_profile(tmp_path / "ur5e_tool.yaml").payload.mass_kg == 1.2
+    vendor("ur5e", **MAIN_GRAPHS["ur5e"])
+    log = operator.bring_up(str(tmp_path / "ur5e_tool.yaml"), waive=True)  # its Hand-E meshes are not here
+    assert "declares a payload of 1.2 kg, which this stack sends only to franka_hardware" in log, log
+    assert "teach pendant" in log, log
 
 
 def test_fr3_configure_sets_the_profiles_collision_thresholds_and_payload(operator, vendor, tmp_path):

@@ -396,6 +396,13 @@ class MotionNode(GuardedNode, LifecycleNode):
                 self, self.profile.interfaces.franka, self.profile.payload, max(deadline - time.monotonic(), 5.0)
             )
             self.get_logger().info(settings)
+        elif self.profile.payload.mass_kg > 0:  # only franka_hardware's SetLoad is sent; say so rather than drop it
+            self.get_logger().warning(
+                f"robot profile '{self.profile.name}' declares a payload of {self.profile.payload.mass_kg:g} kg, which "
+                "this stack sends only to franka_hardware: set it on the arm itself (UR: the teach pendant's "
+                "installation, or the driver's set_payload service) so that its own force estimate and protective "
+                "stops account for it"
+            )
         self.backend = Ros2ControlBackend(
             self,
             self.profile,
