@@ -1,4 +1,5 @@
-"""The README's measured figures are the benchmarks' own: rendered from bench/results by tools/readme_figures.py."""
+"""The measured figures of the README and docs/ are the benchmarks' own: rendered from bench/results by
+tools/readme_figures.py."""
 
 from __future__ import annotations
 
@@ -14,10 +15,14 @@ spec.loader.exec_module(readme_figures)
 
 
 def test_readme_figures_match_the_results_files():
-    text = readme_figures.README.read_text()
-    blocks = readme_figures.BLOCK.findall(text)
-    assert {name for _, name, _, _ in blocks} == set(readme_figures.BLOCKS), "every defined block is in the README"
-    assert readme_figures.rebuilt(text) == text, "run `python tools/readme_figures.py` after a bench run"
+    names = []
+    for page in readme_figures.pages():
+        text = page.read_text()
+        names += [name for _, name, _, _ in readme_figures.BLOCK.findall(text)]
+        assert readme_figures.rebuilt(text) == text, f"{page.name}: run `python tools/readme_figures.py`"
+    assert sorted(names) == sorted(readme_figures.BLOCKS), "every defined block is on exactly one page"
+    headline = readme_figures.BLOCK.findall(readme_figures.README.read_text())
+    assert [name for _, name, _, _ in headline] == ["headline"], "the README carries the headline figures"
 
 
 def test_a_missing_key_names_the_bench_to_rerun(tmp_path, monkeypatch):

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""Render the README's measured figures from the benchmarks' results files, so no figure is copied by hand.
+"""Render the measured figures of README.md and docs/*.md from the benchmarks' results files, so no figure is
+copied by hand.
 
-Each block sits between `<!-- figures: <name> -->` and `<!-- /figures -->` in README.md and is rebuilt from
-a bench's results file: a table (per row a label, a value template filled from that file's keys with
+Each block sits between `<!-- figures: <name> -->` and `<!-- /figures -->` in README.md or a file of docs/ and is
+rebuilt from a bench's results file: a table (per row a label, a value template filled from that file's keys with
 str.format, and a target; then a line naming the command, the machine and the date), or a paragraph
-template for prose that quotes measured numbers.
+template for prose that quotes measured numbers. The README's `headline` block takes one row each from several
+results files, and names the file of each row and the page that has its full table.
 
-  python tools/readme_figures.py           # rewrite the blocks in README.md
-  python tools/readme_figures.py --check   # exit 1 if README.md differs from the results files (a test runs this)
+  python tools/readme_figures.py           # rewrite the blocks in README.md and docs/*.md
+  python tools/readme_figures.py --check   # exit 1 if a page differs from the results files (a test runs this)
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 RESULTS = ROOT / "bench" / "results"
 BLOCK = re.compile(r"(<!-- figures: ([\w-]+) -->\n)(.*?)(<!-- /figures -->)", re.DOTALL)
 
@@ -75,6 +78,8 @@ class Block:
     results: str  # bench/results/<results>.json, written by `python bench/<results>.py`
     rows: tuple[tuple[str, str, str], ...] = ()  # (label, value, target) templates: a table
     text: str = ""  # or a paragraph template
+    # or a table of rows from several results files: (results, label, value, page with the full table)
+    headline: tuple[tuple[str, str, str, str], ...] = ()
 
 
 MOTION = (
@@ -227,7 +232,7 @@ PERCEPTION_NOTES = (
 TWIN = (
     (
         "`render_ms_p50`: head + wrist, RGB + metric depth, 512×512, rendering only (`observe` as a whole is "
-        "`observe_ms_p50` above)",
+        "`observe_ms_p50` in docs/perception.md)",
         "{render_ms_p50:.0f} ms (p90 {render_ms_p90:.0f})",
         "≤ 60 ms",
     ),
@@ -460,7 +465,61 @@ CI = (
     "{venv_gb[.venv-vllm]:.1f} GB, `.venv-libero` {venv_gb[.venv-libero]:.1f} GB.\n"
 )
 
+HEADLINE = (
+    (
+        "agent",
+        "scripted expert, strict / host success on {episodes} held-out twin starts, whole episodes over the loop, "
+        "sandbox and harness",
+        "{expert_strict_success:.3f} / {expert_host_success:.3f}",
+        "docs/agent.md",
+    ),
+    (
+        "student",
+        "Qwen2.5-Coder-0.5B-Instruct, strict success on {student_episodes} held-out twin episodes, zero-shot -> SFT",
+        "{student_zero_shot_strict:.1%} -> {student_sft_strict:.1%}",
+        "docs/training.md",
+    ),
+    (
+        "perception",
+        "RGB-D grounding: `segment` -> top-1 -> `measure_object_geometry` right, centre error p50",
+        "{e2e_success_rate:.3f}, {e2e_center_error_cm_p50:.2f} cm",
+        "docs/perception.md",
+    ),
+    (
+        "motion",
+        "guarded descent onto the table: TCP at first contact vs at rest, p95",
+        "{contact_stop_error_mm_p95:.2f} mm",
+        "docs/harness.md",
+    ),
+    (
+        "shadow",
+        "shadow twin: unsafe motions refused / safe motions refused",
+        "{shadow_refusal_recall:.2f} / {shadow_false_refusal_rate:.2f}",
+        "docs/shadow.md",
+    ),
+    (
+        "bridge",
+        "records lost by the episode bridge under {kills} kill -9",
+        "{records_lost_under_kill}",
+        "docs/bridge.md",
+    ),
+    (
+        "twin",
+        "twin: head + wrist RGB-D render p50; physics real-time factor",
+        "{render_ms_p50:.0f} ms; {physics_rtf:.1f}x",
+        "docs/benchmarks.md",
+    ),
+    (
+        "train_gpu",
+        "fast SFT path vs a plain transformers step (Qwen2-0.5B shape, H200), log-prob gate passed",
+        "{speedup_vs_plain:.2f}x",
+        "docs/training.md",
+    ),
+    ("ci", "`make test` on a fresh clone, setup included", "{fresh_clone_ci_min:.1f} min", "docs/benchmarks.md"),
+)
+
 BLOCKS = {
+    "headline": Block("", headline=HEADLINE),
     "motion": Block("motion", rows=MOTION),
     "perception": Block("perception", rows=PERCEPTION),
     "perception-notes": Block("perception", text=PERCEPTION_NOTES),
@@ -556,13 +615,29 @@ def _fill(template: str, values: dict, name: str) -> str:
         ) from None
 
 
+def _values(results: str) -> dict:
+    path = RESULTS / f"{results}.json"
+    if not path.is_file():
+        raise SystemExit(f"README figures: {path.relative_to(ROOT)} is missing: run `{command(results)}`")
+    values = json.loads(path.read_text())
+    values.update(derived(results, values))
+    return values
+
+
+def render_headline(block: Block) -> str:
+    lines = ["| figure | value | from | details |", "|---|---|---|---|"]
+    for results, label, value, page in block.headline:
+        values = _values(results)
+        cells = (_fill(label, values, results), _fill(value, values, results))
+        lines.append(f"| {cells[0]} | {cells[1]} | `bench/results/{results}.json` | [{page}]({page}) |")
+    return "\n".join(lines) + "\n"
+
+
 def render(block_name: str) -> str:
     block = BLOCKS[block_name]
-    path = RESULTS / f"{block.results}.json"
-    if not path.is_file():
-        raise SystemExit(f"README figures: {path.relative_to(ROOT)} is missing: run `{command(block.results)}`")
-    values = json.loads(path.read_text())
-    values.update(derived(block.results, values))
+    if block.headline:
+        return render_headline(block)
+    values = _values(block.results)
     if block.text:
         return _fill(block.text, values, block.results)
     lines = ["| metric | value | target |", "|---|---|---|"]
@@ -579,6 +654,11 @@ def render(block_name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def pages() -> list[Path]:
+    """The pages that may hold blocks: the README and every file of docs/."""
+    return [README, *sorted(DOCS.glob("*.md"))]
+
+
 def rebuilt(text: str) -> str:
     def replace(match: re.Match) -> str:
         name = match.group(2)
@@ -593,17 +673,28 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="only check; exit 1 if README.md is stale")
     args = parser.parse_args(argv)
-    text = README.read_text()
-    new = rebuilt(text)
-    blocks = len(BLOCK.findall(new))
-    if args.check:
+    stale, blocks = [], 0
+    for page in pages():
+        text = page.read_text()
+        new = rebuilt(text)
+        blocks += len(BLOCK.findall(new))
         if new != text:
-            print("README.md figures differ from bench/results/*.json: run `python tools/readme_figures.py`")
+            stale.append(page.relative_to(ROOT))
+            if not args.check:
+                page.write_text(new)
+    if args.check:
+        if stale:
+            print(
+                f"figures in {', '.join(map(str, stale))} differ from bench/results/*.json: "
+                "run `python tools/readme_figures.py`"
+            )
             return 1
-        print(f"README.md figures match bench/results ({blocks} blocks)")
+        print(f"README.md and docs/*.md figures match bench/results ({blocks} blocks)")
         return 0
-    README.write_text(new)
-    print(f"README.md: {blocks} blocks rebuilt from bench/results")
+    print(
+        f"{blocks} blocks in README.md and docs/*.md rendered from bench/results; rewritten: "
+        f"{', '.join(map(str, stale)) or 'none'}"
+    )
     return 0
 
 
