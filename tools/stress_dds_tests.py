@@ -6,7 +6,7 @@ Each run is a fresh pytest process over the `ros`-marked tests (or the paths/exp
 `--`). The busy loops run for the whole session at normal priority, as another job on the machine would.
 Prints one line per run, then a summary; the full report (per run: outcome, duration, failed tests; each
 run's output beside it) is written to runs/stress_dds/<time>/, and, for a run of the whole DDS suite, the
-summary to bench/results/stress_dds.json (the README quotes it).
+summary to bench/results/stress_dds.json (docs/testing.md quotes it).
 
   .venv/bin/python tools/stress_dds_tests.py                 # 20 runs of tests/ros, 2 busy loops
   .venv/bin/python tools/stress_dds_tests.py --workers 2          # each run on 2 workers, as `make test` runs it
