@@ -43,6 +43,9 @@ def start_healthy(model_dir: Path, log: Path, **options) -> serve.PolicyServer:
     except serve.ServerError as exc:
         server.stop()
         pytest.fail(str(exc))
+    except BaseException:  # the test's timeout or an interrupt: the server must not outlive the test
+        server.stop()
+        raise
     return server
 
 

@@ -166,6 +166,9 @@ def server(folder, request):
     except Exception as exc:
         server.stop()
         pytest.fail(f"{exc}\n{server.tail()}")
+    except BaseException:  # the test's timeout or an interrupt: the server must not outlive the test
+        server.stop()
+        raise
     yield server
     server.stop()
 
