@@ -38,6 +38,7 @@ from .helpers import (
     result_of,
     stop,
 )
+from .test_moveit_scene import _sweep  # the same sweep as the services path's tests
 
 FAKE = Path(__file__).parent / "fake_moveit_py"
 PROFILE = load_profile("panda_twin")
@@ -68,13 +69,6 @@ def scene(fake):
     assert s.missing(1.0) == []
     yield s
     s.close()
-
-
-def _sweep() -> tuple[np.ndarray, np.ndarray]:
-    """A joint path of 41 waypoints from home, and its TCP at the middle."""
-    home = np.array(PROFILE.home_q_rad)
-    q = np.linspace(home, home + np.array([0.6, 0.2, 0, -0.2, 0, 0.2, 0]), 41)
-    return q, Kinematics(profile=PROFILE).forward(q[20])[0]
 
 
 def test_auto_picks_moveit_py_where_it_imports_and_the_services_otherwise(client_node, monkeypatch):
