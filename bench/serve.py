@@ -4,7 +4,8 @@
   python bench/serve.py --requests 32 --prompt-tokens 4096 --new-tokens 256     # e.g. on a GPU host
 
 Three servers: the slot engine (training.slot_engine, hf_serve's default), and transformers' continuous batching
-(training.hf_serve.Engine, `--engine cb`) with varlen attention (its default) and with transformers' sdpa. Each gets a
+(training.hf_serve.Engine, `--engine cb`) with varlen attention (its default) and with transformers' sdpa; on a CUDA
+device a fourth, the slot engine with its decode steps replayed from CUDA graphs (`--cuda-graphs`). Each gets a
 fresh engine in this process and the same
 `--requests` requests, queued together: distinct prompts of `--prompt-tokens` tokens (random ids), `--new-tokens`
 sampled tokens each at temperature 1 (no stop token can end one early: every request samples exactly that many, so
@@ -14,7 +15,8 @@ queries over all its requests' keys; varlen attends each request to its own cach
 request's keys in a dense slot and decodes all running requests in one step, with no per-token host work.
 
 Writes bench/results/serve.json: tokens_per_s_sdpa, tokens_per_s_varlen, tokens_per_s_slots, varlen_speedup and
-slots_speedup (both over cb with sdpa), the setting, the model, the device and the machine.
+slots_speedup (both over cb with sdpa), on CUDA tokens_per_s_graphs and graphs_speedup (over the eager slot engine),
+the setting, the model, the device and the machine.
 """
 
 from __future__ import annotations
@@ -49,7 +51,14 @@ def _model_folder(out: Path, given: Path | None) -> tuple[Path, str]:
     return out, "tiny Qwen2 (training.tiny; `make setup` builds the student)"
 
 
-SERVERS = {"sdpa": ("cb", "sdpa"), "varlen": ("cb", "varlen"), "slots": ("slots", "varlen")}  # engine, attention
+# engine, attention; "graphs" is the slot engine with --cuda-graphs (CUDA only)
+SERVERS = {
+    "sdpa": ("cb", "sdpa"),
+    "varlen": ("cb", "varlen"),
+    "slots": ("slots", "varlen"),
+    "graphs": ("slots", "varlen"),
+}
+LABELS = {"slots": "slots", "graphs": "slots, CUDA graphs"}  # in the table; the others: engine and attention
 
 
 def _run(folder: Path, name: str, args: argparse.Namespace) -> dict:
@@ -61,6 +70,7 @@ def _run(folder: Path, name: str, args: argparse.Namespace) -> dict:
     config = hf_serve.ServeConfig(
         model=str(folder), device=args.device, max_model_len=args.prompt_tokens + args.new_tokens + 8,
         engine=engine_name, attn_implementation=attn, seed=0, max_num_seqs=max(args.requests, 1),
+        cuda_graphs=name == "graphs",
     )  # fmt: skip
     if engine_name == "slots" and hf_serve.resolve_device(args.device) == "cpu":
         config = dataclasses.replace(config, kv_cache_tokens=args.requests * config.max_model_len)  # a slot each
@@ -116,14 +126,17 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         folder, model_name = _model_folder(Path(tmp) / "tiny", args.model)
-        runs = {name: _run(folder, name, args) for name in SERVERS}
+        from training.hf_serve import resolve_device
+
+        cuda = resolve_device(args.device).startswith("cuda")
+        runs = {name: _run(folder, name, args) for name in SERVERS if cuda or name != "graphs"}
     base = runs["sdpa"]["tokens_per_s"]
     print_table(
         f"hf_serve: {args.requests} requests of {args.prompt_tokens} prompt tokens, {args.new_tokens} sampled each "
         f"({model_name}, {runs['sdpa']['device']})",
         ["server", "wall s", "tokens/s", "tokens/s per request", "vs cb sdpa"],
         [
-            [f"{SERVERS[name][0]} {SERVERS[name][1] if name != 'slots' else ''}".strip(), f"{r['wall_s']:.1f}",
+            [LABELS.get(name, " ".join(SERVERS[name])), f"{r['wall_s']:.1f}",
              f"{r['tokens_per_s']:.1f}", f"{r['tokens_per_s'] / args.requests:.2f}", f"{r['tokens_per_s'] / base:.2f}x"]
             for name, r in runs.items()
         ],
@@ -136,6 +149,14 @@ def main(argv: list[str] | None = None) -> int:
             "tokens_per_s_slots": runs["slots"]["tokens_per_s"],
             "varlen_speedup": runs["varlen"]["tokens_per_s"] / base,
             "slots_speedup": runs["slots"]["tokens_per_s"] / base,
+            **(
+                {
+                    "tokens_per_s_graphs": runs["graphs"]["tokens_per_s"],
+                    "graphs_speedup": runs["graphs"]["tokens_per_s"] / runs["slots"]["tokens_per_s"],
+                }
+                if "graphs" in runs
+                else {}
+            ),
         },
         {
             "requests": args.requests,

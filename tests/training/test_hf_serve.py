@@ -517,17 +517,25 @@ def test_the_slot_engine_refuses_to_serve_what_its_self_check_rejects(folder, mo
         slot_engine.SlotEngine(model, eos, config)
 
 
-def test_the_slot_engine_decodes_each_slot_as_the_forward_pass_of_its_own_request(folder):
+@pytest.mark.parametrize(
+    "device, graphs",
+    [("cpu", False), pytest.param("cuda", True, marks=pytest.mark.gpu, id="cuda-graphs")],
+)
+def test_the_slot_engine_decodes_each_slot_as_the_forward_pass_of_its_own_request(folder, device, graphs):
     """Prompts of different lengths in scattered slots, decoded together with free slots between them: each row's
-    log-probabilities are those of one transformers forward over that request alone."""
+    log-probabilities are those of one transformers forward over that request alone; on CUDA also when the steps
+    are replayed from CUDA graphs (rows padded to a bucket of 8, lengths to one of 512)."""
     import torch
 
     from training.slot_engine import SlotEngine
 
-    config = hf_serve.ServeConfig(model=str(folder), device="cpu", dtype="float32", max_model_len=256,
-                                  kv_cache_tokens=6 * 256)  # fmt: skip
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    config = hf_serve.ServeConfig(model=str(folder), device=device, dtype="float32", max_model_len=256,
+                                  kv_cache_tokens=8 * 256, cuda_graphs=graphs)  # fmt: skip
     model, _, eos, _ = hf_serve.load(config)
     engine = SlotEngine(model, eos, config)
+    assert (engine._graphs is not None) == graphs
     try:
         gen = torch.Generator().manual_seed(1)
         prompts = {0: 5, 2: 70, 5: 130}  # slot: prompt length (slots 1, 3, 4 free)
@@ -539,14 +547,36 @@ def test_the_slot_engine_decodes_each_slot_as_the_forward_pass_of_its_own_reques
                 tokens, positions = torch.zeros(6, dtype=torch.long), torch.zeros(6, dtype=torch.long)
                 for s, n in prompts.items():
                     tokens[s], positions[s] = seqs[s][n + t], n + t
-                logits = engine.decode(tokens, positions)
+                logits = engine.decode(tokens.to(device), positions.to(device))
                 for s in prompts:
-                    got[s].append(logits[s])
+                    got[s].append(logits[s].clone())  # a graph's output is overwritten by the next step
             for s, n in prompts.items():
-                want = model(torch.tensor([seqs[s]])).logits[0, n - 1 :].float().log_softmax(-1)
+                want = model(torch.tensor([seqs[s]], device=device)).logits[0, n - 1 :].float().log_softmax(-1)
                 assert torch.stack(got[s]).log_softmax(-1) == pytest.approx(want, abs=1e-4)
     finally:
         engine.close()
+
+
+def test_decode_graph_buckets_hold_the_step_and_stay_within_the_engine():
+    from training.slot_engine import graph_bucket
+
+    assert [graph_bucket(n, 1, 24) for n in (1, 2, 3, 5, 9, 17, 24)] == [1, 2, 4, 8, 16, 24, 24]
+    assert [graph_bucket(n, 512, 32768) for n in (64, 512, 576, 20000, 32768)] == [512, 512, 1024, 32768, 32768]
+    assert graph_bucket(640, 512, 600) == 640  # never less than the step needs
+
+
+def test_cuda_graphs_asked_for_on_a_cpu_decode_eagerly_and_say_so(folder, caplog):
+    from training.slot_engine import SlotEngine
+
+    config = hf_serve.ServeConfig(model=str(folder), device="cpu", dtype="float32", max_model_len=128,
+                                  kv_cache_tokens=2 * 128, cuda_graphs=True)  # fmt: skip
+    model, _, eos, _ = hf_serve.load(config)
+    with caplog.at_level("INFO", logger="hf_serve"):
+        engine = SlotEngine(model, eos, config)
+    engine.close()
+    assert engine._graphs is None and "--cuda-graphs is for CUDA devices" in caplog.text
+    assert "decode eager" in caplog.text
+    assert hf_serve.parse_args(["--model", str(folder), "--cuda-graphs"]).cuda_graphs
 
 
 def test_an_unknown_engine_is_refused_with_the_choices(folder, capsys):

@@ -112,6 +112,7 @@ class ServeConfig:
     kv_cache_memory_fraction: float = 0.8  # of the free GPU memory after loading, for the cache (auto sizing)
     max_batch_tokens: int | None = None  # tokens per forward pass; None: transformers' default (8192)
     max_num_seqs: int = 256  # requests per forward pass at most
+    cuda_graphs: bool = False  # slots only: decode steps replayed from CUDA graphs (training.slot_engine)
     prefix_sharing: bool = True  # reuse cached KV pages of a shared prompt prefix (multi-turn episodes)
     seed: int | None = None  # of the server's sampling generator (requests without their own seed)
     request_timeout_s: float = 3600.0  # a request waiting longer is cancelled and answered 500
@@ -853,6 +854,12 @@ def parse_args(argv: list[str] | None = None) -> ServeConfig:
         default=d.max_num_seqs,
         help=f"requests per forward pass at most (default {d.max_num_seqs})",
     )
+    p.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="slots engine on CUDA: replay each decode step from a CUDA graph (one per bucket of requests and context "
+        "length, captured on first use) instead of launching its kernels from Python",
+    )
     p.add_argument("--no-prefix-sharing", action="store_true", help="do not reuse KV pages of shared prompt prefixes")
     p.add_argument("--seed", type=int, default=None, help="seed of the sampler for requests without their own seed")
     p.add_argument(
@@ -878,6 +885,7 @@ def parse_args(argv: list[str] | None = None) -> ServeConfig:
         kv_cache_memory_fraction=a.kv_cache_memory_fraction,
         max_batch_tokens=a.max_batch_tokens,
         max_num_seqs=a.max_num_seqs,
+        cuda_graphs=a.cuda_graphs,
         prefix_sharing=not a.no_prefix_sharing,
         seed=a.seed,
         request_timeout_s=a.request_timeout_s,

@@ -18,6 +18,13 @@ H100 for the 0.5B student. Here nothing per token is built on the host:
   that share a key head are that call's query positions ([n, kv_heads, groups, head_dim]), so grouped-query
   attention needs no repeated keys.
 - Sampling is hf_serve's `sample_rows` (per-request temperature, top-k, top-p, seed; processed logprobs).
+- CUDA graphs (`--cuda-graphs`, off by default): an eager decode step is about 1,300 small kernels whose launches
+  from Python, not the GPU, set its time (16 ms at 1 to 10 requests on an H100 for the 0.5B student: 60 tokens/s per
+  request, which is what an evaluation's last, longest episodes run at). With the flag a decode step is replayed
+  from a graph captured once per bucket of rows (a power of two, at most the slots) and of attended length (a power
+  of two times ALIGN_TOKENS, at most the capacity): the padded rows are free slots, written at position 0 and never
+  read; a longer attended length only attends more masked positions. The start-up self-check then runs through
+  the graphs too.
 
 Exactness: the layer arithmetic is training.fast's (Qwen2 op for op: fp32 RMSNorm, the model's rotary module), the
 same the SFT trains with; `self_check` compares prefill and decode log-probabilities with the transformers forward
@@ -45,6 +52,7 @@ from training import fast, hf_serve
 log = logging.getLogger("hf_serve")
 
 ALIGN_TOKENS = 64  # context lengths of a decode step's attention are rounded up to this (aligned masks and kernels)
+GRAPH_MIN_LENGTH = 512  # the shortest attended length a decode graph is captured for (`--cuda-graphs`)
 # max |logprob difference| from the transformers forward in the same dtype. bf16 rounds coarsely on the check's
 # random-token prompts: there the transformers bf16 forward itself is 0.60 from its fp32 forward (the fine-tuned 0.5B
 # student, CPU), this engine 0.18 from the bf16 forward on CPU and 0.39 on an H100; a wrong position, mask or slot
@@ -113,11 +121,18 @@ class SlotEngine:
         self._dead: str | None = None
         self._stopping = False
         self._paused = False
+        self._graphs: DecodeGraphs | None = None
+        if getattr(config, "cuda_graphs", False):
+            if self.device.type == "cuda":
+                self._graphs = DecodeGraphs(self)
+            else:
+                log.warning("--cuda-graphs is for CUDA devices: decoding eagerly on %s", self.device)
         error = self.self_check()
         log.info(
-            "slot engine: %d slots of %d tokens (%.1f GiB of KV cache), self-check max |logprob difference| %.2g",
-            self.slots, self.capacity, 2 * len(self.keys) * self.keys[0].numel() * self.keys[0].element_size() / 2**30,
-            error,
+            "slot engine: %d slots of %d tokens (%.1f GiB of KV cache), decode %s, self-check max |logprob difference| "
+            "%.2g", self.slots, self.capacity,
+            2 * len(self.keys) * self.keys[0].numel() * self.keys[0].element_size() / 2**30,
+            "from CUDA graphs" if self._graphs else "eager", error,
         )  # fmt: skip
         self._thread = threading.Thread(target=self._loop, name="hf_serve-slots", daemon=True)
         self._thread.start()
@@ -199,8 +214,15 @@ class SlotEngine:
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One step of slots 0..n-1 (n = len(tokens)): slot j's token `tokens[j]` at `positions[j]`; the logits
         [n, vocab] (fp32). Rows of free slots compute garbage that nothing reads."""
-        n = tokens.shape[0]
         length = min(self.capacity, math.ceil((int(positions.max()) + 1) / ALIGN_TOKENS) * ALIGN_TOKENS)
+        if self._graphs is not None:
+            return self._graphs.decode(tokens, positions, length)
+        return self.decode_rows(tokens, positions, length)
+
+    def decode_rows(self, tokens: torch.Tensor, positions: torch.Tensor, length: int) -> torch.Tensor:
+        """`decode` with the attended length given (at least every position + 1): no host sync, fixed shapes for
+        fixed (rows, length), so a CUDA graph can capture it."""
+        n = tokens.shape[0]
         rows = torch.arange(n, device=self.device)
         visible = (torch.arange(length, device=self.device)[None, :] <= positions[:, None])[:, None, None, :]
         groups = self.heads // self.kv_heads
@@ -234,7 +256,7 @@ class SlotEngine:
             tokens = torch.zeros(slot + 1, dtype=torch.long, device=self.device)
             positions = torch.zeros(slot + 1, dtype=torch.long, device=self.device)
             tokens[slot], positions[slot] = ids[prompt_len + t], prompt_len + t
-            got.append(self.decode(tokens, positions)[slot])
+            got.append(self.decode(tokens, positions)[slot].clone())  # a graph's output is overwritten next step
         want = self.model(torch.tensor([ids], device=self.device)).logits[0, prompt_len - 1 :].float()
         want = want.log_softmax(-1)
         likely = want > math.log(SELF_CHECK_MIN_PROB)  # the tokens sampling can draw; bf16 rounds the far tail coarsely
@@ -393,3 +415,56 @@ class SlotEngine:
         self._thread.join(timeout=30.0)
         self._die(self._dead or "the server is stopping")
         log.info("engine stopped; at most %d requests sampled in one forward pass", self.largest_batch)
+
+
+def graph_bucket(value: int, smallest: int, largest: int) -> int:
+    """The bucket `value` falls in: the smallest power-of-two multiple of `smallest` that holds it, `largest` at
+    most (and at least `value` when `value` > `largest`: the caller never asks past its capacity)."""
+    bucket = smallest
+    while bucket < value and bucket < largest:
+        bucket *= 2
+    return max(min(bucket, largest), value)
+
+
+class DecodeGraphs:
+    """The slot engine's decode step replayed from CUDA graphs, one captured per (rows, length) bucket on first use
+    (module doc). Inputs are copied into static buffers; the padded rows are free slots (the engine's rows are its
+    lowest slots, the running ones among them), decoded at position 0 and never read."""
+
+    def __init__(self, engine: SlotEngine) -> None:
+        self.engine = engine
+        self.tokens = torch.zeros(engine.slots, dtype=torch.long, device=engine.device)
+        self.positions = torch.zeros(engine.slots, dtype=torch.long, device=engine.device)
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}
+
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, length: int) -> torch.Tensor:
+        """The engine's `decode_rows`, replayed; the logits are a view of the graph's output, valid until the next
+        step."""
+        n = tokens.shape[0]
+        rows = graph_bucket(n, 1, self.engine.slots)
+        length = graph_bucket(length, GRAPH_MIN_LENGTH, self.engine.capacity)
+        self.tokens[:n].copy_(tokens)
+        self.positions[:n].copy_(positions)
+        self.tokens[n:rows].zero_()
+        self.positions[n:rows].zero_()
+        key = (rows, length)
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(rows, length)
+            log.info("slot engine: decode graph for %d rows and %d tokens captured (%d graphs)", *key, len(self.graphs))
+        graph, logits = self.graphs[key]
+        graph.replay()
+        return logits[:n]
+
+    def _capture(self, rows: int, length: int) -> tuple[Any, torch.Tensor]:
+        tokens, positions = self.tokens[:rows], self.positions[:rows]
+        side = torch.cuda.Stream(self.engine.device)
+        side.wait_stream(torch.cuda.current_stream(self.engine.device))
+        with torch.cuda.stream(side):  # warm-up off the capture: kernels chosen, workspaces allocated
+            for _ in range(2):
+                self.engine.decode_rows(tokens, positions, length)
+        torch.cuda.current_stream(self.engine.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            logits = self.engine.decode_rows(tokens, positions, length)
+        return graph, logits
