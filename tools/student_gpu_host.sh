@@ -24,11 +24,11 @@
 #
 # Every stage is idempotent: rerun the same command to keep waiting, or after a lost call. WAIT_S bounds the whole
 # call, not each stage: `sft eval` waits for the SFT, starts the evaluation the moment it ends, and waits for that
-# with what is left. What a stage starts logs to $WORK/<stage>.log. Variables (defaults): CARRY (/tmp/carry), BUNDLE_CARRY (/tmp/carry_hb), BUNDLE
-# (/tmp/hb/host_bundle), STORE (.cache/store/rollout.sqlite), WORK (/tmp/work), OUT (./back), WAIT_S (500),
+# with what is left. What a stage starts logs to $WORK/<stage>.log. Variables (defaults): CARRY (/tmp/carry),
+# BUNDLE_CARRY (/tmp/carry_hb), BUNDLE (/tmp/hb/host_bundle), STORE (.cache/store/rollout.sqlite), WORK (/tmp/work), OUT (./back), WAIT_S (500),
 # WORKERS (33), EPOCHS (3), RANK (32), RECOVERY (0; recovery examples per episode, as the examples were built with
-# `sft-data --recovery-per-episode`), FINE_TUNED (models/qwen2.5-coder-0.5b-captain-sft), EXAMPLES
-# ($WORK/carried/sft_data.pkl.xz).
+# `sft-data --recovery-per-episode`), GRAPHS (0; 1: the eval's server decodes from CUDA graphs), FINE_TUNED
+# (models/qwen2.5-coder-0.5b-captain-sft), EXAMPLES ($WORK/carried/sft_data.pkl.xz).
 set -u -o pipefail
 
 CARRY=${CARRY:-/tmp/carry}
@@ -43,6 +43,7 @@ WORKERS=${WORKERS:-33}
 EPOCHS=${EPOCHS:-3}
 RANK=${RANK:-32}
 RECOVERY=${RECOVERY:-0}
+GRAPHS=${GRAPHS:-0}
 FINE_TUNED=${FINE_TUNED:-models/qwen2.5-coder-0.5b-captain-sft}
 EXAMPLES=${EXAMPLES:-$WORK/carried/sft_data.pkl.xz}
 NAME=qwen2.5-coder-0.5b-instruct
@@ -150,7 +151,7 @@ eval_stage() {
     fi
     background "training.student_eval run" "$WORK/sft_eval/done" "$WORK/eval.log" \
         bash -c "python3 -m training.student_eval run --model '$WORK/sft/model' --label student-sft \
-            --out '$WORK/sft_eval' --server transformers --workers $WORKERS --no-progress && touch '$WORK/sft_eval/done'"
+            --out '$WORK/sft_eval' --server transformers --workers $WORKERS $([ "$GRAPHS" = 1 ] && echo --cuda-graphs) --no-progress && touch '$WORK/sft_eval/done'"
     if wait_for "$WORK/sft_eval/done" "training.student_eval run"; then
         say "evaluation done"
         [ -f "$OUT/eval/eval.carry-manifest.json" ] || pack_stores eval

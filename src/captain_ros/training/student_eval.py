@@ -50,6 +50,7 @@ class EvalPlan:
     workers: int = 4  # episodes at once (the server batches their requests)
     kv_cache_gib: int = 2  # vLLM CPU KV cache
     server: str = "vllm"  # vllm (.venv-vllm) | transformers (training.hf_serve: a GPU host without vLLM)
+    cuda_graphs: bool = False  # transformers on CUDA: decode from CUDA graphs (speed only; hf_serve --cuda-graphs)
 
     def __post_init__(self) -> None:
         if self.server not in ("vllm", "transformers"):
@@ -106,7 +107,10 @@ def evaluate(model: Path, label: str, out: Path, plan: EvalPlan = EvalPlan(), pr
     if plan.server == "transformers":
         from training.hf_serve import start_hf_server
 
-        server = start_hf_server(model, run_dir / "logs" / "server.log", max_model_len=plan.context_limit_tokens)
+        server = start_hf_server(
+            model, run_dir / "logs" / "server.log", max_model_len=plan.context_limit_tokens,
+            extra_args=("--cuda-graphs",) if plan.cuda_graphs else (),
+        )  # fmt: skip
     else:
         server = serve.start_server(
             model,
@@ -307,11 +311,14 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--out", type=Path, required=True, help="the evaluation folder (one store per run)")
     run.add_argument("--server", choices=("vllm", "transformers"), default="vllm", help="what serves the model")
     run.add_argument("--workers", type=int, default=EvalPlan.workers, help="episodes at once")
+    run.add_argument(
+        "--cuda-graphs", action="store_true", help="with --server transformers on CUDA: decode steps from CUDA graphs"
+    )
     run.add_argument("--no-progress", action="store_true", help="no progress bar (logs)")
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error(f"--workers must be at least 1, got {args.workers}")
-    plan = EvalPlan(workers=args.workers, server=args.server)
+    plan = EvalPlan(workers=args.workers, server=args.server, cuda_graphs=args.cuda_graphs)
     # SIGTERM (kill, a job scheduler) unwinds like Ctrl-C: the finally blocks stop the model server and the rollout
     # workers instead of leaving them running; finished episodes are in the store and a rerun resumes after them
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
