@@ -25,10 +25,10 @@
 # Every stage is idempotent: rerun the same command to keep waiting, or after a lost call. WAIT_S bounds the whole
 # call, not each stage: `sft eval` waits for the SFT, starts the evaluation the moment it ends, and waits for that
 # with what is left. What a stage starts logs to $WORK/<stage>.log. Variables (defaults): CARRY (/tmp/carry),
-# BUNDLE_CARRY (/tmp/carry_hb), BUNDLE (/tmp/hb/host_bundle), STORE (.cache/store/rollout.sqlite), WORK (/tmp/work), OUT (./back), WAIT_S (500),
-# WORKERS (33), EPOCHS (3), RANK (32), RECOVERY (0; recovery examples per episode, as the examples were built with
-# `sft-data --recovery-per-episode`), GRAPHS (0; 1: the eval's server decodes from CUDA graphs), FINE_TUNED
-# (models/qwen2.5-coder-0.5b-captain-sft), EXAMPLES ($WORK/carried/sft_data.pkl.xz).
+# BUNDLE_CARRY (/tmp/carry_hb), BUNDLE (/tmp/hb/host_bundle), STORE (.cache/store/rollout.sqlite), WORK (/tmp/work),
+# OUT (./back), WAIT_S (500), WORKERS (33), EPOCHS (3), RANK (32), RECOVERY (0; recovery examples per episode, as the
+# examples were built with `sft-data --recovery-per-episode`), GRAPHS (0; 1: the eval's server decodes from CUDA
+# graphs), FINE_TUNED (models/qwen2.5-coder-0.5b-captain-sft), EXAMPLES ($WORK/carried/sft_data.pkl.xz).
 set -u -o pipefail
 
 CARRY=${CARRY:-/tmp/carry}
