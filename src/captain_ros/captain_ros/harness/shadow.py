@@ -357,7 +357,6 @@ class ShadowTwin:
     # ------------------------------------------------------------------------------------------ the twin
     def _scene(self):
         """The shadow twin of the current measurements (built again only when they changed)."""
-        from captain_ros.harness.harness import Harness
         from captain_ros.twin.objects import SceneObject
         from captain_ros.twin.sim import Twin
         from captain_ros.twin.tasks import TaskSpec
@@ -378,7 +377,8 @@ class ShadowTwin:
         period = self.real.backend.control_period_s
         backend = WatchedBackend(twin, Witness(twin, self.config.safety), period)
         self._collision = (twin.model.geom_contype.copy(), twin.model.geom_conaffinity.copy())
-        self._built = (key, twin, backend, Harness(backend, self.config, self.kin))
+        # a harness of the real one's own class: this module imports nothing of harness.py (which imports it)
+        self._built = (key, twin, backend, type(self.real)(backend, self.config, self.kin))
         return self._built[1:]
 
     def predict(self, capability: str, kwargs: dict[str, Any], state: ArmState) -> Prediction:
