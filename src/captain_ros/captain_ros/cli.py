@@ -151,7 +151,7 @@ MODULES = {
     "eval": "captain_ros.bridge.cli",
     "export": "captain_ros.bridge.export",
     "transport": "captain_ros.bridge.transport",
-    "gap": "captain_ros.harness.gap",
+    "gap": "captain_ros.bridge.gap",
 }
 
 

@@ -129,8 +129,8 @@ def test_a_shadow_checked_episode_records_each_prediction_beside_its_outcome(tmp
     prediction and the outcome, and the gap report reads them back from the store."""
     from dataclasses import replace
 
+    from captain_ros.bridge import gap
     from captain_ros.core.config import load_config
-    from captain_ros.harness import gap
 
     config = load_config()
     config = replace(config, shadow=replace(config.shadow, enabled=True))

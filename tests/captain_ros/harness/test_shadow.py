@@ -13,10 +13,10 @@ import pytest
 
 from captain_ros.agent.link import call_dict
 from captain_ros.agent.transcript import Transcript
+from captain_ros.bridge import gap
 from captain_ros.core.config import ConfigError, load_config
 from captain_ros.core.contract import CallResult, FailureCategory
 from captain_ros.core.robot import load_profile
-from captain_ros.harness import gap
 from captain_ros.harness.harness import Harness
 from captain_ros.harness.shadow import (
     Measured,

@@ -1,12 +1,12 @@
 """The sim-to-real gap report: rows from transcripts and stores, its summary, and bad input (the checked path with
-real predictions is in test_shadow.py and bridge/test_recorder.py)."""
+real predictions is in harness/test_shadow.py and test_recorder.py)."""
 
 from __future__ import annotations
 
 import json
 
+from captain_ros.bridge import gap
 from captain_ros.bridge.store import EpisodeStore
-from captain_ros.harness import gap
 
 PREDICTED = {"outcome": "contact", "executed_distance_m": 0.05, "peak_force_n": 4.0, "jaw_after_m": 0.08}
 ACTUAL = {"outcome": "target_reached", "executed_distance_m": 0.08, "peak_force_n": 1.0, "jaw_after_m": 0.08}
