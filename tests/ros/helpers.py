@@ -22,7 +22,7 @@ LOADED_MACHINE_WRENCH_LAG_S = 2.0
 LOADED_MACHINE_SWEEP_HORIZON_S = 3.0
 # The perception node's wall-clock limits (production: camera streams older than 2 s are gone, a colour and depth
 # pair is awaited 1 s): a loaded machine can stall the twin's cameras longer (2.1 s seen in a stress run). Both are
-# tested on their own in test_perception_node.py by freezing the twin.
+# tested on their own in test_perception_node_dds.py by freezing the twin.
 LOADED_MACHINE_PERCEPTION = (("stale_after_s", 30.0), ("pair_wait_s", 30.0))
 
 
