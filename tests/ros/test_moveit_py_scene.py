@@ -18,17 +18,13 @@ import numpy as np
 import pytest
 
 from captain_interfaces.srv import HarnessCall
-from captain_ros.core.config import load_config
 from captain_ros.core.contract import FailureCategory
 from captain_ros.core.kinematics import Kinematics
 from captain_ros.core.moveit_scene import SceneBox, SceneCheckError, judge, links_below, touch_rule
 from captain_ros.core.robot import load_profile
-from captain_ros.harness.harness import Harness
-from captain_ros.harness.twin_backend import TwinBackend
 from captain_ros.ros import moveit_py_scene
 from captain_ros.ros.moveit_py_scene import MoveItPyScene
 from captain_ros.ros.moveit_scene import MoveItScene, open_scene
-from captain_ros.twin.sim import Twin
 
 from .helpers import (
     LOADED_MACHINE_STATE_TIMEOUT_S,
@@ -38,7 +34,7 @@ from .helpers import (
     result_of,
     stop,
 )
-from .test_moveit_scene import _sweep  # the same sweep as the services path's tests
+from .test_moveit_scene import _harness_with_object_midway, _sweep  # as the services path's tests
 
 FAKE = Path(__file__).parent / "fake_moveit_py"
 PROFILE = load_profile("panda_twin")
@@ -218,16 +214,7 @@ def test_a_guarded_sweep_may_bring_the_gripper_to_a_measured_object_and_nothing_
 
 
 def test_a_harness_refuses_a_move_to_through_a_measured_object(scene, fake):
-    twin = Twin("put_red_cube_in_bowl")
-    twin.reset("put_red_cube_in_bowl/official/0")
-    harness = Harness(TwinBackend(twin), load_config(), Kinematics())
-    harness.scene = scene
-    start = harness.kin.forward(harness.backend.read_state(require_force=False).q_rad)[0]
-    middle = (start + np.array(POSE["position"])) / 2
-    harness.note_measurement(
-        "measure_object_geometry",
-        {"object": "det_7", "center_m": middle.tolist(), "extents_m": [0.04, 0.04, 0.04], "yaw_deg": 0.0},
-    )
+    harness, start, middle = _harness_with_object_midway(scene)
     result = harness.call("move_to", pose=POSE, mode="manipulation")
     assert result.failure_category == FailureCategory.SAFETY_STOP, result.message
     assert UNNAMED in result.message and "refused, nothing moved" in result.message

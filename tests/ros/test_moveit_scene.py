@@ -84,7 +84,9 @@ def test_a_missing_move_group_refuses_the_check(client_node):
         s.close()
 
 
-def test_a_harness_refuses_a_move_to_through_a_measured_object(scene, move_group):
+def _harness_with_object_midway(scene):
+    """A harness on the twin checking with `scene`, with an object measured halfway from the TCP to POSE: the
+    harness, the TCP's start and the object's centre."""
     twin = Twin("put_red_cube_in_bowl")
     twin.reset("put_red_cube_in_bowl/official/0")
     harness = Harness(TwinBackend(twin), load_config(), Kinematics())
@@ -95,6 +97,11 @@ def test_a_harness_refuses_a_move_to_through_a_measured_object(scene, move_group
         "measure_object_geometry",
         {"object": "det_7", "center_m": middle.tolist(), "extents_m": [0.04, 0.04, 0.04], "yaw_deg": 0.0},
     )
+    return harness, start, middle
+
+
+def test_a_harness_refuses_a_move_to_through_a_measured_object(scene, move_group):
+    harness, start, _ = _harness_with_object_midway(scene)
     result = harness.call("move_to", pose=POSE, mode="manipulation")  # guarded, the gripper may touch it
     assert result.failure_category == FailureCategory.SAFETY_STOP, result.message
     assert "collides with det_7" in result.message and "refused, nothing moved" in result.message
