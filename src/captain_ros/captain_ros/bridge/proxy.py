@@ -13,10 +13,8 @@ Routes
   POST /captain/policy_version {"version": N}  the trainer bumps it after a weight update (never down); every
                              later record carries it
 
-Attribution: the agent sends `X-Captain-Episode: <episode_id>` and `X-Captain-Request: <t>` (t from 1). A request
-without them is served and recorded as request 1 of its own episode `unattributed-<uuid>` (so a plain OpenAI
-client works through the proxy; the trainer never reads those, as they have no episode_start), or refused with
-HTTP 400 when the proxy runs with `--require-episode` (what rollouts should use: a forgotten header is a bug).
+Attribution (captain_ros.bridge.attribution): the agent names the episode and the request number in
+X-Captain-* headers; without them a request is recorded unattributed, or refused with `--require-episode`.
 
 What the record holds (payload fields, captain_ros.bridge.schema): messages (image_url parts with base64 data URLs
 become `image_ref` parts whose images are stored once as blobs by SHA-256; a part is replaced only if restoring
@@ -27,13 +25,10 @@ client got it (`reply` or `reply_chunks`, with the long id lists elided) so a re
 The store keeps every payload's key order (chat templates write tool schemas with `tojson` in their key order),
 so rendering the restored messages with the stored tools gives prompt_token_ids back.
 
-What training needs is asked for, and hidden again: if the client did not ask for `return_token_ids`, `logprobs`
-(or, streaming, `stream_options.include_usage`), the proxy adds them to the upstream request and removes them
-from the reply (sets those fields back to null, drops the usage chunk), so the client sees what it would have
-seen without the proxy; when it asked for all of them the upstream's bytes pass through untouched. A reply
-without prompt token ids, sampled token ids or logprobs, or whose counts disagree with its usage, cannot be
-trained on: the client gets HTTP 502 naming the missing field (`--allow-missing-token-ids` records such replies
-with nulls instead, for servers that are not language models, such as the scripted expert).
+What training needs is asked for, and hidden again (captain_ros.bridge.completions): the proxy adds
+token ids and logprobs to the upstream request and removes them from the reply the client sees; a reply that
+lacks them is an HTTP 502 unless `--allow-missing-token-ids`. Images are stored once (captain_ros.bridge.images);
+a stream is relayed event by event and accumulated into the same record (captain_ros.bridge.sse).
 
 Never a silent loss: a non-streamed reply goes to the client only after its record committed; a streamed
 reply's chunks pass through as they arrive but its final `data: [DONE]` is held until the record committed. If
@@ -53,18 +48,13 @@ again; different content for a recorded (episode, t) is refused with HTTP 409. C
 from __future__ import annotations
 
 import argparse
-import base64
-import binascii
 import contextlib
-import copy
 import json
 import logging
-import re
 import signal
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from http import HTTPStatus
@@ -74,18 +64,29 @@ from typing import Any, Protocol
 
 import httpx
 
-from captain_ros.bridge.schema import Record, SchemaError, canonical, sha256
-from captain_ros.bridge.store import IMAGE_REF, EpisodeStore, RecordConflict, StoreError
+from captain_ros.bridge.attribution import REQUEST_HEADER, attribution
+from captain_ros.bridge.completions import (
+    ProxyError,
+    check_trainable,
+    elide,
+    extract,
+    json_bytes,
+    parse_request,
+    strip_added,
+    unelide,
+    upstream_error,
+    upstream_request,
+)
+from captain_ros.bridge.images import split_images
+from captain_ros.bridge.schema import Record, SchemaError, canonical
+from captain_ros.bridge.sse import DONE_EVENT, SseSplitter, StreamAccumulator, event_data, sse_error
+from captain_ros.bridge.store import EpisodeStore, RecordConflict, StoreError
 
 log = logging.getLogger("captain_ros.bridge.proxy")
 
-EPISODE_HEADER = "X-Captain-Episode"
-REQUEST_HEADER = "X-Captain-Request"
 REPLAYED_HEADER = "X-Captain-Replayed"
 RECORD_HEADER = "X-Captain-Record"
 CHAT_PATH = "/v1/chat/completions"
-DONE_EVENT = b"data: [DONE]"
-_MEDIA_TYPE = re.compile(r"[A-Za-z0-9.+-]+/[A-Za-z0-9.+-]+\Z")
 # hop-by-hop and framing headers the proxy sets itself
 _SKIP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "host"}
 
@@ -106,405 +107,6 @@ class ProxyConfig:
     max_body_bytes: int = 256 * 1024 * 1024  # largest request body accepted (a long episode with images)
 
 
-class ProxyError(Exception):
-    """A request the proxy answers with an OpenAI-style JSON error: HTTP `status`, this message and `kind`."""
-
-    def __init__(self, status: int, message: str, kind: str) -> None:
-        super().__init__(message)
-        self.status = int(status)
-        self.message = message
-        self.kind = kind
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "code": self.status}}
-
-
-def _upstream_error(message: str) -> ProxyError:
-    return ProxyError(HTTPStatus.BAD_GATEWAY, message, "upstream_error")
-
-
-def _json_bytes(obj: Any) -> bytes:
-    """JSON as vLLM (Starlette's JSONResponse) writes it: compact, UTF-8, no NaN."""
-    return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
-
-
-# ------------------------------------------------------------------------------------------------ requests
-def attribution(headers: Any, require: bool) -> tuple[str, int, bool]:
-    """(episode_id, t, attributed) from the X-Captain-* headers; ProxyError(400) when malformed or required."""
-    episode, request = headers.get(EPISODE_HEADER), headers.get(REQUEST_HEADER)
-    if episode is None and request is None:
-        if require:
-            raise ProxyError(
-                HTTPStatus.BAD_REQUEST,
-                f"this recording proxy runs with --require-episode: send headers {EPISODE_HEADER}: <episode_id> "
-                f"and {REQUEST_HEADER}: <request number from 1> with every chat completion",
-                "invalid_request_error",
-            )
-        return f"unattributed-{uuid.uuid4().hex}", 1, False
-    if episode is None or request is None:
-        missing = EPISODE_HEADER if episode is None else REQUEST_HEADER
-        raise ProxyError(
-            HTTPStatus.BAD_REQUEST,
-            f"header {missing} is missing: send both X-Captain headers or neither",
-            "invalid_request_error",
-        )
-    episode = episode.strip()
-    if not episode or "/" in episode:
-        raise ProxyError(
-            HTTPStatus.BAD_REQUEST,
-            f"{EPISODE_HEADER} must be a non-empty id without '/', got {episode!r}",
-            "invalid_request_error",
-        )
-    try:
-        t = int(request.strip())
-    except ValueError:
-        t = 0
-    if t < 1:
-        raise ProxyError(
-            HTTPStatus.BAD_REQUEST,
-            f"{REQUEST_HEADER} must be the request number, an integer from 1; got {request!r}",
-            "invalid_request_error",
-        )
-    return episode, t, True
-
-
-def parse_request(data: bytes) -> dict:
-    """The chat-completion request body; ProxyError(400) when it cannot be recorded."""
-    try:
-        body = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ProxyError(HTTPStatus.BAD_REQUEST, f"the body is not JSON: {exc}", "invalid_request_error") from None
-    if not isinstance(body, dict):
-        raise ProxyError(HTTPStatus.BAD_REQUEST, "the body must be a JSON object", "invalid_request_error")
-    if not isinstance(body.get("messages"), list) or not body["messages"]:
-        raise ProxyError(HTTPStatus.BAD_REQUEST, "'messages' must be a non-empty list", "invalid_request_error")
-    if not isinstance(body.get("tools", []), list | type(None)):
-        raise ProxyError(HTTPStatus.BAD_REQUEST, "'tools' must be a list", "invalid_request_error")
-    if body.get("n", 1) not in (1, None):
-        raise ProxyError(
-            HTTPStatus.BAD_REQUEST,
-            "the recording proxy records one sample per request: send n = 1 (or leave it out)",
-            "invalid_request_error",
-        )
-    return body
-
-
-def split_images(
-    messages: list, stored_media_type: Callable[[str], str | None] = lambda _digest: None
-) -> tuple[list, dict[str, tuple[bytes, str]]]:
-    """The messages with every base64 `image_url` part replaced by an `image_ref` part, and the images
-    {sha256: (bytes, media_type)}. A part is replaced only if EpisodeReader.restore_messages gives it back
-    exactly (same data URL, same other image_url keys, no other part keys); otherwise it stays inline. The
-    reader restores an image with its blob's media type, so bytes already stored (`stored_media_type`) or seen
-    in this request under another media type stay inline too."""
-    blobs: dict[str, tuple[bytes, str]] = {}
-    out = []
-    for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        if not isinstance(content, list):
-            out.append(message)
-            continue
-        parts = []
-        for part in content:
-            ref = _image_ref(part, blobs, stored_media_type)
-            parts.append(part if ref is None else ref)
-        out.append({**message, "content": parts})
-    return out, blobs
-
-
-def _image_ref(
-    part: Any, blobs: dict[str, tuple[bytes, str]], stored_media_type: Callable[[str], str | None]
-) -> dict | None:
-    if not isinstance(part, dict) or part.get("type") != "image_url" or set(part) != {"type", "image_url"}:
-        return None
-    image = part["image_url"]
-    url = image.get("url") if isinstance(image, dict) else None
-    head, sep, text = url.partition(";base64,") if isinstance(url, str) and url.startswith("data:") else ("", "", "")
-    media_type = head.removeprefix("data:")
-    if not sep or not _MEDIA_TYPE.match(media_type):
-        return None
-    try:
-        data = base64.b64decode(text)  # lenient; the re-encoding below must give `text` back exactly
-    except (binascii.Error, ValueError):
-        return None
-    extra = {k: v for k, v in image.items() if k != "url"}
-    restored = {
-        "type": "image_url",
-        "image_url": {"url": f"data:{media_type};base64,{base64.b64encode(data).decode()}", **extra},
-    }
-    if restored != part:  # not the canonical encoding: keep it inline rather than store something else
-        return None
-    digest = sha256(data)
-    known = blobs[digest][1] if digest in blobs else stored_media_type(digest)
-    if known is not None and known != media_type:
-        return None
-    blobs[digest] = (data, media_type)
-    ref: dict[str, Any] = {"type": IMAGE_REF, "sha256": digest, "media_type": media_type}
-    if extra:
-        ref["extra"] = extra
-    return ref
-
-
-def upstream_request(body: dict, raw: bytes) -> tuple[bytes, list[str]]:
-    """The body sent upstream and the names of what the proxy added to it for training; `raw` (the client's
-    bytes, unchanged) when the client already asked for everything."""
-    out = dict(body)
-    added = []
-    if out.get("return_token_ids") is not True:
-        out["return_token_ids"] = True
-        added.append("return_token_ids")
-    if out.get("logprobs") is not True:
-        out["logprobs"] = True
-        out["top_logprobs"] = 0
-        added.append("logprobs")
-    if out.get("stream"):
-        options = out.get("stream_options") if isinstance(out.get("stream_options"), dict) else {}
-        if options.get("include_usage") is not True:
-            out["stream_options"] = {**options, "include_usage": True}
-            added.append("include_usage")
-    return (_json_bytes(out) if added else raw), added
-
-
-# ------------------------------------------------------------------------------------------------ replies
-def strip_added(obj: dict, added: list[str]) -> dict | None:
-    """A reply (or stream chunk) as the client would have got it without the fields the proxy added; None for a
-    stream chunk the client would not have got at all (the usage chunk it did not ask for)."""
-    if not added:
-        return obj
-    if "include_usage" in added and obj.get("choices") == [] and obj.get("usage") is not None:
-        return None
-    obj = copy.deepcopy(obj)
-    for choice in obj.get("choices") or []:
-        if not isinstance(choice, dict):
-            continue
-        if "return_token_ids" in added and "token_ids" in choice:
-            choice["token_ids"] = None
-        if "logprobs" in added and "logprobs" in choice:
-            choice["logprobs"] = None
-    if "return_token_ids" in added and "prompt_token_ids" in obj:
-        obj["prompt_token_ids"] = None
-    return obj
-
-
-def _int_list(value: Any, what: str) -> list[int] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise _upstream_error(f"the upstream's {what} is not a list of integers")
-    return value
-
-
-def _logprob_list(value: Any, what: str) -> list[float]:
-    try:
-        return [float(entry["logprob"]) for entry in (value["content"] or [])]
-    except (KeyError, TypeError, ValueError):
-        raise _upstream_error(f"the upstream's {what} is not a logprobs object with content[].logprob") from None
-
-
-def _tool_call(call: Any) -> dict:
-    try:
-        fn = call["function"]
-        arguments = fn.get("arguments") or ""
-        return {
-            "id": str(call.get("id") or ""),
-            "type": str(call.get("type") or "function"),
-            "function": {
-                "name": str(fn["name"]),
-                "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
-            },
-        }
-    except (KeyError, TypeError, AttributeError):
-        raise _upstream_error(f"the upstream returned a malformed tool call {str(call)[:200]}") from None
-
-
-def _usage(usage: Any) -> dict:
-    if usage is None:
-        return {}
-    if not isinstance(usage, dict):
-        raise _upstream_error("the upstream's usage is not an object")
-    return {k: v for k, v in usage.items() if v is not None}
-
-
-def extract(data: Any) -> dict:
-    """The recorded fields of a non-streamed chat completion (missing ids/logprobs are None)."""
-    try:
-        choice = data["choices"][0]
-        message = choice["message"]
-        content = message.get("content") or ""
-        calls = message.get("tool_calls") or []
-        if not isinstance(content, str) or not isinstance(calls, list):
-            raise TypeError("content or tool_calls")
-    except (KeyError, IndexError, TypeError, AttributeError) as exc:
-        raise _upstream_error(
-            f"the upstream's reply is not a chat completion (no {exc}); it starts with {str(data)[:300]!r}"
-        ) from None
-    response = {
-        "content": content,
-        "tool_calls": [_tool_call(c) for c in calls],
-        "finish_reason": choice.get("finish_reason"),
-        "usage": _usage(data.get("usage")),
-        "model": data.get("model"),
-    }
-    reasoning = message.get("reasoning_content") or message.get("reasoning")
-    if reasoning:
-        response["reasoning"] = reasoning
-    logprobs = choice.get("logprobs")
-    return {
-        "prompt_token_ids": _int_list(data.get("prompt_token_ids"), "prompt_token_ids"),
-        "token_ids": _int_list(choice.get("token_ids"), "choices[0].token_ids"),
-        "logprobs": None if logprobs is None else _logprob_list(logprobs, "choices[0].logprobs"),
-        "response": response,
-    }
-
-
-class StreamAccumulator:
-    """The recorded fields of a streamed chat completion, built chunk by chunk as vLLM 0.32 sends them: the first
-    chunk carries `prompt_token_ids`, each later one `choices[0].token_ids` and `logprobs.content` for the tokens
-    it adds, text and tool-call deltas; the usage chunk (empty choices) comes last."""
-
-    def __init__(self) -> None:
-        self.prompt_token_ids: list[int] | None = None
-        self.token_ids: list[int] | None = None
-        self.logprobs: list[float] | None = None
-        self.content: list[str] = []
-        self.reasoning: list[str] = []
-        self.tool_calls: dict[int, dict] = {}
-        self.finish_reason: str | None = None
-        self.usage: dict = {}
-        self.model: str | None = None
-        self.chunks = 0
-
-    def add(self, chunk: Any) -> None:
-        if not isinstance(chunk, dict):
-            raise _upstream_error(f"a stream chunk is not a JSON object: {str(chunk)[:200]}")
-        if "error" in chunk:
-            error = chunk["error"]
-            message = error.get("message") if isinstance(error, dict) else error
-            raise _upstream_error(f"the upstream sent an error in the stream: {str(message)[:1000]}")
-        self.chunks += 1
-        self.model = chunk.get("model", self.model)
-        prompt = _int_list(chunk.get("prompt_token_ids"), "prompt_token_ids")
-        if prompt is not None:
-            self.prompt_token_ids = prompt
-        if chunk.get("usage") is not None:
-            self.usage = _usage(chunk["usage"])
-        choices = chunk.get("choices") or []
-        if not isinstance(choices, list):
-            raise _upstream_error("a stream chunk's choices is not a list")
-        for choice in choices:
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                raise _upstream_error("a stream chunk has a choice other than index 0 (send n = 1)")
-            self._add_choice(choice)
-
-    def _add_choice(self, choice: dict) -> None:
-        delta = choice.get("delta") or {}
-        if not isinstance(delta, dict):
-            raise _upstream_error("a stream chunk's delta is not an object")
-        if isinstance(delta.get("content"), str):
-            self.content.append(delta["content"])
-        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-        if isinstance(reasoning, str):
-            self.reasoning.append(reasoning)
-        for call in delta.get("tool_calls") or []:
-            self._add_call(call)
-        ids = _int_list(choice.get("token_ids"), "choices[0].token_ids")
-        if ids is not None:
-            self.token_ids = (self.token_ids or []) + ids
-        if choice.get("logprobs") is not None:
-            self.logprobs = (self.logprobs or []) + _logprob_list(choice["logprobs"], "choices[0].logprobs")
-        if choice.get("finish_reason") is not None:
-            self.finish_reason = choice["finish_reason"]
-
-    def _add_call(self, call: Any) -> None:
-        if not isinstance(call, dict):
-            raise _upstream_error(f"a streamed tool call is not an object: {str(call)[:200]}")
-        index = call.get("index", 0)
-        slot = self.tool_calls.setdefault(index, {"id": "", "type": "function", "name": "", "arguments": []})
-        if call.get("id"):
-            slot["id"] = str(call["id"])
-        if call.get("type"):
-            slot["type"] = str(call["type"])
-        fn = call.get("function") or {}
-        if fn.get("name"):
-            slot["name"] += str(fn["name"])
-        if fn.get("arguments"):
-            slot["arguments"].append(str(fn["arguments"]))
-
-    def result(self) -> dict:
-        calls = [
-            {"id": c["id"], "type": c["type"], "function": {"name": c["name"], "arguments": "".join(c["arguments"])}}
-            for _, c in sorted(self.tool_calls.items())
-        ]
-        response = {
-            "content": "".join(self.content),
-            "tool_calls": calls,
-            "finish_reason": self.finish_reason,
-            "usage": self.usage,
-            "model": self.model,
-        }
-        if self.reasoning:
-            response["reasoning"] = "".join(self.reasoning)
-        return {
-            "prompt_token_ids": self.prompt_token_ids,
-            "token_ids": self.token_ids,
-            "logprobs": self.logprobs,
-            "response": response,
-        }
-
-
-def check_trainable(fields: dict, require_token_ids: bool) -> None:
-    """ProxyError(502) naming what a reply lacks for training, or where its counts disagree."""
-    if fields["response"]["finish_reason"] is None:
-        raise _upstream_error("the upstream's reply has no finish_reason: it was cut short")
-    names = {
-        "prompt_token_ids": "prompt_token_ids",
-        "token_ids": "choices[0].token_ids",
-        "logprobs": "choices[0].logprobs",
-    }
-    missing = [wire for name, wire in names.items() if fields[name] is None]
-    if missing and require_token_ids:
-        raise _upstream_error(
-            f"the upstream's reply has no {', '.join(missing)}: it cannot be recorded for training. Is the upstream "
-            "a vLLM server recent enough to honour return_token_ids? Start the proxy with --allow-missing-token-ids "
-            "for servers that are not language models"
-        )
-    ids, lps, usage = fields["token_ids"], fields["logprobs"], fields["response"]["usage"]
-    if ids is not None and lps is not None and len(ids) != len(lps):
-        raise _upstream_error(f"the upstream's reply has {len(ids)} sampled token ids but {len(lps)} logprobs")
-    for counted, key in ((fields["prompt_token_ids"], "prompt_tokens"), (ids, "completion_tokens")):
-        if counted is not None and isinstance(usage.get(key), int) and usage[key] != len(counted):
-            raise _upstream_error(f"the upstream's reply has {len(counted)} token ids but usage.{key} = {usage[key]}")
-
-
-def elide(reply: Any, paths: list[list], values: dict[str, Any]) -> tuple[Any, list[list]]:
-    """`reply` with the id lists that the record holds anyway replaced by null, and the paths replaced."""
-    out, elided = copy.deepcopy(reply), []
-    for path in paths:
-        *head, last = path
-        node = out
-        try:
-            for key in head:
-                node = node[key]
-            value = node[last]
-        except (KeyError, IndexError, TypeError):
-            continue
-        if value is not None and value == values[path[-1]]:
-            node[last] = None
-            elided.append(path)
-    return out, elided
-
-
-def unelide(reply: Any, elided: list[list], values: dict[str, Any]) -> Any:
-    out = copy.deepcopy(reply)
-    for path in elided:
-        *head, last = path
-        node = out
-        for key in head:
-            node = node[key]
-        node[last] = values[last]
-    return out
-
-
 # ------------------------------------------------------------------------------------------------ the proxy
 @dataclass
 class _Reply:
@@ -521,36 +123,6 @@ class _Reply:
         return cls(
             answer.status_code, answer.content, answer.headers.get("content-type", "application/json"), headers or {}
         )
-
-
-class _SseSplitter:
-    """Whole SSE events (each with its blank-line terminator, bytes unchanged) out of arbitrary byte chunks."""
-
-    def __init__(self) -> None:
-        self._buffer = b""
-
-    def feed(self, data: bytes) -> list[bytes]:
-        self._buffer += data
-        events = []
-        while True:
-            ends = [(i, n) for sep, n in ((b"\n\n", 2), (b"\r\n\r\n", 4)) if (i := self._buffer.find(sep)) >= 0]
-            if not ends:
-                return events
-            i, n = min(ends)
-            events.append(self._buffer[: i + n])
-            self._buffer = self._buffer[i + n :]
-
-    def rest(self) -> bytes:
-        return self._buffer
-
-
-def _event_data(event: bytes) -> bytes:
-    lines = [line[5:].lstrip(b" ") for line in event.splitlines() if line.startswith(b"data:")]
-    return b"\n".join(lines)
-
-
-def sse_error(error: ProxyError) -> bytes:
-    return b"data: " + _json_bytes(error.body()) + b"\n\n"
 
 
 class StreamOut(Protocol):
@@ -692,7 +264,7 @@ class RecordingProxy:
                 "conflict_error",
             ) from exc
         except SchemaError as exc:
-            raise _upstream_error(f"the upstream's reply cannot be recorded: {exc}") from exc
+            raise upstream_error(f"the upstream's reply cannot be recorded: {exc}") from exc
         except StoreError as exc:
             raise ProxyError(
                 HTTPStatus.SERVICE_UNAVAILABLE,
@@ -795,7 +367,7 @@ class RecordingProxy:
                 self.count("replayed")
                 log.info("%s/%d replayed from the record", *key)
                 return _Reply(
-                    HTTPStatus.OK, _json_bytes(reply), headers={REPLAYED_HEADER: "1", RECORD_HEADER: existing.id}
+                    HTTPStatus.OK, json_bytes(reply), headers={REPLAYED_HEADER: "1", RECORD_HEADER: existing.id}
                 )
             version = self._policy_version
             sent, req["added"] = upstream_request(body, raw)
@@ -803,26 +375,26 @@ class RecordingProxy:
             try:
                 answer = self._http.post(f"{self.upstream}/chat/completions", content=sent, headers=_forward(headers))
             except httpx.HTTPError as exc:
-                raise _upstream_error(_describe(exc, self.upstream)) from exc
+                raise upstream_error(_describe(exc, self.upstream)) from exc
             upstream_s = time.monotonic() - t_up
             if 400 <= answer.status_code < 500:
                 self.count("upstream_rejected")
                 return _Reply.of(answer)
             if answer.status_code != 200:
-                raise _upstream_error(
+                raise upstream_error(
                     f"the upstream {self.upstream} answered HTTP {answer.status_code}: {answer.text[:500]!r}"
                 )
             try:
                 data = answer.json()
             except ValueError:
-                raise _upstream_error(
+                raise upstream_error(
                     f"the upstream {self.upstream} answered with a body that is not JSON (starts with "
                     f"{answer.text[:200]!r}); is --upstream an OpenAI-compatible server's /v1?"
                 ) from None
             fields = extract(data)
             check_trainable(fields, self.config.require_token_ids)
             client_view = strip_added(data, req["added"])
-            out = answer.content if client_view is data else _json_bytes(client_view)
+            out = answer.content if client_view is data else json_bytes(client_view)
             stored, elided = elide(client_view, [["prompt_token_ids"], ["choices", 0, "token_ids"]], fields)
             record = self._record(
                 req,
@@ -881,7 +453,7 @@ class RecordingProxy:
         chunks = unelide(p["reply_chunks"], p.get("reply_elided", []), _elided_values(p))
         out.start(HTTPStatus.OK, "text/event-stream", {REPLAYED_HEADER: "1", RECORD_HEADER: existing.id})
         for chunk in chunks:
-            out.write(b"data: " + _json_bytes(chunk) + b"\n\n")
+            out.write(b"data: " + json_bytes(chunk) + b"\n\n")
         out.write(DONE_EVENT + b"\n\n")
         self.count("replayed")
         log.info("%s/%d replayed from the record (stream)", existing.episode_id, existing.index)
@@ -898,21 +470,21 @@ class RecordingProxy:
                     if 400 <= answer.status_code < 500:
                         self.count("upstream_rejected")
                         return _Reply.of(answer)
-                    raise _upstream_error(
+                    raise upstream_error(
                         f"the upstream {self.upstream} answered HTTP {answer.status_code}: {content[:500]!r}"
                     )
                 out.start(HTTPStatus.OK, answer.headers.get("content-type", "text/event-stream"), {})
                 return self._events(answer, req, out.write)
         except httpx.HTTPError as exc:
-            raise _upstream_error(_describe(exc, self.upstream)) from exc
+            raise upstream_error(_describe(exc, self.upstream)) from exc
 
     def _events(self, answer: httpx.Response, req: dict, write: Callable[[bytes], None]) -> tuple[dict, list, bytes]:
-        splitter, acc = _SseSplitter(), StreamAccumulator()
+        splitter, acc = SseSplitter(), StreamAccumulator()
         chunks: list[dict] = []
         done: bytes | None = None
         for data in answer.iter_raw():
             for event in splitter.feed(data):
-                payload = _event_data(event)
+                payload = event_data(event)
                 if not payload:  # a comment or keep-alive
                     write(event)
                     continue
@@ -920,11 +492,11 @@ class RecordingProxy:
                     done = event
                     continue
                 if done is not None:
-                    raise _upstream_error("the upstream sent data after [DONE]")
+                    raise upstream_error("the upstream sent data after [DONE]")
                 try:
                     chunk = json.loads(payload)
                 except ValueError:
-                    raise _upstream_error(
+                    raise upstream_error(
                         f"the upstream sent a stream event that is not JSON: {payload[:200]!r}"
                     ) from None
                 try:
@@ -936,11 +508,11 @@ class RecordingProxy:
                 if view is None:
                     continue
                 chunks.append(view)
-                write(event if view is chunk else b"data: " + _json_bytes(view) + b"\n\n")
+                write(event if view is chunk else b"data: " + json_bytes(view) + b"\n\n")
         if splitter.rest().strip():
-            raise _upstream_error(f"the upstream's stream ended mid-event: {splitter.rest()[:200]!r}")
+            raise upstream_error(f"the upstream's stream ended mid-event: {splitter.rest()[:200]!r}")
         if done is None:
-            raise _upstream_error("the upstream's stream ended without data: [DONE]: it was cut short")
+            raise upstream_error("the upstream's stream ended without data: [DONE]: it was cut short")
         fields = acc.result()
         check_trainable(fields, self.config.require_token_ids)
         return fields, chunks, done
@@ -960,7 +532,7 @@ class RecordingProxy:
                 method, url, content=body or None, headers=_forward(headers, headers.get("Content-Type"))
             )
         except httpx.HTTPError as exc:
-            raise _upstream_error(_describe(exc, url)) from exc
+            raise upstream_error(_describe(exc, url)) from exc
         extra = {k: v for k, v in answer.headers.items() if k.lower() not in _SKIP_HEADERS | {"content-type"}}
         return _Reply.of(answer, extra)
 
@@ -1026,7 +598,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
             log.warning("%s %s: the client hung up before the reply was written", self.command, self._path())
 
     def _error(self, error: ProxyError) -> None:
-        self._send(_Reply(error.status, _json_bytes(error.body())))
+        self._send(_Reply(error.status, json_bytes(error.body())))
 
     def _body(self) -> bytes:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -1085,7 +657,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
 
     def _captain(self, path: str, body: bytes) -> None:
         if path == "/captain/status" and self.command == "GET":
-            self._send(_Reply(HTTPStatus.OK, _json_bytes(self.proxy.status())))
+            self._send(_Reply(HTTPStatus.OK, json_bytes(self.proxy.status())))
         elif path == "/captain/policy_version" and self.command == "POST":
             try:
                 request = json.loads(body or b"null")
@@ -1094,7 +666,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
             if not isinstance(request, dict) or "version" not in request:
                 raise ProxyError(HTTPStatus.BAD_REQUEST, 'send {"version": <int>}', "invalid_request_error")
             version = self.proxy.set_policy_version(request["version"])
-            self._send(_Reply(HTTPStatus.OK, _json_bytes({"policy_version": version})))
+            self._send(_Reply(HTTPStatus.OK, json_bytes({"policy_version": version})))
         else:
             raise ProxyError(
                 HTTPStatus.NOT_FOUND,
