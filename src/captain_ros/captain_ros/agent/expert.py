@@ -14,7 +14,10 @@ Stateless across calls, so one instance serves any number of episodes: every cel
 visible cell and its status (a transition table, NEXT). The helper library (four parts, each defined by the first
 cell that needs it, so that no cell outgrows one completion), the current `plan` and the records of what was
 placed where live in the agent's persistent Python session; after a compaction notice, a session restart or a
-NameError the expert takes a fresh first look and defines the helpers again (keeping the records).
+NameError the expert takes a fresh first look and defines the helpers again (keeping the records). The helper
+parts are Python modules beside this one (expert_cells/: core, judging, placing, drawer), linted and imported by
+the tests; a cell carries each one's source as the file holds it (helper_source). The steps' cells stay templates
+here, code fragments with `$name` placeholders filled per goal and indented into one another.
 
 Episode shape for a pick-and-place goal (8 requests when nothing goes wrong): setup (observe, list what the
 instruction names) -> survey (segment, choose among look-alikes by the instruction's relation, measure, plan a
@@ -33,6 +36,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import resources
 from string import Template
 
 MAX_ATTEMPTS = 4  # surveys of one goal before the expert gives up
@@ -240,365 +244,23 @@ def read_history(messages: list[dict]) -> History:
 
 # The helper library, in four parts, each defined in the first cell that needs it (CaPtain's SFT data was
 # rewritten onto a small fixed helper set the model learns to write itself, App. C). Only the public robot API,
-# numpy and math. A part is recognised in the conversation by the first function it defines.
-HELPERS_CORE = '''
-import math
-
-import numpy as np
-
-PARK = [0.31, 0.0, 0.45]  # above the robot base: the arm out of the head camera's view of the table
-VIEW = [0.40, 0.0, 0.60]  # above the table: the wrist camera sees all of it from here
-WALL = 0.008  # wall thickness of bowls, cups, boxes and the drawer
-JAW_MAX = float(robot.robot_geometry()["value"]["max_jaw_opening_m"])  # the jaw's full opening (80 mm on a Panda)
-if "placed_at" not in dir():  # what earlier cells recorded survives a second definition of this library
-    placed_at = {}  # goal -> the destination's geometry, measured before the object was put on or in it
-    sizes = {}  # goal -> the extents of the object it moves, measured before it was picked up
-    tries = {}  # goal -> surveys so far
-    seen = {}  # goal -> the destination as a survey first measured it
+# numpy and math. Each part is a module of expert_cells/ (linted, imported by the tests): a cell carries the text
+# below its HELPER_SOURCE_START line, read here as the file holds it. A part is recognised in the conversation by
+# the first function it defines.
+HELPER_SOURCE_START = "# ---------------------------------------- sent to the policy from this line on"
 
 
-def pose(p, yaw=0.0, rpy=None, quat=None):
-    """A TCP pose: fingers down with the jaw axis at `yaw` deg about z, or an explicit rpy (deg) or quaternion."""
-    out = {"position": [round(float(v), 4) for v in p]}
-    if quat is not None:
-        out["quaternion"] = [float(v) for v in quat]
-    elif rpy is not None:
-        out["rpy_deg"] = [round(float(v), 2) for v in rpy]
-    else:
-        out["yaw_deg"] = round(float(yaw), 2)
-    return out
+def helper_source(part: str) -> str:
+    """The text a cell carries to define helper part `part`: its module's source (expert_cells/<part>.py) below the
+    HELPER_SOURCE_START line; above that line, a docstring and what the part takes from the session."""
+    text = resources.files("captain_ros.agent.expert_cells").joinpath(f"{part}.py").read_text(encoding="utf-8")
+    _, start, body = text.partition("\n" + HELPER_SOURCE_START + "\n")
+    if not start:
+        raise RuntimeError(f"expert_cells/{part}.py has no line {HELPER_SOURCE_START!r}")
+    return body.strip()
 
 
-def go(p, yaw=0.0, rpy=None, quat=None, *, mode="guarded", speed=None, force=None, check=False):
-    """move_to a TCP pose; with check=True, check_motion first and return its objection instead of moving."""
-    target = pose(p, yaw, rpy, quat)
-    if check:
-        ck = robot.check_motion(pose=target)
-        if not ck["success"] or not ck["value"]["feasible"]:
-            why = ck["value"]["reason"] if ck["success"] else ck["message"]
-            return {
-                "success": False,
-                "executed": False,
-                "failure_category": "not_feasible",
-                "message": why,
-                "value": None,
-            }
-    kw = {"mode": mode}
-    if speed is not None:
-        kw["speed_mps"] = speed
-    if force is not None:
-        kw["force_limit_n"] = force
-    return robot.move_to(pose=target, **kw)
-
-
-def state():
-    return robot.get_robot_state()["value"]
-
-
-def holding():
-    return bool(robot.gripper_state()["value"]["holding_object"])
-
-
-def ended_at(r):
-    """Where a motion left the TCP (None if it never started)."""
-    return np.array(r["value"]["tcp_position_m"]) if r.get("value") else None
-
-
-def park():
-    """Straight up to 25 cm with the current orientation, then to the parking pose; in manipulation mode (25 N at
-    most), as the fingers may still rub on what they just let go of."""
-    s = state()
-    p = np.array(s["tcp_pose"]["position"])
-    if np.linalg.norm(p - PARK) < 0.03:
-        return True
-    up = {"mode": "manipulation", "force": 25.0}
-    if p[2] < 0.25 and not go([p[0], p[1], 0.25], quat=s["tcp_pose"]["quaternion"], **up)["success"]:
-        return False
-    return go(PARK, 0.0, **up)["success"]
-
-
-def look_from_above():
-    """The wrist camera from above the table: it tells apart what touches in the head camera's oblique view."""
-    go(VIEW, 0.0, mode="manipulation", force=25.0)
-    return robot.observe(cameras=["wrist"])
-
-
-def find(text, camera="head"):
-    """Detections answering `text` in the latest observation, best first ([] if none)."""
-    r = robot.segment(text=text, camera=camera)
-    return r["value"]["detections"] if r["success"] else []
-
-
-def geom(det, dest=None):
-    r = robot.measure_object_geometry(object=det, destination=dest)
-    return r["value"] if r["success"] else None
-
-
-def xy(p):
-    return np.array(p[:2], dtype=float)
-
-
-def fmt(p):
-    return "(" + ", ".join(f"{float(v):.3f}" for v in p) + ")"
-
-
-def distinct(dets, apart=0.05):
-    """One detection per object: of detections whose centres lie within `apart` (parts of one object, such as a
-    bowl's rim and its floor seen from above) the first, i.e. the best scored and largest, is kept."""
-    kept = []
-    for d in dets:
-        if all(float(np.linalg.norm(xy(d["position_m"]) - xy(k["position_m"]))) > apart for k in kept):
-            kept.append(d)
-    return kept
-
-
-def nearest(dets, p):
-    """The detection whose centre is nearest the point p (x, y), or None."""
-    return min(dets, key=lambda d: float(np.linalg.norm(xy(d["position_m"]) - xy(p))), default=None)
-'''.strip()
-
-HELPERS_JUDGING = '''
-def inside(p, g, margin):
-    """How far (m) the point p lies inside the footprint of geometry g shrunk by `margin` (negative: outside)."""
-    d = xy(p) - xy(g["center_m"])
-    if g["fitted_shape"] == "cylinder":
-        return g["extents_m"][0] / 2 - margin - float(np.linalg.norm(d))
-    a = math.radians(g["yaw_deg"])
-    u = np.array([math.cos(a), math.sin(a)])
-    v = np.array([-u[1], u[0]])
-    return min(g["extents_m"][0] / 2 - margin - abs(d @ u), g["extents_m"][1] / 2 - margin - abs(d @ v))
-
-
-def support_of(d, mode):
-    """(height an object rests at, margin its centre must keep inside the footprint) for a destination geometry:
-    TASK.md's tolerances plus the walls (a bowl's floor is 78% of its rim's radius)."""
-    if mode == "in":
-        margin = WALL + 0.005 + (0.22 * d["extents_m"][0] / 2 if d["kind"] == "bowl" else 0.0)
-        return d["bottom_z_m"] + WALL, margin
-    if d["kind"] == "plate":
-        return d["bottom_z_m"] + 0.6 * d["extents_m"][2], WALL + 0.01
-    return d["top_z_m"], 0.01
-
-
-def judge(g, d, mode):
-    """Whether a measured object g is 'in' or 'on' the destination geometry d within TASK.md's tolerances."""
-    rest, margin = support_of(d, mode)
-    clear = inside(g["center_m"], d, margin)
-    dz = g["bottom_z_m"] - rest
-    level = abs(dz) <= 0.015 if mode == "on" else (dz >= -0.015 and g["bottom_z_m"] <= d["top_z_m"] - 0.005)
-    text = (
-        f"centre {abs(clear) * 100:.1f} cm {'inside' if clear >= 0 else 'OUTSIDE'} the allowed area, "
-        f"bottom {dz * 100:+.1f} cm from the support surface"
-    )
-    return bool(clear >= 0 and level), text
-
-
-def rim_fit(det, size):
-    """A round vessel from depth points on a grid over its detection's box, when it reads as one region with what it
-    stands on: the points near its top are its upper wall; a circle fitted to them gives the rim's centre and a
-    plane fitted to them its tilt. Returns (centre of its base (x, y), rim radius, tilt in degrees, top), or None."""
-    u0, v0, u1, v1 = det["bbox_px"]
-    grid = [[(u0 + (u1 - u0) * i / 23) / 511, (v0 + (v1 - v0) * k / 23) / 511] for i in range(24) for k in range(24)]
-    r = robot.measure_image_points(observation_handle=det["observation_handle"], camera=det["camera"], points=grid)
-    if not r["success"]:
-        return None
-    pts = [p for p in r["value"]["points"] if p["point_m"] is not None]
-    top = max(p["height_above_table_m"] for p in pts)
-    wall = np.array([p["point_m"] for p in pts if p["height_above_table_m"] > top - 0.45 * size[2]])
-    if len(wall) < 12:
-        return None
-    x, y, z = wall[:, 0], wall[:, 1], wall[:, 2]
-    ones = np.ones(len(x))
-    a, b, c = np.linalg.lstsq(np.column_stack([x, y, ones]), x**2 + y**2, rcond=None)[0]  # x^2+y^2 = a x + b y + c
-    rim = np.array([a / 2, b / 2])
-    sx, sy, _ = np.linalg.lstsq(np.column_stack([x, y, ones]), z, rcond=None)[0]  # the wall band's plane
-    axis = np.array([-sx, -sy, 1.0]) / float(np.linalg.norm([-sx, -sy, 1.0]))
-    base = rim - axis[:2] * 0.8 * size[2]  # the band lies about a fifth of the height below the rim
-    return base, float(np.sqrt(c + rim @ rim)), float(np.degrees(np.arccos(axis[2]))), top
-
-
-def verdict(g, d, mode, size=None, det=None):
-    """judge() for a fresh measurement g of an object of known `size`. Black, grey and white objects that touch
-    read as one region, larger than the object: then a round vessel's centre comes from its rim (rim_fit)."""
-    if size is None or all(a - b <= 0.02 for a, b in zip(g["extents_m"], size, strict=False)):
-        return judge(g, d, mode)
-    ext = " x ".join(f"{e * 100:.1f}" for e in g["extents_m"])
-    fit = rim_fit(det, size) if det is not None and abs(size[0] - size[1]) < 0.01 else None
-    if fit is None or abs(fit[1] - (size[0] / 2 - WALL / 2)) > 0.012:
-        return False, f"the region measures {ext} cm, more than the object, and no rim could be fitted"
-    base, radius, tilt, top = fit
-    rest, margin = support_of(d, mode)
-    clear = inside(base, d, margin)
-    dz = top - size[2] - rest
-    # a fitted rim is good to about a centimetre, less so when the vessel rests tilted on the destination's rim
-    ok = clear >= 0.01 + 0.001 * tilt and -0.015 <= dz <= 0.025
-    return ok, (
-        f"one {ext} cm region with the destination; its rim (radius {radius * 100:.1f} cm, tilted {tilt:.0f} deg, "
-        f"top {top:.3f} m) puts its base at {fmt(base)}, {abs(clear) * 100:.1f} cm "
-        f"{'inside' if clear >= 0 else 'OUTSIDE'} the allowed area, {dz * 100:+.1f} cm from resting height"
-    )
-'''.strip()
-
-HELPERS_PLACING = '''
-def destination(text, ref=None, camera="head"):
-    """(geometry, detection) of a destination. With `ref` (its geometry from before an object was put on or in
-    it) that geometry is kept unless an object of its size is seen a little way off (it was bumped): what stands
-    on it hides part of it and shades it, and the arm may hide it."""
-    dets = find(text, camera)
-    if not dets and text.split()[0] in ("black", "grey", "white"):
-        dets = find(text.split()[-1], camera)  # the colour name of black, grey and white objects varies with light
-    if ref is None:
-        return (geom(dets[0]["detection_id"]), dets[0]) if dets else (None, None)
-    near = nearest(dets, ref["center_m"])
-    g = geom(near["detection_id"]) if near is not None else None
-    if (
-        g is not None
-        and 0.04 < float(np.linalg.norm(xy(g["center_m"]) - xy(ref["center_m"]))) < 0.10
-        and all(abs(a - b) < 0.015 for a, b in zip(g["extents_m"][:2], ref["extents_m"][:2], strict=True))
-    ):
-        return g, near  # it has moved
-    return ref, None
-
-
-def find_target(text, near=None, within=0.12, camera="head"):
-    """Detections of `text`; with `near`, those within `within` of it, or else other regions there that may be it:
-    the same kind of object (a colour reads differently in a container's shadow) or, for a black, grey or white
-    object, any region of those colours (they merge with black, grey and white neighbours)."""
-    named = find(text, camera)
-    if near is None:
-        return named
-
-    def close(dets):
-        return [d for d in dets if float(np.linalg.norm(xy(d["position_m"]) - xy(near))) < within]
-
-    if close(named):
-        return close(named)
-    words = text.split()
-    for q in [words[-1]] + (["black", "grey", "white"] if words[0] in ("black", "grey", "white") else []):
-        if close(find(q, camera)):
-            return close(find(q, camera))
-    return named
-
-
-def grasp_options(g):
-    """Top-down grasps of a measured object, best first: across two faces of a box-like object that fits the jaw
-    (JAW_MAX), or on the rim of an open round vessel (one pad inside, one outside its wall, the jaw half open)."""
-    c, (long, short) = np.array(g["center_m"]), g["extents_m"][:2]
-    opts = []
-    round_ = g["fitted_shape"] == "cylinder" or long - short < 0.1 * long
-    if round_ and (g["open_top"] or g["kind"] in ("cup", "bowl") or short > 0.07):
-        r = long / 2 - WALL / 2
-        for k in range(12):
-            a = math.atan2(-c[1], -c[0]) + math.radians(30 * k)  # from the side facing the robot round
-            radial = np.array([math.cos(a), math.sin(a)])
-            opts.append(
-                {
-                    "kind": "rim",
-                    "xy": c[:2] + r * radial,
-                    "z": g["top_z_m"] - 0.014,
-                    "open": 0.04,
-                    "yaw": (math.degrees(a) + 180) % 180 - 90,
-                    "width": WALL,
-                    "to_center": -r * radial,
-                    "radial": radial,
-                    "center": c[:2],
-                    "across": False,
-                }
-            )
-        opts.sort(key=lambda o: float(np.linalg.norm(o["xy"])))
-    else:
-        for extra in (0.0, 90.0):
-            opts.append(
-                {
-                    "kind": "faces",
-                    "xy": c[:2],
-                    "z": max(g["top_z_m"] - 0.022, g["bottom_z_m"] + 0.018),
-                    "yaw": (g["yaw_deg"] + extra + 90) % 180 - 90,
-                    "open": JAW_MAX,
-                    "width": short if extra == 0 else long,
-                    "to_center": np.zeros(2),
-                    "radial": None,
-                    "center": c[:2],
-                    "across": extra != 0,
-                }
-            )
-        opts = [o for o in opts if o["width"] <= JAW_MAX - 0.01]  # 5 mm of play, at least, on each side of the jaw
-        opts.sort(key=lambda o: abs(o["yaw"]))
-    return opts
-
-
-def clear_of(o, others):
-    """Smallest gap (m) between the pads of grasp o and the footprints of other detections."""
-    if o["radial"] is None:
-        a = math.radians(o["yaw"])
-        jaw = np.array([math.sin(a), -math.cos(a)])
-    else:
-        jaw = o["radial"]
-    pads = [o["xy"] + s * (o["open"] / 2 + 0.009) * jaw for s in (-1, 1)]
-    gaps = [
-        float(np.linalg.norm(p - xy(d["position_m"]))) - max(d["extents_m"][:2]) / 2 - 0.01
-        for p in pads
-        for d in others
-    ]
-    return min(gaps) if gaps else 1.0
-'''.strip()
-
-HELPERS_DRAWER = '''
-HANDLE_BAR = 0.030  # the cabinet's handle bar: its centre 3 cm in front of the drawer face, 1.6 cm thick
-HANDLE_OUT = 0.038  # the front of the handle bar from the drawer face
-TRAVEL = 0.16  # the drawer's travel
-
-
-def cabinet():
-    """The cabinet's carcass in the head camera: the centre of its front face (the drawer side, facing the robot),
-    the outward normal n and the direction t along the face, its width and height."""
-    cabs = sorted(find("cabinet"), key=lambda d: -d["mask_pixels"])
-    g = geom(cabs[0]["detection_id"]) if cabs else None
-    if g is None:
-        return None
-    c = xy(g["center_m"])
-    a = math.radians(g["yaw_deg"])
-    t = np.array([math.cos(a), math.sin(a)])  # the long side is the front (30 cm; the depth is partly hidden)
-    n = np.array([-t[1], t[0]])
-    if n @ -c < 0:
-        n = -n
-    fp = np.array(g["footprint_xy_m"]) - c
-    s = fp @ t
-    mid = c + t * (s.max() + s.min()) / 2 + n * float((fp @ n).max())
-    return {
-        "id": cabs[0]["detection_id"],
-        "mid": mid,
-        "n": n,
-        "t": t,
-        "width": float(s.max() - s.min()),
-        "height": float(g["top_z_m"]),
-    }
-
-
-def drawer_opening(cab):
-    """How far the drawer stands out of the front face (m), and from how many regions: the furthest region in front
-    of the face at drawer height (the handle, 3.8 cm proud of the drawer) among the brown, black, white, grey ones."""
-    reach, parts = None, 0
-    for colour in ("brown", "black", "white", "grey"):
-        for d in find(colour + " drawer"):
-            p = xy(d["position_m"]) - cab["mid"]
-            top = d["position_m"][2] + d["extents_m"][2] / 2
-            if (
-                p @ cab["n"] <= 0.005
-                or abs(p @ cab["t"]) > cab["width"] / 2
-                or not 0.5 * cab["height"] < top < cab["height"] + 0.02
-            ):
-                continue  # not in front of the face at drawer height (above the cabinet: the arm)
-            g = geom(d["detection_id"])
-            far = float(((np.array(g["footprint_xy_m"]) - cab["mid"]) @ cab["n"]).max()) if g else 1.0
-            if far > TRAVEL + HANDLE_OUT + 0.03:
-                continue  # further out than the drawer goes: something else
-            reach = far if reach is None else max(reach, far)
-            parts += 1
-    return (None if reach is None else max(0.0, reach - HANDLE_OUT)), parts
-'''.strip()
-
-HELPERS = {"core": HELPERS_CORE, "judging": HELPERS_JUDGING, "placing": HELPERS_PLACING, "drawer": HELPERS_DRAWER}
+HELPERS = {part: helper_source(part) for part in ("core", "judging", "placing", "drawer")}
 HELPER_MARKERS = {
     "core": "def go(",
     "judging": "def verdict(",

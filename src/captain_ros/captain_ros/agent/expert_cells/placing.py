@@ -1,0 +1,120 @@
+"""The helper library's placing part: a destination's geometry (kept once something stands on it), the target
+among look-alikes and merged regions, the grasps of a measured object and how clear of its neighbours they are.
+
+The scripted expert (agent/expert.py) sends the text below the marker line as it stands, in the first cell that
+needs this part, and the agent's Python session defines it there. Above the line, not sent: what the part takes
+from that session (the core part, defined before it), named for the linter and type checkers only.
+"""
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the agent's session: the core part
+    import math
+
+    import numpy as np
+
+    from captain_ros.agent.expert_cells.core import JAW_MAX, WALL, find, geom, nearest, xy
+
+
+# ---------------------------------------- sent to the policy from this line on
+def destination(text, ref=None, camera="head"):
+    """(geometry, detection) of a destination. With `ref` (its geometry from before an object was put on or in
+    it) that geometry is kept unless an object of its size is seen a little way off (it was bumped): what stands
+    on it hides part of it and shades it, and the arm may hide it."""
+    dets = find(text, camera)
+    if not dets and text.split()[0] in ("black", "grey", "white"):
+        dets = find(text.split()[-1], camera)  # the colour name of black, grey and white objects varies with light
+    if ref is None:
+        return (geom(dets[0]["detection_id"]), dets[0]) if dets else (None, None)
+    near = nearest(dets, ref["center_m"])
+    g = geom(near["detection_id"]) if near is not None else None
+    if (
+        g is not None
+        and 0.04 < float(np.linalg.norm(xy(g["center_m"]) - xy(ref["center_m"]))) < 0.10
+        and all(abs(a - b) < 0.015 for a, b in zip(g["extents_m"][:2], ref["extents_m"][:2], strict=True))
+    ):
+        return g, near  # it has moved
+    return ref, None
+
+
+def find_target(text, near=None, within=0.12, camera="head"):
+    """Detections of `text`; with `near`, those within `within` of it, or else other regions there that may be it:
+    the same kind of object (a colour reads differently in a container's shadow) or, for a black, grey or white
+    object, any region of those colours (they merge with black, grey and white neighbours)."""
+    named = find(text, camera)
+    if near is None:
+        return named
+
+    def close(dets):
+        return [d for d in dets if float(np.linalg.norm(xy(d["position_m"]) - xy(near))) < within]
+
+    if close(named):
+        return close(named)
+    words = text.split()
+    for q in [words[-1]] + (["black", "grey", "white"] if words[0] in ("black", "grey", "white") else []):
+        if close(find(q, camera)):
+            return close(find(q, camera))
+    return named
+
+
+def grasp_options(g):
+    """Top-down grasps of a measured object, best first: across two faces of a box-like object that fits the jaw
+    (JAW_MAX), or on the rim of an open round vessel (one pad inside, one outside its wall, the jaw half open)."""
+    c, (long, short) = np.array(g["center_m"]), g["extents_m"][:2]
+    opts = []
+    round_ = g["fitted_shape"] == "cylinder" or long - short < 0.1 * long
+    if round_ and (g["open_top"] or g["kind"] in ("cup", "bowl") or short > 0.07):
+        r = long / 2 - WALL / 2
+        for k in range(12):
+            a = math.atan2(-c[1], -c[0]) + math.radians(30 * k)  # from the side facing the robot round
+            radial = np.array([math.cos(a), math.sin(a)])
+            opts.append(
+                {
+                    "kind": "rim",
+                    "xy": c[:2] + r * radial,
+                    "z": g["top_z_m"] - 0.014,
+                    "open": 0.04,
+                    "yaw": (math.degrees(a) + 180) % 180 - 90,
+                    "width": WALL,
+                    "to_center": -r * radial,
+                    "radial": radial,
+                    "center": c[:2],
+                    "across": False,
+                }
+            )
+        opts.sort(key=lambda o: float(np.linalg.norm(o["xy"])))
+    else:
+        for extra in (0.0, 90.0):
+            opts.append(
+                {
+                    "kind": "faces",
+                    "xy": c[:2],
+                    "z": max(g["top_z_m"] - 0.022, g["bottom_z_m"] + 0.018),
+                    "yaw": (g["yaw_deg"] + extra + 90) % 180 - 90,
+                    "open": JAW_MAX,
+                    "width": short if extra == 0 else long,
+                    "to_center": np.zeros(2),
+                    "radial": None,
+                    "center": c[:2],
+                    "across": extra != 0,
+                }
+            )
+        opts = [o for o in opts if o["width"] <= JAW_MAX - 0.01]  # 5 mm of play, at least, on each side of the jaw
+        opts.sort(key=lambda o: abs(o["yaw"]))
+    return opts
+
+
+def clear_of(o, others):
+    """Smallest gap (m) between the pads of grasp o and the footprints of other detections."""
+    if o["radial"] is None:
+        a = math.radians(o["yaw"])
+        jaw = np.array([math.sin(a), -math.cos(a)])
+    else:
+        jaw = o["radial"]
+    pads = [o["xy"] + s * (o["open"] / 2 + 0.009) * jaw for s in (-1, 1)]
+    gaps = [
+        float(np.linalg.norm(p - xy(d["position_m"]))) - max(d["extents_m"][:2]) / 2 - 0.01
+        for p in pads
+        for d in others
+    ]
+    return min(gaps) if gaps else 1.0

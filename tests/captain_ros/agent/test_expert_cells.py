@@ -1,0 +1,95 @@
+"""The scripted expert's helper library as modules (agent/expert_cells/): each part imports as real Python, the
+expert sends exactly what its file holds below the marker line, and above that line there is nothing that runs
+in the module and not in the agent's session (a docstring and imports for type checkers only).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import importlib
+import math
+import sys
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+
+import pytest
+
+from captain_ros.agent import expert
+
+PARTS = ("core", "judging", "placing", "drawer")
+PACKAGE = "captain_ros.agent.expert_cells"
+
+
+def fake_robot() -> SimpleNamespace:
+    """A stand-in for the session's robot client, enough for what the core part asks at definition time."""
+    return SimpleNamespace(robot_geometry=lambda: {"success": True, "value": {"max_jaw_opening_m": 0.08}})
+
+
+@pytest.fixture
+def modules(monkeypatch) -> dict[str, ModuleType]:
+    """Each part imported afresh, with a stand-in robot as a built-in name (the session's global in a cell)."""
+    monkeypatch.setattr(builtins, "robot", fake_robot(), raising=False)
+    for part in PARTS:
+        monkeypatch.delitem(sys.modules, f"{PACKAGE}.{part}", raising=False)
+    return {part: importlib.import_module(f"{PACKAGE}.{part}") for part in PARTS}
+
+
+def split(module: ModuleType) -> tuple[str, str]:
+    """(the text above the marker line, the text below it) of a part's file."""
+    head, start, body = Path(module.__file__).read_text(encoding="utf-8").partition(expert.HELPER_SOURCE_START + "\n")
+    assert start, f"{module.__name__} has no marker line"
+    return head, body
+
+
+def test_every_part_imports_and_defines_the_function_the_conversation_knows_it_by(modules):
+    assert set(expert.HELPERS) == set(PARTS) == set(expert.HELPER_ORDER) == set(expert.HELPER_MARKERS)
+    for part, module in modules.items():
+        name = expert.HELPER_MARKERS[part].removeprefix("def ").removesuffix("(")
+        assert callable(getattr(module, name)), (part, name)
+    assert modules["core"].JAW_MAX == 0.08  # asked of the robot when the part is defined
+
+
+def test_the_expert_sends_each_part_as_its_file_holds_it(modules):
+    for part, module in modules.items():
+        _, body = split(module)
+        assert expert.HELPERS[part] == body.strip() == expert.helper_source(part)
+        assert expert.HELPER_MARKERS[part] in expert.HELPERS[part]
+        assert expert.HELPER_SOURCE_START not in expert.HELPERS[part]
+
+
+def test_above_the_marker_only_a_docstring_and_what_the_part_takes_from_the_session(modules):
+    """Nothing above the line runs differently from the session: imports under TYPE_CHECKING only, each of a name
+    that the session has when the part is defined (the robot client, or a name of a part defined before it)."""
+    order = expert.HELPER_ORDER
+    for part, module in modules.items():
+        head, _ = split(module)
+        body = ast.parse(head).body
+        assert isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant), part  # the docstring
+        rest = body[1:]
+        assert ast.unparse(rest[0]) == "from typing import TYPE_CHECKING", part
+        assert len(rest) == 2 and isinstance(rest[1], ast.If) and ast.unparse(rest[1].test) == "TYPE_CHECKING", part
+        assert not rest[1].orelse, part
+        for node in rest[1].body:
+            assert isinstance(node, ast.Import | ast.ImportFrom), (part, ast.unparse(node))
+            if isinstance(node, ast.Import):
+                assert {a.name for a in node.names} <= {"math", "numpy"}, part
+                continue
+            names = {a.name for a in node.names}
+            source = node.module.removeprefix(PACKAGE + ".")
+            if source == "session":
+                assert names == {"robot"}, part
+            else:
+                assert order.index(source) < order.index(part), (part, source)
+                assert all(hasattr(modules[source], name) for name in names), (part, source, names)
+
+
+def test_the_parts_defined_in_one_session_in_the_expert_s_order_work_together():
+    session: dict = {"robot": fake_robot()}
+    for part in expert.HELPER_ORDER:
+        exec(compile(expert.HELPERS[part], f"<{part}>", "exec"), session)
+    assert session["pose"]([0.4, 0.1, 0.2], 90) == {"position": [0.4, 0.1, 0.2], "yaw_deg": 90.0}
+    bowl = {"center_m": [0.5, 0.0, 0.03], "fitted_shape": "cylinder", "extents_m": [0.16, 0.16, 0.06]}
+    assert math.isclose(session["inside"]([0.52, 0.0], bowl, 0.01), 0.05)  # judging uses the core's xy and np
+    assert session["fmt"]([0.5, 0.0, 0.03]) == "(0.500, 0.000, 0.030)"
+    assert session["JAW_MAX"] == 0.08 and session["placed_at"] == {}
