@@ -57,7 +57,7 @@ PANDA = robot.default_profile()  # the twin's arm
 TASK = "put_blue_cube_in_box"
 PAD_BODIES = ("panda_leftfinger", "panda_rightfinger")
 # link-loss and wrench-lag limits for the ROS runs: on this 2-core VM a process can stall past the production
-# 0.5 s / 0.25 s, which would abort the benchmark (link loss itself is tested in tests/ros/test_backends.py)
+# 0.5 s / 0.25 s, which would abort the benchmark (link loss itself is tested in tests/captain_ros/ros/test_backends.py)
 STATE_TIMEOUT_S = 2.0
 WRENCH_MAX_LAG_S = 2.0
 FORCE_LIMIT_N = 15.0

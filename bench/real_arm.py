@@ -55,9 +55,9 @@ moveit_scene_check_ms_p50/_p95  MoveIt's planning-scene check of one sweep (use_
                             parts run, planned by the harness's planner, its sampled joint configurations sent 8 at a
                             time to /check_state_validity (moveit_msgs/GetStateValidity), every answer received: host
                             time around MoveItScene.check (ros/moveit_scene.py), over DDS to a fake move_group in its
-                            own process (tests/ros/fake_move_group.py: the TCP as a sphere against world boxes, one
-                            box measured into the scene first). The fake's own work per state (the profile's forward
-                            kinematics in Python) is in the number; a real move_group's collision check of every
+                            own process (tests/captain_ros/ros/fake_move_group.py: the TCP as a sphere against world
+                            boxes, one box measured into the scene first). The fake's own work per state (the profile's
+                            forward kinematics in Python) is in the number; a real move_group's collision check of every
                             link's meshes takes its place (not measured: MoveIt does not install here).
 moveit_scene_apply_ms_p50   one ApplyPlanningScene round trip (a measured box added, then removed)
 
@@ -625,7 +625,7 @@ def moveit_scene_timing(node, checks: int) -> dict[str, object]:
     start = planner.plan_pose(home, START, kin.forward(home)[1]).q_waypoints[-1]
     plan = planner.plan_pose(start, END, kin.forward(start)[1], speed_mps=SPEED_MPS)
     fake = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "ros" / "fake_move_group.py"), "--profile", profile.name],
+        [sys.executable, str(ROOT / "tests" / "captain_ros" / "ros" / "fake_move_group.py"), "--profile", profile.name],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -667,9 +667,9 @@ def moveit_scene_timing(node, checks: int) -> dict[str, object]:
         "moveit_scene_checks": checks,
         "moveit_scene_states_per_check": states,
         "moveit_scene_sweep_waypoints": len(plan.q_waypoints),
-        "moveit_scene_against": "tests/ros/fake_move_group.py in its own process over DDS (Fast DDS, localhost); "
-        "its collision model is the TCP as a 3 cm sphere against world boxes (Python forward kinematics per state), "
-        "not MoveIt's FCL on the robot's meshes, whose time per state takes its place on a real move_group",
+        "moveit_scene_against": "tests/captain_ros/ros/fake_move_group.py in its own process over DDS (Fast DDS, "
+        "localhost); its collision model is the TCP as a 3 cm sphere against world boxes (Python forward kinematics "
+        "per state), not MoveIt's FCL on the robot's meshes, whose time per state takes its place on a real move_group",
     }
 
 

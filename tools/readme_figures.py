@@ -259,10 +259,10 @@ ROS_RTT = (
 )
 
 STRESS = (
-    "The DDS tests (`tests/ros`, every `ros`-marked test) under load: `python tools/stress_dds_tests.py` ran them "
-    "{runs} times in a row on {machine[cores]} cores while {busy_loops} busy loops kept every core busy: {passed} of "
-    "{runs} runs passed (longest run of consecutive passes: {longest_passing_streak}; a run took {run_s_median:.0f} s, "
-    "at most {run_s_max:.0f} s; `bench/results/stress_dds.json`, {machine[date_utc]}).\n"
+    "The DDS tests (`tests/captain_ros/ros`, every `ros`-marked test) under load: `python tools/stress_dds_tests.py` "
+    "ran them {runs} times in a row on {machine[cores]} cores while {busy_loops} busy loops kept every core busy: "
+    "{passed} of {runs} runs passed (longest run of consecutive passes: {longest_passing_streak}; a run took "
+    "{run_s_median:.0f} s, at most {run_s_max:.0f} s; `bench/results/stress_dds.json`, {machine[date_utc]}).\n"
 )
 
 AGENT = (

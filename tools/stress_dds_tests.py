@@ -8,9 +8,9 @@ Prints one line per run, then a summary; the full report (per run: outcome, dura
 run's output beside it) is written to runs/stress_dds/<time>/, and, for a run of the whole DDS suite, the
 summary to bench/results/stress_dds.json (docs/testing.md quotes it).
 
-  .venv/bin/python tools/stress_dds_tests.py                 # 20 runs of tests/ros, 2 busy loops
+  .venv/bin/python tools/stress_dds_tests.py                 # 20 runs of tests/captain_ros/ros, 2 busy loops
   .venv/bin/python tools/stress_dds_tests.py --workers 2          # each run on 2 workers, as `make test` runs it
-  .venv/bin/python tools/stress_dds_tests.py --runs 5 --busy 3 -- tests/ros/test_motion_node.py
+  .venv/bin/python tools/stress_dds_tests.py --runs 5 --busy 3 -- tests/captain_ros/ros/test_motion_node.py
 """
 
 from __future__ import annotations
@@ -90,9 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         "serial (the main job under its own busy loops) are then left out, as make test runs them alone",
     )
     parser.add_argument("--stop-on-failure", action="store_true", help="stop at the first failed run")
-    parser.add_argument("pytest_args", nargs="*", help="after --: pytest arguments (default: -m ros tests/ros)")
+    parser.add_argument(
+        "pytest_args", nargs="*", help="after --: pytest arguments (default: -m ros tests/captain_ros/ros)"
+    )
     args = parser.parse_args(argv)
-    pytest_args = args.pytest_args or ["-m", "ros", "tests/ros"]
+    pytest_args = args.pytest_args or ["-m", "ros", "tests/captain_ros/ros"]
     if args.workers > 1:  # tests marked serial bring their own busy loops and never share the machine (make test)
         pytest_args = ["-n", str(args.workers), "--dist", "loadgroup", *pytest_args]
         if not args.pytest_args:

@@ -46,7 +46,7 @@ def test_top_down_rotation_points_the_fingers_down():
 
 
 # ---------------------------------------------------------------------------------------------- vendor descriptions
-HANDE_URDF = Path(__file__).parents[2] / "ros" / "urdf" / "ur5e_hande_vendor.urdf"  # PickNik's Hand-E on a UR5e
+HANDE_URDF = Path(__file__).parents[1] / "ros" / "urdf" / "ur5e_hande_vendor.urdf"  # PickNik's Hand-E on a UR5e
 
 
 def test_a_description_with_massless_moving_links_compiles_for_kinematics():

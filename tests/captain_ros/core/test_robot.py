@@ -17,7 +17,7 @@ from captain_ros.core.kinematics import Kinematics
 from captain_ros.paths import config_path
 
 PANDA_FILE = config_path("robots/panda_twin.yaml")
-VENDOR_URDFS = Path(__file__).parents[2] / "ros" / "urdf"  # stand-ins for the vendors' /robot_description
+VENDOR_URDFS = Path(__file__).parents[1] / "ros" / "urdf"  # stand-ins for the vendors' /robot_description
 
 
 FRANKA = {
@@ -182,7 +182,7 @@ def test_continuous_joints_get_a_full_turn(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- the gripper
 def vendor_profile(name: str, urdf: str) -> robot.RobotProfile:
-    """A shipped real-arm profile on the stand-in of its vendor's /robot_description (tests/ros/urdf/)."""
+    """A shipped real-arm profile on the stand-in of its vendor's /robot_description (tests/captain_ros/ros/urdf/)."""
     return robot.load_profile(name).with_urdf_text((VENDOR_URDFS / urdf).read_text())
 
 

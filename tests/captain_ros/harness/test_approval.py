@@ -1,5 +1,5 @@
 """The operator's say over physical actions, without ROS: the e-stop latch, the approver, and the harness
-gate that asks it (on the twin backend). The same paths over DDS are in tests/ros/test_safety.py."""
+gate that asks it (on the twin backend). The same paths over DDS are in tests/captain_ros/ros/test_safety.py."""
 
 from __future__ import annotations
 

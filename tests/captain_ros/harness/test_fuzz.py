@@ -8,7 +8,7 @@ message, never a crash), with a receipt within its limit and a JSON-safe value; 
 result says `executed`; only physical actions count against the action budget. After each sequence the
 completion gate still reads the log, and an honest ending (a small move, a check, finish) is accepted.
 
-The strategies are shared with the same fuzzing over DDS (tests/ros/test_fuzz_dds.py). Valid arguments of
+The strategies are shared with the same fuzzing over DDS (tests/captain_ros/ros/test_fuzz_dds.py). Valid arguments of
 physical actions stay in a small box above the table at speeds that keep every motion short, so a run is
 bounded; invalid ones may be anything. Placeholders like "<det>" stand for the ids the calls before
 produced (the newest detection, observation handle, ...), so valid sequences reach deep into perception.

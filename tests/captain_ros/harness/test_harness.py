@@ -1,6 +1,6 @@
 """The harness core on the twin backend: results, receipts, exact stop timing, the watchdog, budgets, the
 gate. Behaviour both backends share (pick-and-place, contact and force stops, cancel, stop, bad targets)
-is tested on both in tests/ros/test_backends.py."""
+is tested on both in tests/captain_ros/ros/test_backends.py."""
 
 import numpy as np
 import pytest

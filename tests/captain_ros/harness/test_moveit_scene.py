@@ -1,6 +1,6 @@
 """MoveIt's planning-scene check without ROS: the core (core/moveit_scene.py) and the harness's use of a scene
-(harness.PlanningScene), with a scene of the test's own. tests/ros/test_moveit_scene.py runs the same over DDS
-against a fake move_group."""
+(harness.PlanningScene), with a scene of the test's own. tests/captain_ros/ros/test_moveit_scene.py runs the same over
+DDS against a fake move_group."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ POSE = {"position": [0.4, 0.0, 0.3], "yaw_deg": 0}
 
 
 class BoxScene:
-    """A planning scene that knows boxes and the TCP (a 3 cm sphere), like tests/ros/fake_move_group.py."""
+    """A planning scene that knows boxes and the TCP (a 3 cm sphere), like
+    tests/captain_ros/ros/fake_move_group.py."""
 
     def __init__(self, kinematics, fail: bool = False, link: str = "panda_link5") -> None:
         self.kin, self.fail, self.link = kinematics, fail, link  # `link`: the robot link its contacts name
@@ -53,7 +54,8 @@ class BoxScene:
     free_space_min_m = 0.0  # > 0: move_to plans far targets here (plan)
 
     def plan(self, q_start: np.ndarray, q_goal: np.ndarray) -> tuple[np.ndarray | None, str]:
-        """The straight line in joint space, as tests/ros/fake_move_group.py plans; refused through a box."""
+        """The straight line in joint space, as tests/captain_ros/ros/fake_move_group.py plans; refused through a
+        box."""
         if self.fail:
             raise SceneCheckError("/plan_kinematic_path did not answer within 7 s")
         path = np.linspace(q_start, q_goal, 25)

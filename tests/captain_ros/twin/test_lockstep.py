@@ -1,4 +1,5 @@
-"""The lockstep bookkeeping of the twin and its commander (ROS-free); over DDS: tests/ros/test_execution.py."""
+"""The lockstep bookkeeping of the twin and its commander (ROS-free); over DDS:
+tests/captain_ros/ros/test_execution.py."""
 
 from __future__ import annotations
 

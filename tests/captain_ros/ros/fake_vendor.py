@@ -29,9 +29,9 @@ of test_grippers.py (whose `FakeGripper` it reuses for the gripper, in a context
 
 The vendor facts (`VENDORS`) are written here from docs/vendor_interfaces.md, not read from the robot profiles, so a
 test compares a profile with the vendor. Any interface can be left out (`omit`), to check that the motion node's
-configure names exactly what is missing. Descriptions: tests/ros/urdf/ holds stand-ins with the vendors' link and
-joint names (each file says where its names come from), used as they are: no camera links (cameras come from /tf)
-and, as in the Hand-E's xacro, its finger links without inertials.
+configure names exactly what is missing. Descriptions: tests/captain_ros/ros/urdf/ holds stand-ins with the vendors'
+link and joint names (each file says where its names come from), used as they are: no camera links (cameras come from
+/tf) and, as in the Hand-E's xacro, its finger links without inertials.
 
 Other tests could use these fakes: test_grippers.py's FakeGripper would move here (VendorGraph already builds on it),
 and test_motion_lifecycle.py's configure failures (`_bad_profile`) could use `VendorGraph(omit=...)` instead of a
@@ -205,7 +205,7 @@ class VendorSpec:
     """One vendor bring-up's names (docs/vendor_interfaces.md) and the stand-in description it publishes."""
 
     profile: str  # the shipped robot profile written for this bring-up
-    urdf: str  # stand-in description under tests/ros/urdf/
+    urdf: str  # stand-in description under tests/captain_ros/ros/urdf/
     arm_joints: tuple[str, ...]
     joint_states_topic: str
     trajectory_action: str

@@ -1,7 +1,7 @@
 """Force sensing fails closed over DDS, and the arm's own reflex bounds the force whatever the client does.
 
 twin_node runs in its own process. The ros2_control backend reads its wrench through a relay, in a process of
-its own too (tests/ros/wrench_relay.py), that passes the twin's /wrist_ft_sensor/wrench on, or falls silent,
+its own too (tests/captain_ros/ros/wrench_relay.py), that passes the twin's /wrist_ft_sensor/wrench on, or falls silent,
 stamps it late, or changes its frame: the ways a real force/torque topic goes missing, stalls or is
 misconfigured. This process also republishes it as two vendors publish theirs (VendorWrench): in a frame only
 /tf knows (UR's tool0_controller), and best effort (Franka's franka_robot_state_broadcaster)."""
@@ -62,7 +62,7 @@ def twin_node_process():
 
 @pytest.fixture(scope="module")
 def relay_process(twin_node_process):
-    """tests/ros/wrench_relay.py in its own process, once it relays the twin's wrench."""
+    """tests/captain_ros/ros/wrench_relay.py in its own process, once it relays the twin's wrench."""
     proc = start_script(Path(__file__).with_name("wrench_relay.py"))
     yield proc
     stop(proc)

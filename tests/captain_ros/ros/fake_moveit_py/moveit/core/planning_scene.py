@@ -1,6 +1,6 @@
 """moveit_py/src/moveit/moveit_core/planning_scene/planning_scene.cpp (core/planning_scene.pyi), with
-tests/ros/fake_move_group.py's collision model: the TCP as a sphere against the world's boxes, the contact named
-(`_fake.STATE.body`, box) and skipped where the AllowedCollisionMatrix checked with allows that pair."""
+tests/captain_ros/ros/fake_move_group.py's collision model: the TCP as a sphere against the world's boxes, the contact
+named (`_fake.STATE.body`, box) and skipped where the AllowedCollisionMatrix checked with allows that pair."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "real_arm.py"
+BENCH = Path(__file__).resolve().parents[3] / "bench" / "real_arm.py"
 
 
 def test_a_motion_node_killed_mid_sweep_leaves_the_arm_stopped_within_its_horizon(tmp_path):

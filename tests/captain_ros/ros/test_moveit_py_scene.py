@@ -1,6 +1,6 @@
 """MoveIt's planning-scene check through moveit-py (ros/moveit_py_scene.py) against a fake `moveit` package
-(tests/ros/fake_moveit_py, built from moveit2's moveit_py stubs and bindings, put on sys.path by these tests only):
-the chooser (interfaces.moveit.api), a sweep through a world box refused as over the services, a guarded sweep's
+(tests/captain_ros/ros/fake_moveit_py, built from moveit2's moveit_py stubs and bindings, put on sys.path by these tests
+only): the chooser (interfaces.moveit.api), a sweep through a world box refused as over the services, a guarded sweep's
 gripper allowed to reach a measured object through the check's AllowedCollisionMatrix (and nothing else allowed),
 measured objects added and removed, a free-space plan's joint waypoints, and anything moveit-py raises failing
 closed. The real moveit-py is not installed here (no PyPI build): what these show is the calls against its names, not

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from captain_ros.core.moveit_scene import SceneBox
 
-PLAN_POINTS = 25  # a fake plan's points, as tests/ros/fake_move_group.py's
+PLAN_POINTS = 25  # a fake plan's points, as tests/captain_ros/ros/fake_move_group.py's
 OBSTACLES_ENV = "FAKE_MOVEIT_OBSTACLES"  # "x,y,z,sx,sy,sz;...": boxes in the world of a fake in another process
 
 

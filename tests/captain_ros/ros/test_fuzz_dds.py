@@ -39,7 +39,7 @@ from captain_ros.core import robot
 from captain_ros.core.contract import CAPABILITIES, CAPABILITY_BY_NAME
 from captain_ros.core.kinematics import Kinematics
 
-from ..captain_ros.harness.test_fuzz import HONEST_MOVES, Seen, calls, check_answer, record_outcome
+from ..harness.test_fuzz import HONEST_MOVES, Seen, calls, check_answer, record_outcome
 from .helpers import (
     LOADED_MACHINE_PERCEPTION,
     LOADED_MACHINE_STATE_TIMEOUT_S,

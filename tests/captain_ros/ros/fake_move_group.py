@@ -13,9 +13,9 @@
 
 Its collision model is small on purpose (the TCP against boxes; no robot links, no self-collision, no octomap):
 enough to see a sweep refused by an obstacle and objects come and go. The real move_group checks every link's
-geometry. Used in-process by tests/ros/test_moveit_scene.py and as a process by bench/real_arm.py:
+geometry. Used in-process by tests/captain_ros/ros/test_moveit_scene.py and as a process by bench/real_arm.py:
 
-    python tests/ros/fake_move_group.py [--profile panda_twin] [--obstacle x,y,z,sx,sy,sz]   (prints READY)
+    python tests/captain_ros/ros/fake_move_group.py [--profile panda_twin] [--obstacle x,y,z,sx,sy,sz]   (prints READY)
 """
 
 from __future__ import annotations
@@ -174,5 +174,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src" / "captain_ros"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "src" / "captain_ros"))
     main()

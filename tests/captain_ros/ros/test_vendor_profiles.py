@@ -2,9 +2,9 @@
 
 One motion_node process (`autostart:=false`) is driven as an operator drives it on a robot: set `robot_profile`,
 `ros2 lifecycle set /motion configure`, `activate`, then MoveTo goals. Each test starts a `VendorGraph`
-(tests/ros/fake_vendor.py) that serves the vendor's names (docs/vendor_interfaces.md) for franka_fr3 (franka_ros2
-v3.4.0), ur5e (ur_robot_driver jazzy + PickNik's Hand-E controller) and ros2_control_demo (example 7 with a JTC and
-an F/T broadcaster added); the twins are covered by test_backends.py and test_motion_*.py.
+(tests/captain_ros/ros/fake_vendor.py) that serves the vendor's names (docs/vendor_interfaces.md) for franka_fr3
+(franka_ros2 v3.4.0), ur5e (ur_robot_driver jazzy + PickNik's Hand-E controller) and ros2_control_demo (example 7 with a
+JTC and an F/T broadcaster added); the twins are covered by test_backends.py and test_motion_*.py.
 
 Checked for each profile: configure finds every interface and warns about nothing; without any one interface,
 configure fails naming exactly that one; a small move_to runs through the vendor's trajectory action with the

@@ -7,7 +7,7 @@
   unknown_frame  in frame 'ft_sensor_link', which the arm's description does not have (a misconfiguration)
   base_frame     expressed in the base frame, as some vendors' external-wrench estimates are
 
-Prints READY once it relays. Used by tests/ros/test_force_sensing.py.
+Prints READY once it relays. Used by tests/captain_ros/ros/test_force_sensing.py.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ pytestmark = [pytest.mark.ros, pytest.mark.slow]
 TASK = "put_red_cube_in_bowl"
 START = f"{TASK}/official/0"
 EPISODE_LIMIT_S = 300.0  # a loaded 2-core machine; the episode is about 15 s of robot time
-SPOT = [0.68, 0.02]  # clear table of this start (tests/ros/test_backends.py descends here too)
+SPOT = [0.68, 0.02]  # clear table of this start (tests/captain_ros/ros/test_backends.py descends here too)
 ABOVE, ON, LIFTED = [*SPOT, 0.08], [*SPOT, 0.0], [*SPOT, 0.2]
 SCRIPT = [
     "print(robot.observe()['success'])",
