@@ -44,7 +44,8 @@ from captain_ros.agent.sandbox import Sandbox, SandboxLimits
 from captain_ros.core.config import load_config
 from captain_ros.core.trajectory import JointTrajectory
 from captain_ros.libero.backend import libero_python
-from captain_ros.libero.link import SEGMENTATIONS, LiberoLink
+from captain_ros.libero.link import LiberoLink
+from captain_ros.libero.world import SEGMENTATIONS
 
 SUITES = ("libero_spatial", "libero_object", "libero_goal")
 SIZE_PX = 512

@@ -26,6 +26,21 @@ def test_rollout_and_eval_refuse_unknown_tasks_before_starting_anything(tmp_path
         with pytest.raises(SystemExit, match="unknown task\\(s\\) no_such_task; known: put_red_cube_in_bowl"):
             main([*argv, "--tasks", "no_such_task", "--runs-dir", str(tmp_path)])
     assert list(tmp_path.iterdir()) == []  # no run folder, no processes
+    with pytest.raises(SystemExit, match="unknown task\\(s\\) no_such_task; known: put_red_cube_in_bowl"):
+        main(["run", "--task", "no_such_task", "--runs-dir", str(tmp_path)])  # the main job asks the twin world too
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_worlds_rollouts_may_run_in_are_the_registrys(capsys):
+    import pytest
+
+    from captain_ros.worlds import world_names
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["rollout", "--backend", "ros2_control"])  # a world of the ROS nodes, not of in-process rollouts
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'ros2_control'" in err and all(repr(n) in err for n in world_names(in_process=True))
 
 
 def test_the_delegated_commands_answer_help(capsys):

@@ -51,7 +51,12 @@ def _run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from captain_ros.stack import RunOptions, Stack
+    from captain_ros.worlds import WorldOptions, world
 
+    try:  # the twin node stands in for the arm: the tasks are the twin world's, checked before anything starts
+        world(RUN_TASKS_FROM).tasks(args.task, WorldOptions())
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     options = RunOptions(
         tasks=args.task,
         start_id=args.start_id,
@@ -76,6 +81,9 @@ def _rollout(args: argparse.Namespace) -> int:
     from captain_ros.bridge.cli import run_rollout
 
     return run_rollout(args)
+
+
+RUN_TASKS_FROM = "twin"  # the world whose tasks `run` (the twin node behind ros2_control) takes
 
 
 def build_parser() -> argparse.ArgumentParser:

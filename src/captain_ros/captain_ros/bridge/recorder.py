@@ -1,8 +1,9 @@
 """The episode adapter on a simulator: writes an episode's start, one `step` per request and its end into the
 episode store, beside the `model_call` records the recording proxy writes for the same requests.
 
-Before every request it takes the simulator's privileged snapshot (on the twin, CaPtain App. A.2: the 36 critic
-features plus raw poses; on LIBERO, object poses, fixture joints and the goal predicates; TRAINING ONLY). The
+Before every request it takes the simulator's privileged snapshot from the world's privileged-state source
+(`captain_ros.worlds`: on the twin, CaPtain App. A.2: the 36 critic features plus raw poses; on LIBERO, object
+poses, fixture joints and the goal predicates; TRAINING ONLY). The
 snapshot goes to the store and nowhere else: nothing of it reaches the messages, so the policy never sees it.
 After the request it stores that request's robot calls with their receipts, the images the policy was shown
 (content-addressed), its timing and its App. E costs. At the end it stores the adapter's values: outcome,
@@ -15,14 +16,14 @@ from __future__ import annotations
 import base64
 import platform
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from captain_ros.bridge.rewards import CostTracker, RewardConfig, subgoal_reward, terminal_reward
 from captain_ros.bridge.schema import Record
 from captain_ros.bridge.store import EpisodeStore
 from captain_ros.core.contract import PHYSICAL_CAPABILITIES, _json_safe
+from captain_ros.worlds.privileged import PrivilegedSource
 
 
 @dataclass
@@ -39,64 +40,10 @@ class EpisodeMeta:
     backend: str = "twin"  # the simulator the episode ran on (LIBERO: with its segmentation, e.g. "libero/appearance")
 
 
-class PrivilegedSource(Protocol):
-    """What the recorder reads of the simulator an episode runs on: TRAINING AND SCORING ONLY, never the policy's."""
-
-    def family(self, task: str) -> str:
-        """The task family evaluation groups by."""
-
-    def snapshot(self) -> dict[str, Any]:
-        """The hidden state now, JSON-able, with `success`: whether the scene is solved."""
-
-    def ladder(self) -> tuple[int, bool]:
-        """(sub-goals of the task, whether the task is hard), without reading the simulator; (0, False) without one."""
-
-    def reached(self) -> int:
-        """Sub-goals reached now (reads the simulator)."""
-
-
-def robot_payload(profile: Any, arm_q_rad: Any, jaw_opening_m: float) -> dict[str, Any]:
-    """The robot part of a stored snapshot: its profile, joint names and positions."""
-    return {
-        "profile": profile.name,
-        "arm_joint_names": list(profile.arm_joints),
-        "finger_joint_names": list(profile.finger_joints),
-        "arm_q_rad": [float(q) for q in arm_q_rad],
-        "jaw_opening_m": float(jaw_opening_m),
-    }
-
-
-def snapshot_payload(twin: Any) -> dict[str, Any]:
-    """The twin's hidden state as stored (TRAINING ONLY): its PrivilegedState plus the robot's joints."""
-    snap = twin.snapshot().as_dict()
-    snap["robot"] = robot_payload(twin.profile, twin.arm_q(), twin.jaw_opening_m())
-    return snap
-
-
 def _shadow_of(call: dict[str, Any]) -> dict[str, Any]:
     """A shadow-checked call's prediction beside its outcome (harness/shadow.py), when it has one."""
     value = call.get("value")
     return {"shadow": value["shadow"]} if isinstance(value, dict) and "shadow" in value else {}
-
-
-class TwinPrivileged:
-    """The twin's privileged state. `twin_of` returns the in-process twin the link drives (None before a reset)."""
-
-    def __init__(self, twin_of: Callable[[], Any]):
-        self.twin_of = twin_of
-
-    def family(self, task: str) -> str:
-        return self.twin_of().task.family
-
-    def snapshot(self) -> dict[str, Any]:
-        return snapshot_payload(self.twin_of())
-
-    def ladder(self) -> tuple[int, bool]:
-        twin = self.twin_of()
-        return (0, False) if twin is None else (len(twin.task.ladder()), bool(twin.task.hard))
-
-    def reached(self) -> int:
-        return len(self.twin_of().snapshot().subgoals_reached)
 
 
 class EpisodeRecorder:

@@ -1,8 +1,8 @@
-"""Rollouts: N parallel twin (or LIBERO) workers running groups of G attempts per start state, recorded into an episode
-store (the rollout host's outbox) and tagged with the policy version.
+"""Rollouts: N parallel workers in a world (the twin, or LIBERO: `captain_ros.worlds`) running groups of G attempts
+per start state, recorded into an episode store (the rollout host's outbox) and tagged with the policy version.
 
-A worker is one process with its own twin, harness core and sandboxed sessions; the policy is reached
-through the recording proxy, which writes each request's model call into the same store. Workers take
+A worker is one process with its own simulator (the world's link), harness core and sandboxed sessions; the policy
+is reached through the recording proxy, which writes each request's model call into the same store. Workers take
 jobs (task, start id, attempt) from one queue, so a group's G attempts run in parallel on different
 workers. The manager assigns every episode its id before it starts, so when a worker dies (kill -9, a
 crashed twin) the episode it was running is closed as an invalid infrastructure failure and its job
@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 
 POLL_S = 0.2  # how often the manager looks at its result queue and its workers' liveness
-BACKENDS = ("twin", "libero")
 
 
 @dataclass(frozen=True)
@@ -57,8 +56,9 @@ class RolloutConfig:
     runs_dir: Path | None = None  # transcripts per episode (None: none)
     request_timeout_s: float = 600.0
     harness_path: Path | None = None  # a harness.yaml for the workers (None: config/harness.yaml)
-    backend: str = "twin"  # twin | libero (the benchmark's scenes in a LIBERO server per worker)
-    segmentation: str = "appearance"  # LIBERO only: a key of libero.link.SEGMENTATIONS ("oracle" is labelled)
+    backend: str = "twin"  # the world (captain_ros.worlds): twin | libero (the benchmark's scenes, a server per worker)
+    segmentation: str = ""  # how perception names objects, where the world has variants ("": its default; see
+    # World.segmentations: LIBERO's "oracle" is labelled as such)
     log_dir: Path | None = None  # the LIBERO servers' logs (None: a temporary folder each)
     send_images: bool = True  # False for a text-only policy model: no camera images in requests
     max_new_tokens: int = 0  # sampled tokens per request at most (0: the harness's agent.max_new_tokens)
@@ -66,9 +66,17 @@ class RolloutConfig:
     context_limit_tokens: int = 0  # the policy model's context (0: the harness's); history is compacted before it
 
     @property
+    def world_options(self) -> Any:
+        from captain_ros.worlds import WorldOptions
+
+        return WorldOptions(segmentation=self.segmentation, log_dir=self.log_dir)
+
+    @property
     def backend_label(self) -> str:
         """The simulator as recorded with each episode: `twin`, `libero/appearance`, `libero/oracle` ..."""
-        return self.backend if self.backend == "twin" else f"{self.backend}/{self.segmentation}"
+        from captain_ros.worlds import world
+
+        return world(self.backend).label(self.world_options)
 
 
 def with_overrides(harness: Any, config: RolloutConfig) -> Any:
@@ -97,23 +105,17 @@ def plan_groups(
     *,
     backend: str = "twin",
 ) -> list[Job]:
-    """`starts_per_task` start states per task, each run `group_size` times (one group per start state). On the
-    twin start states are drawn from the split's generator; on LIBERO they are official initial states, each once
-    per task (libero.link.start_states)."""
-    from captain_ros.libero.link import start_states
-    from captain_ros.twin.start_states import sample_start_id
+    """`starts_per_task` start states per task, each run `group_size` times (one group per start state), on the world
+    `backend` names (captain_ros.worlds). On the twin start states are drawn from the split's generator; on LIBERO
+    they are official initial states, each once per task (libero.link.start_states)."""
+    from captain_ros.worlds import world
 
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    place = world(backend)
     rng = np.random.default_rng(seed)
     jobs = []
     for task in tasks:
-        if backend == "libero":
-            starts = start_states(split, starts_per_task, rng)
-        else:
-            starts = [str(sample_start_id(task, split, rng)) for _ in range(starts_per_task)]
-        for start in starts:
-            group = f"{task}/{start}" if backend == "libero" else start
+        for start in place.start_states(task, split, starts_per_task, rng):
+            group = place.group_id(task, start)
             jobs += [Job(task, start, attempt, group, split) for attempt in range(group_size)]
     return jobs
 
@@ -137,36 +139,26 @@ def proxy_version(policy_url: str, wait_s: float = 120.0) -> int:
 
 
 def make_link(config: RolloutConfig, harness: Any, name: str) -> tuple[Any, Any]:
-    """The agent link of a worker on its backend, and the recorder's privileged source for it."""
-    if config.backend == "libero":
-        from captain_ros.libero.link import SEGMENTATIONS, LiberoLink, LiberoPrivileged
+    """The agent link of a worker on its world, and the recorder's privileged source for it."""
+    from captain_ros.worlds import world
 
-        if config.segmentation not in SEGMENTATIONS:
-            raise ValueError(f"segmentation must be one of {', '.join(SEGMENTATIONS)}, got {config.segmentation!r}")
-        log_dir = config.log_dir / f"libero-{name}" if config.log_dir else None
-        link = LiberoLink(harness, log_dir=log_dir, **SEGMENTATIONS[config.segmentation])
-        return link, LiberoPrivileged(link)
-    from captain_ros.agent.link import InProcessLink
-    from captain_ros.bridge.recorder import TwinPrivileged
-
-    link = InProcessLink(harness)
-    return link, TwinPrivileged(lambda: link.twin)
+    place = world(config.backend)
+    link = place.link(harness, config.world_options, name)
+    return link, place.privileged(link)
 
 
 def episode_clock(config: RolloutConfig, link: Any) -> Callable[[], float]:
-    """The clock the episode's wall-time budget runs on: the twin's simulated time, as in the agent node on the
-    twin (its ROS clock), so a slow model server (vLLM on 2 CPU cores writes 8 tokens/s per request) spends no
+    """The clock the episode's wall-time budget runs on, the world's: the twin's simulated time, as in the agent node
+    on the twin (its ROS clock), so a slow model server (vLLM on 2 CPU cores writes 8 tokens/s per request) spends no
     robot time; LIBERO's server keeps the host's monotonic clock."""
-    if config.backend == "libero":
-        return time.monotonic
-    from captain_ros.core.clock import ForwardClock
+    from captain_ros.worlds import world
 
-    return ForwardClock(lambda: link.twin.time_s if link.twin is not None else 0.0)  # resets only step back
+    return world(config.backend).clock(link)
 
 
 class RolloutWorker:
-    """Runs episodes one at a time: the simulator (the twin, or a LIBERO server) and harness in-process, the policy
-    through the proxy, records into the store. Used by worker processes and by Ray actors alike."""
+    """Runs episodes one at a time: the world's simulator (the twin, or a LIBERO server) and harness in-process, the
+    policy through the proxy, records into the store. Used by worker processes and by Ray actors alike."""
 
     def __init__(self, config: RolloutConfig, name: str):
         from captain_ros.agent.episode import EpisodeRunner

@@ -25,12 +25,6 @@ from captain_ros.harness.backend import BackendError
 EVAL_STATES = tuple(range(11, 17))  # CaPtain's held-out official initial states
 N_STATES = 50  # official initial states per task
 SPLITS = ("train", "eval", "any")
-# how perception names LIBERO's objects -> LiberoLink options; the first is the default (no simulator state in it)
-SEGMENTATIONS = {
-    "appearance": {"appearance": True},
-    "colour_shape": {"appearance": False},
-    "oracle": {"oracle_segmentation": True},  # ORACLE: the simulator's object ids segment the images
-}
 
 
 def parse_task(task: str) -> tuple[str, int]:
@@ -206,36 +200,3 @@ class LiberoLink(CoreLink):
         if self.backend is not None:
             self.backend.close()
         self.backend = self.harness = None
-
-
-class LiberoPrivileged:
-    """The episode recorder's view of LIBERO (TRAINING AND SCORING ONLY, never the policy's): object poses in the
-    robot's base frame, fixture joints, each goal predicate and the arm's joints, read from the LIBERO server."""
-
-    def __init__(self, link: LiberoLink):
-        self.link = link
-
-    def family(self, task: str) -> str:
-        return parse_task(task)[0]  # the suite: evaluation reports per suite
-
-    def snapshot(self) -> dict[str, Any]:
-        from captain_ros.bridge.recorder import robot_payload
-
-        backend = self.link.backend
-        hidden, verdict, arm = backend.privileged(), backend.success(), backend.read_state(require_force=False)
-        return {
-            "sim_time_s": hidden["time_s"],
-            "object_poses": hidden["objects"],
-            "fixture_joints": hidden["fixture_joints"],
-            "success": bool(verdict["success"]),
-            "goals": [
-                {"predicate": goal, "held": held} for goal, held in zip(verdict["goals"], verdict["held"], strict=True)
-            ],
-            "robot": robot_payload(backend.profile, arm.q_rad, arm.jaw_opening_m),
-        }
-
-    def ladder(self) -> tuple[int, bool]:
-        return 0, False  # LIBERO's tasks have no sub-goal ladder; their goal predicates are in each snapshot
-
-    def reached(self) -> int:
-        return 0
