@@ -26,11 +26,13 @@ Three phases, all on this machine:
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import random
 import sys
 import tempfile
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -40,9 +42,13 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 from _common import print_table, write_results
 
 from captain_ros.bridge.host import HostOptions, RolloutHost, Watchdog
+from captain_ros.bridge.receiver import serve_receiver
 from captain_ros.bridge.rollout import RolloutReport, plan_groups
+from captain_ros.bridge.schema import Record
+from captain_ros.bridge.services import free_port
+from captain_ros.bridge.shipper import Shipper
 from captain_ros.bridge.store import EpisodeStore
-from captain_ros.bridge.transport import measure_throughput
+from captain_ros.bridge.wire import TransportConfig, TransportError
 from captain_ros.twin.tasks import default_suite
 
 GROUP = 4  # attempts per start state (CaPtain's G)
@@ -81,6 +87,49 @@ def rollout(run_dir: Path, starts: int, workers: int, kills: int = 0) -> tuple[R
         watchdog.stopping.set()
         host.stop()
     return host, report, {"unshipped": left, "injected": dict(injected), "service_restarts": watchdog.restarts}
+
+
+def measure_throughput(n_records: int, payload_bytes: int, tmp_dir: str | Path) -> dict[str, float]:
+    """Records/s and payload MB/s from a real shipper to a receiver process over loopback TCP, both stores on
+    disk under `tmp_dir` (timed from the first send until the last record is acknowledged)."""
+    tmp = Path(tmp_dir)
+    outbox, inbox = tmp / "outbox.sqlite", tmp / "inbox.sqlite"
+    rng = random.Random(0)
+    total = 0
+    with EpisodeStore(outbox) as store:
+        for i in range(n_records):
+            filler = rng.randbytes((payload_bytes + 1) // 2).hex()[:payload_bytes]  # compresses about 2:1
+            step = {"snapshot": {"filler": filler}, "calls": [], "timing": {}, "costs": {}, "solved_before": False}
+            record = Record(f"bench{i // 100}", "step", 1 + i % 100, step)
+            total += len(record.encode()[0])
+            store.append(record)
+    config = TransportConfig(endpoint=f"tcp://127.0.0.1:{free_port()}")
+    mp = multiprocessing.get_context("spawn")
+    stop, ready = mp.Event(), mp.Event()
+    proc = mp.Process(target=serve_receiver, args=(str(inbox), config, stop, ready), daemon=True)
+    proc.start()
+    try:
+        if not ready.wait(120):
+            raise TransportError("the receiver process did not start within 120 s")
+        with Shipper(outbox, config) as shipper:
+            t0 = time.perf_counter()
+            stats = shipper.ship_until_idle(timeout_s=3600)
+            elapsed = time.perf_counter() - t0
+        if not stats["idle"] or stats["records_acked"] != n_records:
+            raise TransportError(f"throughput run did not deliver all {n_records} records: {stats}")
+    finally:
+        stop.set()
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    return {
+        "records_per_s": n_records / elapsed,
+        "mb_per_s": total / elapsed / 1e6,
+        "seconds": elapsed,
+        "records": n_records,
+        "payload_bytes": payload_bytes,
+    }
 
 
 def overhead_share(store_path: Path, report: RolloutReport) -> float:
