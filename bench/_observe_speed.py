@@ -36,9 +36,9 @@ def _p50(samples: list[float]) -> float:
 
 def in_process() -> dict[str, float]:
     from captain_ros.agent.context import image_part
-    from captain_ros.agent.link import InProcessLink
     from captain_ros.core.config import load_config
     from captain_ros.perception import cloud
+    from captain_ros.worlds.twin.link import InProcessLink
 
     link = InProcessLink(load_config())
     link.reset(TASK, START, "any", "speed")

@@ -39,13 +39,13 @@ from _common import print_table, write_results
 from tqdm import tqdm
 
 from captain_ros.agent.episode import EpisodeRunner, Outcome
-from captain_ros.agent.link import InProcessLink
 from captain_ros.agent.policy_client import PolicyClient, PolicyConfig
 from captain_ros.agent.sandbox import Sandbox, SandboxLimits
 from captain_ros.core.config import load_config
 from captain_ros.stack import start_expert
 from captain_ros.twin.start_states import sample_start_id
 from captain_ros.twin.tasks import default_suite
+from captain_ros.worlds.twin.link import InProcessLink
 
 CAPTAIN_OVERHEAD_S = 4.1  # CaPtain: 6.7 s per request, 2.6 s of it generation
 SEED = 10

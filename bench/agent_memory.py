@@ -33,9 +33,9 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 from _common import print_table, write_results
 
 from captain_ros.agent.episode import EpisodeRunner
-from captain_ros.agent.link import InProcessLink
 from captain_ros.agent.sandbox import Sandbox
 from captain_ros.core.config import load_config
+from captain_ros.worlds.twin.link import InProcessLink
 
 TASK, START = "put_red_cube_in_bowl", "put_red_cube_in_bowl/wide/0"
 OBSERVES, PER_REQUEST = 200, 40

@@ -83,6 +83,7 @@ ROLLOUT_MODULES = (
     "captain_ros.worlds",
     "captain_ros.worlds.twin",
     "captain_ros.worlds.twin.privileged",
+    "captain_ros.worlds.twin.link",
     "captain_ros.bridge.evaluation",
     "captain_ros.agent.expert_server",
     "captain_ros.agent.episode",

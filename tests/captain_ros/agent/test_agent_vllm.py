@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from captain_ros.agent.episode import EpisodeRunner, Outcome
-from captain_ros.agent.link import InProcessLink
 from captain_ros.agent.policy_client import PolicyClient, PolicyConfig
 from captain_ros.agent.prompt import TOOLS
 from captain_ros.agent.sandbox import Sandbox, SandboxLimits
 from captain_ros.core.config import load_config
+from captain_ros.worlds.twin.link import InProcessLink
 from tests.vllm_server import render
 
 pytestmark = pytest.mark.slow

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from captain_ros.agent.episode import EpisodeRunner, Outcome
-from captain_ros.agent.link import InProcessLink, LinkError
+from captain_ros.agent.link import LinkError
 from captain_ros.agent.policy_client import PolicyClient, PolicyConfig, unread_tool_call
 from captain_ros.agent.sandbox import Sandbox, SandboxLimits, _python_dirs
 from captain_ros.core.config import load_config
+from captain_ros.worlds.twin.link import InProcessLink
 
 TASK, START = "put_red_cube_in_bowl", "put_red_cube_in_bowl/official/0"
 

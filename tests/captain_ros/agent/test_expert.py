@@ -363,9 +363,9 @@ def run_episode(start_id: str, tmp_path, policy=None):
     """A whole episode through the real loop: the bubblewrap sandbox, the harness on the in-process twin; ground
     truth only scores."""
     from captain_ros.agent.episode import EpisodeRunner
-    from captain_ros.agent.link import InProcessLink
     from captain_ros.agent.sandbox import Sandbox
     from captain_ros.core.config import load_config
+    from captain_ros.worlds.twin.link import InProcessLink
 
     def sandbox(scratch, on_call, allowed):
         box = Sandbox(scratch, on_call, allowed)

@@ -40,9 +40,9 @@ class FailingStore(EpisodeStore):
 
 def _run(store, policy, tmp_path, episode_id, on_link=None, *, config=None):
     from captain_ros.agent.episode import EpisodeRunner
-    from captain_ros.agent.link import InProcessLink
     from captain_ros.agent.sandbox import Sandbox
     from captain_ros.core.config import load_config
+    from captain_ros.worlds.twin.link import InProcessLink
 
     def sandbox(scratch, on_call, allowed):
         box = Sandbox(scratch, on_call, allowed)

@@ -1,6 +1,7 @@
-"""How the agent reaches the harness: one interface, two implementations. `InProcessLink` runs the
-harness core on an in-process twin (unit tests, benchmarks); the agent node's `RosLink` goes through
-the motion and perception nodes' ROS interfaces. Scoring (`score`) is the host's: ground truth scores
+"""How the agent reaches the harness: one interface (`HarnessLink`), one link per world (`captain_ros.worlds`).
+`CoreLink` is the harness core in this process, the base of the twin world's `InProcessLink` (worlds/twin/link.py:
+unit tests, benchmarks, rollouts) and LIBERO's `LiberoLink`; the agent node's `RosLink` goes through the motion and
+perception nodes' ROS interfaces. Scoring (`score`) is the host's: ground truth scores
 the result and never enters the episode's decisions, except the missed-finish stop, which is the
 host ending an episode the policy already solved (CaPtain App. E).
 """
@@ -14,9 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from captain_ros.core.config import HarnessConfig
 from captain_ros.core.contract import CallResult
-from captain_ros.core.robot import RobotProfile
 
 
 class LinkError(RuntimeError):
@@ -82,7 +81,7 @@ class _MotionTimer:
     loop) is paced by the arm on real hardware and lasts the motion's duration there; here the twin runs it
     as fast as it can. Planning before it (IK, checks) stays outside: that is the harness's overhead."""
 
-    def __init__(self, link: InProcessLink):
+    def __init__(self, link: CoreLink):
         self.link, self.depth = link, 0
 
     def timed(self, fn):
@@ -141,50 +140,3 @@ class CoreLink(HarnessLink):
         backend.hold()
         for _ in range(max(1, round(seconds / backend.control_period_s))):
             backend.wait_period()
-
-
-class InProcessLink(CoreLink):
-    """The harness core on an in-process twin: one twin at a time, rebuilt when the task changes (a twin left
-    open beside another was seen to render wrong observations)."""
-
-    def __init__(self, config: HarnessConfig, suite: dict | None = None, profile: RobotProfile | None = None):
-        from captain_ros.core.kinematics import Kinematics
-
-        self.config, self.suite = config, suite
-        self.kinematics = Kinematics(profile=profile)
-        self.profile = self.kinematics.profile
-        self.twin = self.harness = None
-
-    def reset(self, task: str, start_id: str | None, split: str, episode_id: str) -> EpisodeStart:
-        from captain_ros.harness.twin_backend import TwinBackend
-        from captain_ros.twin.sim import SimulationFault, Twin
-        from captain_ros.twin.tasks import TaskError
-
-        try:
-            if self.twin is None or self.twin.task.name != task:
-                self.close()
-                self.twin = Twin(task, suite=self.suite, profile=self.profile)
-                safety = self.config.safety
-                backend = TwinBackend(self.twin, safety.control_period_s, stop_decel_radps2=safety.stop_decel_radps2)
-                self.harness = self._timed_harness(backend, self.kinematics)
-            start = self.twin.reset(start_id, split=split)
-            self.harness.new_episode(episode_id)
-        except TaskError as exc:
-            raise ValueError(str(exc)) from None
-        except SimulationFault as exc:
-            raise LinkError(f"simulator fault at reset: {exc}") from exc
-        spec = self.twin.task
-        return EpisodeStart(episode_id, spec.name, str(start), spec.instruction, spec.success_criteria())
-
-    def score(self) -> Score:
-        from captain_ros.twin.sim import SimulationFault
-
-        try:
-            return Score(self.twin.success(), list(self.twin.snapshot().subgoals_reached))
-        except (SimulationFault, FloatingPointError) as exc:  # a state gone non-finite cannot be judged
-            raise LinkError(f"simulator fault while scoring: {exc}") from exc
-
-    def close(self) -> None:
-        if self.twin is not None:
-            self.twin.close()
-        self.twin = self.harness = None

@@ -39,7 +39,7 @@ class TwinWorld(World):
         return TwinBackend
 
     def link_class(self) -> type:
-        from captain_ros.agent.link import InProcessLink
+        from captain_ros.worlds.twin.link import InProcessLink
 
         return InProcessLink
 
