@@ -62,6 +62,9 @@ def test_each_world_answers_for_its_tasks_starts_groups_labels_and_clock():
     assert libero.group_id("libero_goal/3", "11") == "libero_goal/3/11"
     assert twin.defaults("eval") == twin.defaults("train") == libero.defaults("train") == (2, 4)
     assert libero.defaults("eval") == (6, 1)  # CaPtain's protocol: every held-out state once
+    from captain_ros.libero.world import SUITES
+
+    assert SUITES == ("libero_spatial", "libero_object", "libero_goal")  # the suites when none are named
     assert twin.label(WorldOptions(segmentation="oracle")) == "twin"  # the twin has no segmentation variants
     assert libero.label(WorldOptions()) == "libero/appearance"
     assert libero.label(WorldOptions(segmentation="oracle")) == "libero/oracle"

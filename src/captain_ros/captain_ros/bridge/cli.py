@@ -17,12 +17,10 @@ from pathlib import Path
 
 from captain_ros.bridge.host import HostOptions, RolloutHost, write_summary
 from captain_ros.bridge.rollout import RolloutReport, plan_groups
-from captain_ros.worlds import WorldOptions, world
+from captain_ros.worlds import WorldOptions, segmentations, world, world_entry, world_names
 
 
 def add_rollout_arguments(parser: argparse.ArgumentParser, split: str = "train", attempts_name: str = "--group-size"):
-    from captain_ros.worlds import segmentations, world_entry, world_names
-
     names = world_names(in_process=True)
     parser.add_argument(
         "--backend",
@@ -39,8 +37,9 @@ def add_rollout_arguments(parser: argparse.ArgumentParser, split: str = "train",
     )
     parser.add_argument(
         "--suite",
-        default="libero_spatial,libero_object,libero_goal",
-        help="LIBERO suites, comma-separated (libero_10, libero_90 and LIBERO-PRO's are known too)",
+        default="",
+        help="task suites, comma-separated, where the world has several (LIBERO; default: the world's, on LIBERO "
+        "libero_spatial,libero_object,libero_goal; libero_10, libero_90 and LIBERO-PRO's are known too)",
     )
     parser.add_argument(
         "--segmentation",
