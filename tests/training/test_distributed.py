@@ -17,8 +17,8 @@ import torch
 from tests.training import fsdp_check
 from tests.training.test_data import build_store
 from training import distributed, sft
+from training.metrics_log import read_metrics
 from training.rl import main as rl_main
-from training.rl import read_metrics
 from training.tiny import tiny_model
 
 CHECK = Path(fsdp_check.__file__)

@@ -301,13 +301,13 @@ def test_fast_path_refuses_lora_it_cannot_merge():
 # ------------------------------------------------------------------------------------------------ where it applies
 def test_the_fast_path_applies_to_qwen2_only_and_the_cli_sft_takes_it_there(monkeypatch):
     """training.fast re-implements a Qwen2 layer: it applies to the tiny Qwen2, not to a sliding-window Qwen2 (its
-    forward raises) nor to another architecture (Llama here); the command-line SFT (training.rl) takes it for full
-    fine-tuning on a GPU where it applies, and the transformers forward otherwise."""
+    forward raises) nor to another architecture (Llama here); the command-line SFT (training.sft_command) takes it for
+    full fine-tuning on a GPU where it applies, and the transformers forward otherwise."""
     import argparse
 
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    from training.rl import _fast_applies
+    from training.sft_command import _fast_applies
 
     qwen = tiny_model()
     small = {"vocab_size": 64, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1}

@@ -2,7 +2,8 @@
 versions (the oldest sample counts), the objective's minimum of valid attempts, pending / deferred / used groups,
 the prompt gate and the post-success filter per request, and the report. Synthetic episodes, no simulator.
 
-`synthetic_episode` and `FakeReader` are shared with tests/training/test_rl.py."""
+`synthetic_episode` and `FakeReader` are shared with the RL trainer's tests (tests/training/test_rl_trainer.py,
+test_metrics_log.py, test_rl_command.py)."""
 
 from __future__ import annotations
 

@@ -354,8 +354,9 @@ def rl_stage(
     from captain_ros.bridge.rollout import plan_groups
     from captain_ros.bridge.store import EpisodeReader
     from training.critic import Critic, CriticConfig, states_from_episodes
+    from training.metrics_log import plot_metrics
     from training.policy_loss import ObjectiveConfig
-    from training.rl import RLConfig, RLTrainer, plot_metrics
+    from training.rl_trainer import RLConfig, RLTrainer
     from training.rounds import RoundConfig
     from training.weight_sync import SyncConfig, WeightSync
 
