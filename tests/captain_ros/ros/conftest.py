@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 rclpy = pytest.importorskip("rclpy")
-from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 
-from captain_ros.ros.spin import shutdown_executor  # noqa: E402
-
-from .helpers import start_script, stop  # noqa: E402
+from .helpers import spinning, start_script, stop  # noqa: E402
 
 pytestmark = pytest.mark.ros
 
@@ -37,15 +33,5 @@ def start_peer() -> Iterator:
 @pytest.fixture
 def client_node() -> Iterator:
     """A node in this process, spun by a background executor."""
-    context = rclpy.Context()
-    rclpy.init(context=context)
-    node = rclpy.create_node(f"test_client_{os.getpid()}", context=context)
-    executor = MultiThreadedExecutor(num_threads=2, context=context)
-    executor.add_node(node)
-    thread = threading.Thread(target=executor.spin, daemon=True)
-    thread.start()
-    yield node
-    shutdown_executor(executor)
-    thread.join(timeout=5)
-    node.destroy_node()
-    rclpy.shutdown(context=context)
+    with spinning(lambda context: rclpy.create_node(f"test_client_{os.getpid()}", context=context)) as (node, _):
+        yield node

@@ -1,4 +1,7 @@
-"""Small waiting helpers for DDS tests (tests never judge timing; these only bound waits)."""
+"""Small waiting helpers for DDS tests (tests never judge timing; these only bound waits), and node start-up written
+once: node processes (`launch_node`, `launch_module`, `launch_twin`, `launch_motion_node`, `launch_perception_node`,
+stopped together by `node_processes`) and a node of the test's own process spun in a background thread
+(`spinning`; conftest's `client_node` is one)."""
 
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 # Link-loss limit for ros2_control backends in tests: CI runs on a shared 2-core machine where a process
@@ -92,17 +97,41 @@ def set_parameters(client, **values: float | str | bool) -> None:
     assert all(r.successful for r in result_of(client.call_async(request), 30).results)
 
 
-def launch_node(executable: str, *params: tuple[str, object]) -> tuple[subprocess.Popen, list[str]]:
-    """A node's console script in its own process with `-p name:=value` parameters; returns the process
-    and its output lines (collected in the background)."""
-    exe = shutil.which(executable) or str(Path(sys.executable).with_name(executable))
-    args = [exe, "--ros-args"]
+def _launch(command: list[str], params: tuple[tuple[str, object], ...]) -> tuple[subprocess.Popen, list[str]]:
+    args = [*command, "--ros-args"]
     for name, value in params:
         args += ["-p", f"{name}:={value}"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
     return proc, lines
+
+
+def launch_node(executable: str, *params: tuple[str, object]) -> tuple[subprocess.Popen, list[str]]:
+    """A node's console script in its own process with `-p name:=value` parameters; returns the process
+    and its output lines (collected in the background)."""
+    return _launch([shutil.which(executable) or str(Path(sys.executable).with_name(executable))], params)
+
+
+def launch_module(module: str, *params: tuple[str, object]) -> tuple[subprocess.Popen, list[str]]:
+    """A node module in its own process (`python -m`), like launch_node for console scripts."""
+    return _launch([sys.executable, "-m", module], params)
+
+
+def launch_motion_node(*params: tuple[str, object]) -> tuple[subprocess.Popen, list[str]]:
+    """motion_node in its own process with the loaded machine's link-loss and wrench-lag limits (above), and
+    `params`."""
+    return launch_node(
+        "motion_node",
+        ("state_timeout_s", LOADED_MACHINE_STATE_TIMEOUT_S),
+        ("wrench_max_lag_s", LOADED_MACHINE_WRENCH_LAG_S),
+        *params,
+    )
+
+
+def launch_perception_node() -> tuple[subprocess.Popen, list[str]]:
+    """perception_node in its own process with the loaded machine's camera limits (above)."""
+    return launch_node("perception_node", *LOADED_MACHINE_PERCEPTION)
 
 
 def launch_twin(
@@ -117,6 +146,44 @@ def launch_twin(
         ("camera_rate_hz", camera_rate_hz),
         ("robot_profile", robot_profile),
     )
+
+
+@contextmanager
+def node_processes() -> Iterator[dict[str, tuple[subprocess.Popen, list[str]]]]:
+    """Node processes, started into the dict this yields (a name -> the launch functions' (process, lines)); on
+    exit every one still in it is stopped, the newest first, also when a later one failed to start."""
+    nodes: dict[str, tuple[subprocess.Popen, list[str]]] = {}
+    try:
+        yield nodes
+    finally:
+        for proc, _ in reversed(nodes.values()):
+            stop(proc)
+
+
+@contextmanager
+def spinning(make_node: Callable) -> Iterator[tuple]:
+    """A node of this process (`make_node(context)`) in an rclpy context of its own, spun by a two-thread executor
+    in a background thread; yields (node, thread). On exit the executor stops, its thread ends, the node is
+    destroyed and the context shut down."""
+    import rclpy
+    from rclpy.executors import MultiThreadedExecutor
+
+    from captain_ros.ros.spin import shutdown_executor
+
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    node = make_node(context)
+    executor = MultiThreadedExecutor(num_threads=2, context=context)
+    executor.add_node(node)
+    thread = threading.Thread(target=executor.spin, daemon=True)
+    thread.start()
+    try:
+        yield node, thread
+    finally:
+        shutdown_executor(executor)
+        thread.join(timeout=5)
+        node.destroy_node()
+        rclpy.shutdown(context=context)
 
 
 def fresh(backend) -> bool:

@@ -15,11 +15,11 @@ from captain_interfaces.msg import EpisodeStatus
 from tests.scripted_policy import ScriptedPolicy
 
 from .helpers import (
-    LOADED_MACHINE_PERCEPTION,
-    LOADED_MACHINE_STATE_TIMEOUT_S,
-    LOADED_MACHINE_WRENCH_LAG_S,
+    launch_motion_node,
     launch_node,
+    launch_perception_node,
     launch_twin,
+    node_processes,
     stop,
     wait_for,
 )
@@ -36,22 +36,16 @@ CHECK_AND_FINISH = "print(robot.observe()['success'])\nprint(finish('looked agai
 
 
 def start_motion():
-    return launch_node(
-        "motion_node",
-        ("watchdog", False),
-        ("state_timeout_s", LOADED_MACHINE_STATE_TIMEOUT_S),
-        ("wrench_max_lag_s", LOADED_MACHINE_WRENCH_LAG_S),
-    )
+    return launch_motion_node(("watchdog", False))
 
 
 @pytest.fixture(scope="module")
 def stack():
-    twin = launch_twin(TASK, START, real_time_factor=1.0, camera_rate_hz=5.0)
-    perception = launch_node("perception_node", *LOADED_MACHINE_PERCEPTION)
-    nodes = {"twin": twin, "perception": perception, "motion": start_motion()}
-    yield nodes
-    for proc, _ in nodes.values():
-        stop(proc)
+    with node_processes() as nodes:
+        nodes["twin"] = launch_twin(TASK, START, real_time_factor=1.0, camera_rate_hz=5.0)
+        nodes["perception"] = launch_perception_node()
+        nodes["motion"] = start_motion()
+        yield nodes
 
 
 def start_agent(policy: ScriptedPolicy, runs, episodes: int):

@@ -41,12 +41,10 @@ from captain_ros.core.kinematics import Kinematics
 
 from ..harness.test_fuzz import HONEST_MOVES, Seen, calls, check_answer, record_outcome
 from .helpers import (
-    LOADED_MACHINE_PERCEPTION,
-    LOADED_MACHINE_STATE_TIMEOUT_S,
-    LOADED_MACHINE_WRENCH_LAG_S,
-    launch_node,
+    launch_motion_node,
+    launch_perception_node,
     launch_twin,
-    stop,
+    node_processes,
     wait_for,
 )
 
@@ -212,24 +210,17 @@ def _tcp_and_jaw(msg: JointState) -> tuple[np.ndarray, float]:
 def nodes():
     buffered = os.environ.get("PYTHONUNBUFFERED")
     os.environ["PYTHONUNBUFFERED"] = "1"  # the nodes' output is complete when one fails
-    try:
-        twin = launch_twin(TASK, f"{TASK}/official/0", real_time_factor=1.0, camera_rate_hz=5.0)
-        perception = launch_node("perception_node", *LOADED_MACHINE_PERCEPTION)
-        motion = launch_node(
-            "motion_node",
-            ("watchdog", False),
-            ("state_timeout_s", LOADED_MACHINE_STATE_TIMEOUT_S),
-            ("wrench_max_lag_s", LOADED_MACHINE_WRENCH_LAG_S),
-        )
-    finally:
-        if buffered is None:
-            del os.environ["PYTHONUNBUFFERED"]
-        else:
-            os.environ["PYTHONUNBUFFERED"] = buffered
-    procs = {"twin_node": twin, "perception_node": perception, "motion_node": motion}
-    yield procs
-    for proc, _ in reversed(procs.values()):
-        stop(proc)
+    with node_processes() as procs:
+        try:
+            procs["twin_node"] = launch_twin(TASK, f"{TASK}/official/0", real_time_factor=1.0, camera_rate_hz=5.0)
+            procs["perception_node"] = launch_perception_node()
+            procs["motion_node"] = launch_motion_node(("watchdog", False))
+        finally:
+            if buffered is None:
+                del os.environ["PYTHONUNBUFFERED"]
+            else:
+                os.environ["PYTHONUNBUFFERED"] = buffered
+        yield procs
 
 
 @pytest.fixture

@@ -7,14 +7,12 @@ before the requests that count."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 
 rclpy = pytest.importorskip("rclpy")
 from rclpy.action import ActionClient, GoalResponse  # noqa: E402
-from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.node import Node  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
 from std_srvs.srv import SetBool  # noqa: E402
@@ -24,9 +22,8 @@ from captain_interfaces.srv import HarnessCall  # noqa: E402
 from captain_ros.core.contract import FailureCategory  # noqa: E402
 from captain_ros.ros.convert import call_result_from_msg  # noqa: E402
 from captain_ros.ros.guard import GuardedActionServer, GuardedNode  # noqa: E402
-from captain_ros.ros.spin import shutdown_executor  # noqa: E402
 
-from .helpers import result_of, wait_for  # noqa: E402
+from .helpers import result_of, spinning, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.ros
 PROBE = "probe"
@@ -98,18 +95,8 @@ class Flaky(GuardedNode, Node):
 
 @pytest.fixture
 def flaky():
-    context = rclpy.Context()
-    rclpy.init(context=context)
-    node = Flaky(context)
-    executor = MultiThreadedExecutor(num_threads=2, context=context)
-    executor.add_node(node)
-    thread = threading.Thread(target=executor.spin, daemon=True)
-    thread.start()
-    yield node, thread
-    shutdown_executor(executor)
-    thread.join(timeout=5)
-    node.destroy_node()
-    rclpy.shutdown(context=context)
+    with spinning(Flaky) as (node, thread):
+        yield node, thread
 
 
 def test_a_service_that_raises_answers_an_error_and_the_node_goes_on(flaky, client_node):

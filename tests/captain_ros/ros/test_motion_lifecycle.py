@@ -30,13 +30,11 @@ from captain_ros.ros.ros2_control_backend import HORIZON_S
 from captain_ros.ros.spin import SpunActionClient
 
 from .helpers import (
-    LOADED_MACHINE_STATE_TIMEOUT_S,
-    LOADED_MACHINE_WRENCH_LAG_S,
-    launch_node,
+    launch_motion_node,
     launch_twin,
+    node_processes,
     result_of,
     set_parameters,
-    stop,
     wait_for,
 )
 
@@ -56,17 +54,10 @@ GOOD = {"robot_profile": "panda_twin", "connect_timeout_s": 60.0}  # a starved t
 
 @pytest.fixture(scope="module")
 def nodes():
-    twin, twin_lines = launch_twin(TASK, f"{TASK}/official/0", real_time_factor=1.0, camera_rate_hz=0.0)
-    proc, lines = launch_node(
-        "motion_node",
-        ("autostart", False),
-        ("state_timeout_s", LOADED_MACHINE_STATE_TIMEOUT_S),
-        ("wrench_max_lag_s", LOADED_MACHINE_WRENCH_LAG_S),
-        ("watchdog", False),
-    )
-    yield lines, twin_lines
-    stop(proc)
-    stop(twin)
+    with node_processes() as started:
+        started["twin"] = launch_twin(TASK, f"{TASK}/official/0", real_time_factor=1.0, camera_rate_hz=0.0)
+        started["motion"] = launch_motion_node(("autostart", False), ("watchdog", False))
+        yield started["motion"][1], started["twin"][1]
 
 
 @dataclass

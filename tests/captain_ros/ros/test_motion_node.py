@@ -23,12 +23,10 @@ from captain_interfaces.srv import HarnessCall
 from captain_ros.ros.spin import SpunActionClient
 
 from .helpers import (
-    LOADED_MACHINE_STATE_TIMEOUT_S,
-    LOADED_MACHINE_WRENCH_LAG_S,
-    launch_node,
+    launch_motion_node,
     launch_twin,
+    node_processes,
     result_of,
-    stop,
     wait_for,
 )
 
@@ -39,17 +37,11 @@ WATCHDOG_TIMEOUT_S = 5.0
 
 @pytest.fixture(scope="module")
 def nodes():
-    twin, twin_lines = launch_twin(TASK, f"{TASK}/official/0", real_time_factor=1.0, camera_rate_hz=0.0)
-    proc, lines = launch_node(
-        "motion_node",
-        ("state_timeout_s", LOADED_MACHINE_STATE_TIMEOUT_S),
-        ("wrench_max_lag_s", LOADED_MACHINE_WRENCH_LAG_S),
+    with node_processes() as started:
+        started["twin"] = launch_twin(TASK, f"{TASK}/official/0", real_time_factor=1.0, camera_rate_hz=0.0)
         # a starved test process can miss heartbeats for over a second: only the watchdog test goes silent
-        ("watchdog_timeout_s", WATCHDOG_TIMEOUT_S),
-    )
-    yield lines, twin_lines
-    stop(proc)
-    stop(twin)
+        started["motion"] = launch_motion_node(("watchdog_timeout_s", WATCHDOG_TIMEOUT_S))
+        yield started["motion"][1], started["twin"][1]
 
 
 @dataclass

@@ -27,12 +27,10 @@ from captain_ros.ros.moveit_py_scene import MoveItPyScene
 from captain_ros.ros.moveit_scene import MoveItScene, open_scene
 
 from .helpers import (
-    LOADED_MACHINE_STATE_TIMEOUT_S,
-    LOADED_MACHINE_WRENCH_LAG_S,
-    launch_node,
+    launch_motion_node,
     launch_twin,
+    node_processes,
     result_of,
-    stop,
 )
 from .test_moveit_scene import _harness_with_object_midway, _sweep  # as the services path's tests
 
@@ -248,16 +246,10 @@ def test_the_motion_node_configures_with_moveit_py_where_it_imports_and_refuses_
     middle = (start + np.array(POSE["position"])) / 2
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(FAKE), os.environ.get("PYTHONPATH")) if p))
     monkeypatch.setenv("FAKE_MOVEIT_OBSTACLES", ",".join(f"{v:.4f}" for v in (*middle, 0.06, 0.06, 0.06)))
-    twin, twin_lines = launch_twin(task, f"{task}/official/0", real_time_factor=1.0, camera_rate_hz=0.0)
-    proc, lines = launch_node(
-        "motion_node",
-        ("use_moveit", True),
-        ("watchdog", False),
-        ("connect_timeout_s", 60.0),
-        ("state_timeout_s", LOADED_MACHINE_STATE_TIMEOUT_S),
-        ("wrench_max_lag_s", LOADED_MACHINE_WRENCH_LAG_S),
-    )
-    try:
+    with node_processes() as started:
+        started["twin"] = launch_twin(task, f"{task}/official/0", real_time_factor=1.0, camera_rate_hz=0.0)
+        started["motion"] = launch_motion_node(("use_moveit", True), ("watchdog", False), ("connect_timeout_s", 60.0))
+        (_, twin_lines), (_, lines) = started["twin"], started["motion"]
         call = client_node.create_client(HarnessCall, "/harness/call")
         if not call.wait_for_service(timeout_sec=90):
             raise RuntimeError("motion_node did not come up:\n" + "".join(lines) + "".join(twin_lines))
@@ -270,6 +262,3 @@ def test_the_motion_node_configures_with_moveit_py_where_it_imports_and_refuses_
         result = result_of(call.call_async(request), 120).result
         assert result.failure_category == "safety_stop" and not result.executed, result.message
         assert f"{UNNAMED} at" in result.message and "refused, nothing moved" in result.message, result.message
-    finally:
-        stop(proc)
-        stop(twin)

@@ -9,10 +9,6 @@ The policy is tests/scripted_policy.py: observe; move above a clear spot of the 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -36,11 +32,12 @@ from captain_ros.ros.convert import call_result_from_msg
 from tests.scripted_policy import ScriptedPolicy
 
 from .helpers import (
-    LOADED_MACHINE_PERCEPTION,
-    LOADED_MACHINE_STATE_TIMEOUT_S,
-    LOADED_MACHINE_WRENCH_LAG_S,
+    launch_module,
+    launch_motion_node,
     launch_node,
+    launch_perception_node,
     launch_twin,
+    node_processes,
     stop,
     wait_for,
 )
@@ -61,34 +58,14 @@ SCRIPT = [
 ]
 
 
-def launch_module(module: str, *params: tuple[str, object]) -> tuple[subprocess.Popen, list[str]]:
-    """A node module in its own process (`python -m`), like helpers.launch_node for console scripts."""
-    args = [sys.executable, "-m", module, "--ros-args"]
-    for name, value in params:
-        args += ["-p", f"{name}:={value}"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
-    return proc, lines
-
-
 @pytest.fixture(scope="module")
 def stack():
-    nodes = {}
-    try:
+    with node_processes() as nodes:
         nodes["twin"] = launch_twin(TASK, START, real_time_factor=1.0, camera_rate_hz=5.0)
-        nodes["perception"] = launch_node("perception_node", *LOADED_MACHINE_PERCEPTION)
-        nodes["motion"] = launch_node(
-            "motion_node",
-            ("watchdog", False),
-            ("state_timeout_s", LOADED_MACHINE_STATE_TIMEOUT_S),
-            ("wrench_max_lag_s", LOADED_MACHINE_WRENCH_LAG_S),
-        )
+        nodes["perception"] = launch_perception_node()
+        nodes["motion"] = launch_motion_node(("watchdog", False))
         nodes["operator_view"] = launch_module("captain_ros.ros.operator_view", ("robot_profile", "panda_twin"))
         yield nodes
-    finally:
-        for proc, _ in nodes.values():
-            stop(proc)
 
 
 class Recorder:

@@ -37,10 +37,10 @@ from captain_ros.ros.frames import transform_msg
 
 from .helpers import (
     LOADED_MACHINE_PERCEPTION,
-    LOADED_MACHINE_STATE_TIMEOUT_S,
-    LOADED_MACHINE_WRENCH_LAG_S,
-    launch_node,
+    launch_motion_node,
+    launch_perception_node,
     launch_twin,
+    node_processes,
     result_of,
     set_parameters,
     stop,
@@ -55,19 +55,11 @@ TASK = "put_red_cube_in_bowl"
 
 @pytest.fixture(scope="module")
 def nodes():
-    twin, twin_lines = launch_twin(TASK, f"{TASK}/wide/3", real_time_factor=1.0, camera_rate_hz=5.0)
-    proc, lines = launch_node("perception_node", *LOADED_MACHINE_PERCEPTION)
-    motion, motion_lines = launch_node(
-        "motion_node",
-        ("watchdog", False),
-        ("shadow_check", True),
-        ("state_timeout_s", LOADED_MACHINE_STATE_TIMEOUT_S),
-        ("wrench_max_lag_s", LOADED_MACHINE_WRENCH_LAG_S),
-    )
-    yield lines, twin_lines, motion_lines, twin
-    stop(motion)
-    stop(proc)
-    stop(twin)
+    with node_processes() as started:
+        started["twin"] = launch_twin(TASK, f"{TASK}/wide/3", real_time_factor=1.0, camera_rate_hz=5.0)
+        started["perception"] = launch_perception_node()
+        started["motion"] = launch_motion_node(("watchdog", False), ("shadow_check", True))
+        yield started["perception"][1], started["twin"][1], started["motion"][1], started["twin"][0]
 
 
 def _call(client, capability: str, **kwargs) -> CallResultMsg:

@@ -36,12 +36,10 @@ from captain_ros.ros.safety import ApprovalPrompt
 from captain_ros.ros.spin import SpunActionClient
 
 from .helpers import (
-    LOADED_MACHINE_STATE_TIMEOUT_S,
-    LOADED_MACHINE_WRENCH_LAG_S,
-    launch_node,
+    launch_motion_node,
     launch_twin,
+    node_processes,
     result_of,
-    stop,
     wait_for,
 )
 
@@ -55,16 +53,11 @@ LONG_S = 100.0  # an approval timeout no loaded machine reaches (below the agent
 
 @pytest.fixture(scope="module")
 def nodes():
-    twin, twin_lines = launch_twin(TASK, f"{TASK}/official/0", real_time_factor=1.0, camera_rate_hz=0.0)
-    proc, lines = launch_node(
-        "motion_node",
-        ("state_timeout_s", LOADED_MACHINE_STATE_TIMEOUT_S),
-        ("wrench_max_lag_s", LOADED_MACHINE_WRENCH_LAG_S),
-        ("watchdog_timeout_s", 5.0),  # the test beats at 10 Hz; a starved test process can miss a second
-    )
-    yield lines, twin_lines
-    stop(proc)
-    stop(twin)
+    with node_processes() as started:
+        started["twin"] = launch_twin(TASK, f"{TASK}/official/0", real_time_factor=1.0, camera_rate_hz=0.0)
+        # the test beats at 10 Hz; a starved test process can miss a second
+        started["motion"] = launch_motion_node(("watchdog_timeout_s", 5.0))
+        yield started["motion"][1], started["twin"][1]
 
 
 @dataclass

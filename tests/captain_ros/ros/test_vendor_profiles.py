@@ -44,13 +44,11 @@ from captain_ros.ros.spin import SpunActionClient  # noqa: E402
 from .fake_move_group import FakeMoveGroup  # noqa: E402
 from .fake_vendor import CONTROLLER_MANAGER_SERVICES, VENDORS, VendorGraph, VendorSpec, read_urdf  # noqa: E402
 from .helpers import (  # noqa: E402
-    LOADED_MACHINE_STATE_TIMEOUT_S,
     LOADED_MACHINE_SWEEP_HORIZON_S,
-    LOADED_MACHINE_WRENCH_LAG_S,
-    launch_node,
+    launch_motion_node,
+    node_processes,
     result_of,
     set_parameters,
-    stop,
     wait_for,
 )
 
@@ -95,17 +93,14 @@ MOVE = np.array([0.02, 0.02, -0.02])  # a small move from where the arm stands, 
 @pytest.fixture(scope="module")
 def motion_node():
     """The real motion node, unconfigured, waiting for an operator (its services exist from the start)."""
-    proc, lines = launch_node(
-        "motion_node",
-        ("autostart", False),
-        ("robot_profile", "franka_fr3"),
-        ("state_timeout_s", LOADED_MACHINE_STATE_TIMEOUT_S),
-        ("sweep_horizon_s", LOADED_MACHINE_SWEEP_HORIZON_S),
-        ("wrench_max_lag_s", LOADED_MACHINE_WRENCH_LAG_S),
-        ("watchdog", False),
-    )
-    yield lines
-    stop(proc)
+    with node_processes() as started:
+        started["motion"] = launch_motion_node(
+            ("autostart", False),
+            ("robot_profile", "franka_fr3"),
+            ("sweep_horizon_s", LOADED_MACHINE_SWEEP_HORIZON_S),
+            ("watchdog", False),
+        )
+        yield started["motion"][1]
 
 
 @dataclass
