@@ -81,7 +81,7 @@ def error_line(error: str, limit: int = 200) -> str:
 
 
 def request_headers(episode_id: str, index: int) -> dict[str, str]:
-    """What the recording proxy attributes a model call by (captain_ros.bridge.proxy)."""
+    """What the recording proxy attributes a model call by (its X-Captain-* headers: captain_ros.bridge.attribution)."""
     return {"X-Captain-Episode": episode_id, "X-Captain-Request": str(index)}
 
 

@@ -40,8 +40,9 @@ UNNAMED. That is why the touch rule goes into the ACM rather than into judge: wh
 links touching an object, anything touching the integrator's scene objects, self-collision) is refused unnamed. The
 ACM's copy comes from a clone of the scene per guarded check (moveit_py binds no copy of an ACM alone). The calls are
 synchronous in this process, so `timeout_s` does not bound them (planning is bounded by `planning_time_s`). Tested
-only against tests/ros/fake_moveit_py (a fake `moveit` package built from these names, its ACM included); moveit-py
-has no PyPI build and does not install here, so MoveIt's own FCL checking with that ACM is not run.
+only against tests/captain_ros/ros/fake_moveit_py (a fake `moveit` package built from these names, its ACM
+included); moveit-py has no PyPI build and does not install here, so MoveIt's own FCL checking with that ACM is not
+run.
 """
 
 from __future__ import annotations
