@@ -62,6 +62,8 @@ def _where(runs: list[dict]) -> str:
     names = {"vllm": "vLLM", "transformers": "training.hf_serve", None: "an unrecorded server"}
     ended: dict[str, int] = {}
     for r in runs:
+        if not r.get("episodes"):  # a run stopped before it ended an episode generated none of the results
+            continue
         where = f"{names.get(r['server'], r['server'])} on {r.get('gpu') or 'CPU'}"
         ended[where] = ended.get(where, 0) + r.get("episodes", 0)
     return " and ".join(f"{w} ({n} episode{'s' * (n != 1)})" for w, n in sorted(ended.items(), key=lambda x: -x[1]))
@@ -92,6 +94,14 @@ def main(argv: list[str] | None = None) -> int:
     if "zero_shot" not in summaries:
         print("no zero-shot evaluation yet: run without --report-only", file=sys.stderr)
         return 1
+    from captain_ros.bridge.evaluation import summarize
+
+    evals = {name: ev.rows_of(out) for name, (_, out) in folders.items() if name in summaries}
+    finished = None  # the SFT evaluation's success over the episodes that ended, when some did not
+    if "sft" in evals and {r.key for r in evals["zero_shot"] if r.valid} - {r.key for r in evals["sft"] if r.valid}:
+        finished = summaries["sft"]["success"]
+        evals["sft"] = ev.with_unfinished(evals["sft"], evals["zero_shot"])
+        summaries["sft"]["success"] = summarize(evals["sft"])  # behaviour and the gate stay over what ran
     zs = summaries["zero_shot"]
     sft = summaries.get("sft")
     record = _sft_record(sft_dir)
@@ -105,9 +115,19 @@ def main(argv: list[str] | None = None) -> int:
         "student_sft_host": _rate(sft, "host")[0] if sft else None,
         "student_sft_host_ci95": _rate(sft, "host")[1] if sft else None,
         "student_episodes": zs["success"]["overall"]["valid"],
-        "student_sft_episodes": sft["success"]["overall"]["valid"] if sft else None,
-        # plan episodes the SFT evaluation has not finished (a GPU host's time ran out): not counted anywhere
-        "student_sft_unfinished": len(ev.plan_jobs(plan)) - len(ev.rows_of(folders["sft"][1])) if sft else None,
+        # episodes the SFT evaluation ended, and those of the plan it has not (a GPU host's time ran out): the
+        # latter count as failures in student_sft_strict / _host (a lower bound; with_unfinished)
+        "student_sft_episodes": (finished or (sft or {}).get("success") or {}).get("overall", {}).get("valid"),
+        "student_sft_unfinished": sum(not r.episode_id for r in evals["sft"]) if sft else None,
+        # over the episodes that ended (leans up when some did not), and the upper bound (unfinished ones successes)
+        "student_sft_strict_finished": _rate({"success": finished}, "strict")[0] if finished else None,
+        "student_sft_host_finished": _rate({"success": finished}, "host")[0] if finished else None,
+        "student_sft_strict_upper": (
+            (finished["overall"]["rates"]["strict"]["k"] + sum(not r.episode_id for r in evals["sft"]))
+            / sft["success"]["overall"]["valid"]
+            if finished
+            else None
+        ),
         "sft_tokens_per_s": record.get("tokens_per_s"),
         "sft_ran_on": record.get("machine"),
     }
@@ -136,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     metrics["generation_zero_shot"] = _where(ev.generation_of(folders["zero_shot"][1]))
     metrics["generation_sft"] = _where(ev.generation_of(folders["sft"][1])) if sft else None
     if sft:
-        pair = ev.compare(ev.rows_of(folders["zero_shot"][1]), ev.rows_of(folders["sft"][1]), "strict")
+        pair = ev.compare(evals["zero_shot"], evals["sft"], "strict")
         metrics["sft_vs_zero_shot_mcnemar_p"] = pair["mcnemar_p"]
         metrics["paired_starts"] = pair["pairs"]
     else:
@@ -144,8 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     unfinished = metrics["student_sft_unfinished"]
     if sft:
         partial = (
-            f"PARTIAL: {metrics['student_sft_episodes']} of {len(ev.plan_jobs(plan))} episodes finished, "
-            f"{unfinished} unfinished are not counted (the rate is over the episodes that ended first); "
+            f"{unfinished} of {len(evals['sft'])} episodes unfinished, counted as failures (a lower bound: over the "
+            f"{metrics['student_sft_episodes']} that ended {metrics['student_sft_strict_finished']:.1%} strict, "
+            f"{metrics['student_sft_host_finished']:.1%} host; at most {metrics['student_sft_strict_upper']:.1%} "
+            "strict if every unfinished one succeeded); "
             if unfinished
             else ""
         )
@@ -177,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(
             [
                 name,
-                f"{o['valid']} ({unfinished} unfinished)" if name == "sft" and unfinished else o["valid"],
+                f"{o['valid']} ({unfinished} unfinished: failed)" if name == "sft" and unfinished else o["valid"],
                 f"{o['rates']['strict']['rate']:.1%}",
                 f"{o['rates']['host']['rate']:.1%}",
                 f"{b['requests_per_episode']:.1f}",
@@ -220,15 +242,14 @@ def main(argv: list[str] | None = None) -> int:
                         "family": r.family,
                         "start_id": r.start_id,
                         "attempt": r.attempt,
-                        "outcome": r.outcome,
+                        "outcome": r.outcome if r.episode_id else "unfinished (counted as a failure)",
                         "strict": r.strict_success,
                         "host": r.host_success,
                         "valid": r.valid,
                     }
-                    for r in sorted(ev.rows_of(out), key=lambda r: r.key)
+                    for r in sorted(evals[name], key=lambda r: r.key)
                 ]
-                for name, (_, out) in folders.items()
-                if name in summaries
+                for name in evals
             },
             "sft_run": record or None,
             "missing": missing,

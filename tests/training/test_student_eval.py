@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from captain_ros.bridge.evaluation import EvalRow
+from captain_ros.bridge.evaluation import EvalRow, summarize
 from captain_ros.bridge.store import Episode, RequestData
 from captain_ros.twin.tasks import default_suite
 from training import student_eval as ev
@@ -95,6 +95,25 @@ def test_compare_pairs_common_valid_starts_and_counts_discordant_pairs_by_hand()
     assert (pair["a_only"], pair["b_only"]) == (0, 2)
     assert pair["a_rate"] == pytest.approx(1 / 3) and pair["b_rate"] == 1.0
     assert pair["mcnemar_p"] == 0.5  # two discordant pairs, both one way: 2 x (1/2)^2
+
+
+def test_unfinished_episodes_count_as_failures_so_the_rate_is_a_lower_bound():
+    """A GPU host's time ran out with s3 and s4 running (s4's only episode invalid): both come back as failures under
+    the plan's keys, the ended episodes unchanged: 1 of 4 strict, not 1 of 2."""
+    plan = [_row("t", s, False, episode_id=f"z{s}") for s in ("s1", "s2", "s3", "s4")]
+    ended = [_row("t", "s1", True), _row("t", "s2", False), _row("t", "s4", True, valid=False, episode_id="y")]
+    rows = ev.with_unfinished(ended, plan)
+    assert rows[:3] == ended
+    added = rows[3:]
+    assert [(r.start_id, r.strict_success, r.host_success, r.valid, r.episode_id) for r in added] == [
+        ("s3", False, False, True, ""),
+        ("s4", False, False, True, ""),
+    ]
+    assert all(r.policy == "p" and r.family == "f" and r.outcome == "failure" for r in added)
+    stats = summarize(rows)["overall"]
+    assert (stats["valid"], stats["rates"]["strict"]["k"], stats["excluded"]) == (4, 1, 1)
+    assert ev.compare(plan, rows)["pairs"] == 4
+    assert ev.with_unfinished(rows, plan) == rows  # nothing left to add
 
 
 def test_a_resumed_evaluation_counts_each_start_once_preferring_its_valid_episode(tmp_path, monkeypatch):

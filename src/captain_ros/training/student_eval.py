@@ -20,6 +20,7 @@ most `requests_budget` requests of at most `max_new_tokens` tokens each, with th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 import signal
@@ -83,6 +84,19 @@ def rows_of(out: Path) -> list[EvalRow]:
             if row.key not in chosen or (row.valid and not chosen[row.key].valid):
                 chosen[row.key] = row
     return list(chosen.values())
+
+
+def with_unfinished(rows: Sequence[EvalRow], plan_rows: Sequence[EvalRow]) -> list[EvalRow]:
+    """`rows` and, for each episode of the plan they lack (`plan_rows`: an evaluation of the whole plan, whose keys
+    and families are used), a failed row: the episodes a GPU host's time left unfinished counted as failures, so a
+    rate over them is a lower bound on the rate over the whole plan (a rate over the episodes that ended first leans
+    up: the ones still running are the longest, and most of those end on the budget)."""
+    have = {r.key for r in rows if r.valid}
+    failed = {"policy": rows[0].policy if rows else "unfinished", "outcome": "failure", "host_success": False,
+              "strict_success": False, "finished": False, "requests": 0, "actions": 0, "wall_time_s": None,
+              "valid": True, "episode_id": "", "invalid_reason": ""}  # fmt: skip
+    missing = [dataclasses.replace(r, **failed) for r in plan_rows if r.valid and r.key not in have]
+    return list(rows) + missing
 
 
 def evaluate(model: Path, label: str, out: Path, plan: EvalPlan = EvalPlan(), progress: bool = True) -> Path:
