@@ -1,7 +1,7 @@
 """captain-ros: the project's command-line tool.
 
 captain-ros run             the main job: episodes on the twin over ROS (expert policy by default)
-captain-ros rollout         record twin episodes for training (proxy, workers, store, shipping to a trainer)
+captain-ros rollout         record episodes for training in a world (--backend twin|libero): workers, store, shipping
 captain-ros eval            run|report|compare: evaluation over suites x start states x attempts
 captain-ros export          mcap|parquet: episodes for ROS tools (rosbag2 MCAP) and tables for analysis
 captain-ros transport       receive|ship: the trainer-side receiver and the rollout host's shipper
@@ -123,8 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     rollout = sub.add_parser(
         "rollout",
-        help="record twin episodes for training",
-        description="Run groups of G attempts per start state on N parallel twin workers with the policy behind "
+        help="record episodes for training (on the twin, or another in-process world: --backend)",
+        description="Run groups of G attempts per start state on N parallel workers in a world (the twin unless "
+        "--backend names another of captain_ros.worlds) with the policy behind "
         "the recording proxy; every request's model call and privileged snapshot go to the episode store "
         "(<run dir>/rollout.sqlite), which the shipper streams to a trainer-side receiver (a local one, "
         "<run dir>/trainer.sqlite, unless --ship names the trainer's).",
