@@ -205,3 +205,4 @@ for STAGE in "$@"; do
 done
 nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader 2>/dev/null
 ls -la "$OUT"/* 2>/dev/null
+exit 0  # every stage asked for is done (a stage that is not exits above); an empty $OUT is no failure
