@@ -131,6 +131,13 @@ def main(argv: list[str] | None = None) -> int:
         "sft_tokens_per_s": record.get("tokens_per_s"),
         "sft_ran_on": record.get("machine"),
     }
+    metrics["sft_unfinished_note"] = (  # the README's words for a lower bound
+        f"; {metrics['student_sft_unfinished']} episodes the GPU host's time left unfinished count as failures "
+        f"(over the {metrics['student_sft_episodes']} that ended: {metrics['student_sft_strict_finished']:.1%} / "
+        f"{metrics['student_sft_host_finished']:.1%})"
+        if finished
+        else ""
+    )
     gates = [s["prompt_gate"] for s in summaries.values()]
     checked = sum(g["requests_checked"] for g in gates)
     passed = sum(round(g["pass_rate"] * g["requests_checked"]) for g in gates if g["pass_rate"] is not None)

@@ -38,7 +38,7 @@ STUDENT = (
     ),
     (
         "`student_sft_strict` / `student_sft_host`: after SFT on the expert's training-split episodes, the same "
-        "starts and budgets, {generation_sft}",
+        "starts and budgets, {generation_sft}{sft_unfinished_note}",
         "{student_sft_strict:.1%} (95% CI {student_sft_strict_ci95[0]:.1%}-{student_sft_strict_ci95[1]:.1%}) / "
         "{student_sft_host:.1%}",
         "≥ 50% (moonshot ≥ 80%)",
