@@ -54,8 +54,8 @@ called until the node accepts it, and the next sweep starts again from the start
 moveit_scene_check_ms_p50/_p95  MoveIt's planning-scene check of one sweep (use_moveit): the 40 cm sweep the other
                             parts run, planned by the harness's planner, its sampled joint configurations sent 8 at a
                             time to /check_state_validity (moveit_msgs/GetStateValidity), every answer received: host
-                            time around MoveItScene.check (ros/moveit_scene.py), over DDS to a fake move_group in its
-                            own process (tests/captain_ros/ros/fake_move_group.py: the TCP as a sphere against world
+                            time around MoveItScene.check (ros/move_group_scene.py), over DDS to a fake move_group in
+                            its own process (tests/captain_ros/ros/fake_move_group.py: the TCP as a sphere against world
                             boxes, one box measured into the scene first). The fake's own work per state (the profile's
                             forward kinematics in Python) is in the number; a real move_group's collision check of every
                             link's meshes takes its place (not measured: MoveIt does not install here).
@@ -616,7 +616,7 @@ def moveit_scene_timing(node, checks: int) -> dict[str, object]:
     from captain_ros.core.config import load_config
     from captain_ros.core.moveit_scene import SceneBox, judge
     from captain_ros.harness.motion import Planner
-    from captain_ros.ros.moveit_scene import MoveItScene
+    from captain_ros.ros.move_group_scene import MoveItScene
 
     profile = robot.load_profile("panda_twin")
     kin = Kinematics(profile=profile)

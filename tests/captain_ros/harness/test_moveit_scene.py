@@ -1,6 +1,6 @@
 """MoveIt's planning-scene check without ROS: the core (core/moveit_scene.py) and the harness's use of a scene
-(harness.PlanningScene), with a scene of the test's own. tests/captain_ros/ros/test_moveit_scene.py runs the same over
-DDS against a fake move_group."""
+(harness.PlanningScene), with a scene of the test's own. tests/captain_ros/ros/test_move_group_scene.py runs the same
+over DDS against a fake move_group."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@
 
 Its collision model is small on purpose (the TCP against boxes; no robot links, no self-collision, no octomap):
 enough to see a sweep refused by an obstacle and objects come and go. The real move_group checks every link's
-geometry. Used in-process by tests/captain_ros/ros/test_moveit_scene.py and as a process by bench/real_arm.py:
+geometry. Used in-process by tests/captain_ros/ros/test_move_group_scene.py and as a process by bench/real_arm.py:
 
     python tests/captain_ros/ros/fake_move_group.py [--profile panda_twin] [--obstacle x,y,z,sx,sy,sz]   (prints READY)
 """

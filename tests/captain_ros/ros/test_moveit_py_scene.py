@@ -23,8 +23,8 @@ from captain_ros.core.kinematics import Kinematics
 from captain_ros.core.moveit_scene import SceneBox, SceneCheckError, judge, links_below, touch_rule
 from captain_ros.core.robot import load_profile
 from captain_ros.ros import moveit_py_scene
+from captain_ros.ros.move_group_scene import MoveItScene, open_scene
 from captain_ros.ros.moveit_py_scene import MoveItPyScene
-from captain_ros.ros.moveit_scene import MoveItScene, open_scene
 
 from .helpers import (
     launch_motion_node,
@@ -32,7 +32,7 @@ from .helpers import (
     node_processes,
     result_of,
 )
-from .test_moveit_scene import _harness_with_object_midway, _sweep  # as the services path's tests
+from .test_move_group_scene import _harness_with_object_midway, _sweep  # as the services path's tests
 
 FAKE = Path(__file__).parent / "fake_moveit_py"
 PROFILE = load_profile("panda_twin")

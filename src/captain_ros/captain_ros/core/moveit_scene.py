@@ -13,9 +13,9 @@ Objects that perception measured (`measure_object_geometry`: centre, extents and
 into the scene as collision boxes (`SceneObjects`), and out of it once their measurement is stale: the perception
 store's scene version moved on (something physical happened since) or the object was measured anew.
 
-The ROS side is `captain_ros.ros.moveit_scene` (move_group's services) or `captain_ros.ros.moveit_py_scene` (moveit-py
-in the motion node's process), as the profile's `interfaces.moveit.api` chooses (`choose_api`); this module is what
-both and the tests share.
+The ROS side is `captain_ros.ros.move_group_scene` (move_group's services) or `captain_ros.ros.moveit_py_scene`
+(moveit-py in the motion node's process), as the profile's `interfaces.moveit.api` chooses (`choose_api`); this module
+is what both and the tests share.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ class TouchRule:
     and anything touching what the integrator put in MoveIt's scene (table, fixtures), still refuse the sweep.
 
     One rule, used two ways: called with a contact pair `(a, b)` it says whether that contact may happen (judge
-    filters the contacts move_group names: ros/moveit_scene.py); `pairs()` lists every allowed (link, object) pair,
+    filters the contacts move_group names: ros/move_group_scene.py); `pairs()` lists every allowed (link, object) pair,
     which moveit-py's check allows in a copy of the scene's AllowedCollisionMatrix (ros/moveit_py_scene.py)."""
 
     gripper_links: frozenset[str]

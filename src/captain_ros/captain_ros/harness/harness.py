@@ -108,7 +108,7 @@ class EpisodeLog:
 
 
 class PlanningScene(Protocol):
-    """MoveIt's planning scene as the harness uses it (ros/moveit_scene.MoveItScene over move_group's services,
+    """MoveIt's planning scene as the harness uses it (ros/move_group_scene.MoveItScene over move_group's services,
     ros/moveit_py_scene.MoveItPyScene through moveit-py, or a test's)."""
 
     def check(self, q_waypoints: np.ndarray, may_touch: TouchRule | None = None) -> list[StateVerdict]:
@@ -123,7 +123,7 @@ class PlanningScene(Protocol):
         ...
 
     # free_space_min_m: float, and plan(q_start, q_goal) -> (joint path | None, refusal): free-space planning, used
-    # by move_to when free_space_min_m > 0 (ros/moveit_scene.MoveItScene)
+    # by move_to when free_space_min_m > 0 (ros/move_group_scene.MoveItScene)
 
 
 class Harness:

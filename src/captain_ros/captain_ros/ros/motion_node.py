@@ -246,7 +246,7 @@ class MotionNode(GuardedNode, LifecycleNode):
         self.watchdog: Watchdog | None = None
         self.harness: Harness | None = None  # built by the first activation after configure
         self.kinematics: Kinematics | None = None  # the profile's, its self-collision geometry checked (configure)
-        self.moveit = None  # ros/moveit_scene.open_scene's MoveItScene or MoveItPyScene with use_moveit
+        self.moveit = None  # ros/move_group_scene.open_scene's MoveItScene or MoveItPyScene with use_moveit
         self.failure = ""  # why the last transition failed (the lifecycle service's reply is only a bool)
         self._state = "unconfigured"  # this node's lifecycle state, for the reasons it gives
         self._active = False  # goals and calls are accepted
@@ -437,7 +437,7 @@ class MotionNode(GuardedNode, LifecycleNode):
                 f"use_moveit: robot profile '{self.profile.name}' names no interfaces.moveit (planning_group and "
                 "move_group's services); add them or run with use_moveit:=false"
             )
-        from captain_ros.ros.moveit_scene import open_scene  # moveit_msgs only where MoveIt is used
+        from captain_ros.ros.move_group_scene import open_scene  # moveit_msgs only where MoveIt is used
 
         try:  # interfaces.moveit.api: moveit-py in this process, or move_group's services (core/moveit_scene.py)
             self.moveit = open_scene(self, settings, self.profile.arm_joints, self.profile.base_frame)

@@ -1,7 +1,7 @@
 """MoveIt 2's planning scene through moveit-py (`moveit.planning.MoveItPy`): the motion node's `use_moveit` where the
-profile's `interfaces.moveit.api` is "moveit_py", or "auto" and moveit-py imports (ros/moveit_scene.open_scene).
+profile's `interfaces.moveit.api` is "moveit_py", or "auto" and moveit-py imports (ros/move_group_scene.open_scene).
 
-The same three things as ros/moveit_scene.MoveItScene (move_group's services), in this process instead:
+The same three things as ros/move_group_scene.MoveItScene (move_group's services), in this process instead:
   check(q_waypoints)  each sampled configuration (core/moveit_scene.sample_indices) checked with
                       PlanningScene.check_collision(CollisionRequest, CollisionResult, RobotState) in the planning
                       group (the request move_group's /check_state_validity makes), under the scene monitor's
@@ -10,9 +10,9 @@ The same three things as ros/moveit_scene.MoveItScene (move_group's services), i
                       measured objects) is allowed in the check itself: check_collision(..., state, acm) with a
                       copy of the scene's AllowedCollisionMatrix plus set_entry(link, object, True) per pair
   apply(add, remove)  PlanningSceneMonitor.process_collision_object(CollisionObject) per object: the same messages
-                      (ros/moveit_scene.collision_box), REMOVE by id; a False return refuses the update
+                      (ros/move_group_scene.collision_box), REMOVE by id; a False return refuses the update
   plan(start, goal)   PlanningComponent.set_start_state(robot_state=) / set_goal_state(motion_plan_constraints=) with
-                      the same joint goal (ros/moveit_scene.joint_goal), then plan(single_plan_parameters=
+                      the same joint goal (ros/move_group_scene.joint_goal), then plan(single_plan_parameters=
                       PlanRequestParameters) in the profile's pipeline and planner
 Anything moveit-py raises becomes SceneCheckError, so the harness refuses the sweep (fail closed).
 
@@ -63,7 +63,7 @@ from captain_ros.core.moveit_scene import (
     sample_indices,
 )
 from captain_ros.core.robot import MoveItInterface
-from captain_ros.ros.moveit_scene import collision_box, error_code_name, joint_goal
+from captain_ros.ros.move_group_scene import collision_box, error_code_name, joint_goal
 
 NODE_NAME = "moveit_py"  # MoveItPy's default node name: the key of its parameters in the params file
 PLAN_PARAMS_NS = "plan_request_params"  # PlanRequestParameters' namespace (moveit_py's tutorials' name)

@@ -1,4 +1,4 @@
-"""MoveIt's planning-scene check over DDS (ros/moveit_scene.py) against a fake move_group (fake_move_group.py):
+"""MoveIt's planning-scene check over DDS (ros/move_group_scene.py) against a fake move_group (fake_move_group.py):
 moveit_msgs' GetStateValidity along a sweep, ApplyPlanningScene for measured objects, a missing move_group refusing
 the sweep, and a harness on the twin refusing a move_to whose sweep passes through a measured object (unless
 guarded: the gripper may touch what was measured)."""
@@ -17,7 +17,7 @@ from captain_ros.core.moveit_scene import SceneBox, SceneCheckError, judge
 from captain_ros.core.robot import load_profile
 from captain_ros.harness.harness import Harness
 from captain_ros.harness.twin_backend import TwinBackend
-from captain_ros.ros.moveit_scene import MoveItScene
+from captain_ros.ros.move_group_scene import MoveItScene
 from captain_ros.twin.sim import Twin
 
 from .fake_move_group import FakeMoveGroup
