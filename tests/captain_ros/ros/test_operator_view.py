@@ -18,7 +18,7 @@ from visualization_msgs.msg import Marker, MarkerArray
 from captain_interfaces.msg import CallResult as CallResultMsg
 from captain_interfaces.msg import EpisodeStatus
 from captain_ros.core.contract import PHYSICAL_CAPABILITIES
-from captain_ros.core.operator_view import (
+from captain_ros.core.operator_markers import (
     NS_CONTACTS,
     NS_MOTIONS,
     NS_PLANNED,

@@ -2,7 +2,7 @@
 
 Each shows the robot (RobotModel from /robot_description, TF), each camera the profile names (its colour image),
 and /captain/markers: the operator view's status and receipt text, contacts, planned and executed sweeps and the
-perception node's detections (captain_ros.core.operator_view lists the namespaces). The fixed frame is the
+perception node's detections (captain_ros.core.operator_markers lists the namespaces). The fixed frame is the
 profile's base frame, in which every marker is drawn.
 
 The checked-in files are this module's output (tests/captain_ros/core/test_rviz_config.py keeps them equal):

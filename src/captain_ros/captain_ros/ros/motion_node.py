@@ -73,7 +73,7 @@ from captain_ros.core.config import load_config
 from captain_ros.core.contract import CallResult, FailureCategory
 from captain_ros.core.kinematics import Kinematics
 from captain_ros.core.moveit_scene import SceneCheckError
-from captain_ros.core.operator_view import planned_sweep_marker
+from captain_ros.core.operator_markers import planned_sweep_marker
 from captain_ros.harness.approval import load_supervisor_config
 from captain_ros.harness.backend import BackendError
 from captain_ros.harness.harness import Harness

@@ -1,4 +1,4 @@
-"""operator_view: the episode as rviz markers, from what the stack publishes (captain_ros.core.operator_view).
+"""operator_view: the episode as rviz markers, from what the stack publishes (captain_ros.core.operator_markers).
 
 In:  agent/status        captain_interfaces/msg/EpisodeStatus   request n of N, actions, budget left, outcome
      harness/receipts    captain_interfaces/msg/CallResult      every result: receipt lines, contacts and forces
@@ -27,7 +27,7 @@ from visualization_msgs.msg import Marker, MarkerArray
 from captain_interfaces.msg import CallResult as CallResultMsg
 from captain_interfaces.msg import EpisodeStatus
 from captain_ros.core import robot
-from captain_ros.core.operator_view import (
+from captain_ros.core.operator_markers import (
     NS_PLANNED,
     EpisodeView,
     MarkerSpec,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from captain_ros.core.contract import Budget, CallResult, FailureCategory
-from captain_ros.core.operator_view import (
+from captain_ros.core.operator_markers import (
     NS_CONTACTS,
     NS_MOTIONS,
     NS_PLANNED,
