@@ -5,8 +5,8 @@ libero_<suite>_strict   strict success (finish() accepted on a scene LIBERO's go
                         expert, one episode per task of the suite on the held-out official initial state 11 (the
                         first of CaPtain's evaluation states 11-16); host success is reported beside it. The expert
                         acts on perception only: the built-in segmenter's depth regions named by the appearance
-                        library rendered from LIBERO's asset models (libero/appearance.py); LIBERO's predicate only
-                        scores
+                        library rendered from LIBERO's asset models (libero/appearance_library.py); LIBERO's predicate
+                        only scores
 ..._colour_shape        the same episodes with the built-in colour/shape naming alone (no appearance library)
 ..._oracle_segmentation the same episodes with ORACLE segmentation (libero/oracle.py: masks from the simulator's
                         object ids in place of a segmentation model; depth, geometry, planning and motion unchanged):

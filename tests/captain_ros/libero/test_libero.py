@@ -312,7 +312,7 @@ def test_the_harness_moves_guarded_and_stops_on_contact_in_a_libero_scene(tmp_pa
 def test_the_appearance_library_names_libero_objects_without_the_simulator(tmp_path):
     """The headline path: perception names LIBERO's groceries by their look, from models rendered alone out of the
     benchmark's asset files (a few of them here, the scene's and some that are not in it), never from the scene."""
-    from captain_ros.libero.appearance import assets_dir, object_models
+    from captain_ros.libero.appearance_library import assets_dir, object_models
     from captain_ros.perception.appearance import build_library
 
     names = ("alphabet_soup", "basket", "tomato_sauce", "milk", "ketchup", "orange_juice", "akita_black_bowl")

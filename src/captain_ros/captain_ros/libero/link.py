@@ -128,9 +128,9 @@ class LiberoLink(CoreLink):
         oracle_segmentation: bool = False,
         appearance: bool = True,
     ):
-        """`appearance`: perception names LIBERO's objects by their look (libero/appearance.py: a library rendered
-        from the benchmark's asset models, no simulator state); false: colour and shape only. `oracle_segmentation`:
-        segment with the simulator's object ids instead (libero/oracle.py), a labelled oracle."""
+        """`appearance`: perception names LIBERO's objects by their look (libero/appearance_library.py: a
+        library rendered from the benchmark's asset models, no simulator state); false: colour and shape only.
+        `oracle_segmentation`: segment with the simulator's object ids instead (libero/oracle.py), a labelled oracle."""
         self.config = config
         self.oracle_segmentation, self.appearance = oracle_segmentation, appearance
         self.image_size_px, self.log_dir = image_size_px, log_dir
@@ -159,7 +159,7 @@ class LiberoLink(CoreLink):
 
                 self.harness.perception.remote_segmenter = OracleSegmenter(self.backend)
             elif self.appearance:
-                from captain_ros.libero.appearance import library
+                from captain_ros.libero.appearance_library import library
 
                 self.harness.perception.appearance = library()
         return self.backend.episode

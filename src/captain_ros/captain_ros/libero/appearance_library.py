@@ -5,7 +5,7 @@ recoloured variants LIBERO-PRO adds. Rendered once (about 100 s on 2 cores) and 
 This is what lets the built-in perception name "alphabet soup" or "black bowl" in a LIBERO scene without reading
 the simulator: the library knows what each model looks like, never where it is.
 
-  python -m captain_ros.libero.appearance            # build (or rebuild with --force) and list the models
+  python -m captain_ros.libero.appearance_library    # build (or rebuild with --force) and list the models
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def library(path: Path = CACHE, force: bool = False, progress: bool = True) -> A
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], prog="python -m captain_ros.libero.appearance"
+        description=__doc__.split("\n\n")[0], prog="python -m captain_ros.libero.appearance_library"
     )
     parser.add_argument("--force", action="store_true", help="render again even if the cached library exists")
     parser.add_argument("--path", type=Path, default=CACHE, help=f"where the library is kept (default {CACHE})")
