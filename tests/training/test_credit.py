@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from captain_ros.bridge.store import Episode, RequestData
-from captain_ros.twin.privileged import FEATURE_NAMES
+from captain_ros.twin.privileged_state import FEATURE_NAMES
 from training.credit import (
     CreditConfig,
     EarlyStopConfig,

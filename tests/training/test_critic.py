@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from captain_ros.bridge.store import Episode, RequestData
-from captain_ros.twin import privileged
+from captain_ros.twin import privileged_state
 from training.critic import (
     FEATURE_NAMES,
     Critic,
@@ -50,7 +50,7 @@ def test_the_critic_reads_the_twins_feature_names_without_importing_mujoco():
     probe = "import sys, training.critic as c; assert 'mujoco' not in sys.modules; print(len(c.FEATURE_NAMES))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "36", done.stderr
-    assert FEATURE_NAMES == privileged.FEATURE_NAMES
+    assert FEATURE_NAMES == privileged_state.FEATURE_NAMES
 
 
 def test_states_from_episodes():

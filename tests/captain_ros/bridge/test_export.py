@@ -19,7 +19,7 @@ from captain_ros.bridge import export
 from captain_ros.bridge.schema import Record
 from captain_ros.bridge.store import EpisodeStore
 from captain_ros.core import robot
-from captain_ros.twin.privileged import FEATURE_NAMES
+from captain_ros.twin.privileged_state import FEATURE_NAMES
 
 PANDA = robot.default_profile()  # the twin's arm
 

@@ -9,7 +9,7 @@ import pytest
 
 from captain_ros.bridge.recorder import EpisodeMeta, EpisodeRecorder
 from captain_ros.bridge.store import EpisodeReader, EpisodeStore, StoreFull
-from captain_ros.twin.privileged import FEATURE_NAMES
+from captain_ros.twin.privileged_state import FEATURE_NAMES
 from captain_ros.worlds.twin.privileged import TwinPrivileged
 from tests.captain_ros.agent.test_expert import InProcessExpert
 

@@ -76,7 +76,7 @@ from captain_ros.ros.spin import spin
 from captain_ros.twin import lockstep
 from captain_ros.twin.cameras import CameraFrame
 from captain_ros.twin.controller import ReflexTrip, TwinControllers
-from captain_ros.twin.privileged import FEATURE_NAMES
+from captain_ros.twin.privileged_state import FEATURE_NAMES
 from captain_ros.twin.sim import SimulationFault, Twin
 from captain_ros.twin.start_states import StartId
 from captain_ros.twin.tasks import TaskError, default_suite, get_task

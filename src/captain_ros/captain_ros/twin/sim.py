@@ -19,7 +19,7 @@ import numpy as np
 
 from captain_ros.core import robot
 from captain_ros.twin.cameras import CameraFrame, CameraRig
-from captain_ros.twin.privileged import EpisodeMemory, PrivilegedState, compute_features, object_poses
+from captain_ros.twin.privileged_state import EpisodeMemory, PrivilegedState, compute_features, object_poses
 from captain_ros.twin.scene import TABLE_CENTER_XY_M, TABLE_HALF_M, PhysicsConfig, compile_model
 from captain_ros.twin.start_states import Layout, StartId, check_split, make_layout, sample_start_id
 from captain_ros.twin.state import SceneReader

@@ -1,5 +1,5 @@
 """The twin's privileged state as the episode recorder stores it (TRAINING ONLY): CaPtain App. A.2's critic features
-plus raw poses (`twin/privileged.py`), and the robot's joints."""
+plus raw poses (`twin/privileged_state.py`), and the robot's joints."""
 
 from __future__ import annotations
 

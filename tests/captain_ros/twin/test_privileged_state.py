@@ -4,8 +4,8 @@ import mujoco
 import numpy as np
 import pytest
 
-from captain_ros.twin import privileged
-from captain_ros.twin.privileged import FEATURE_NAMES, PrivilegedState
+from captain_ros.twin import privileged_state
+from captain_ros.twin.privileged_state import FEATURE_NAMES, PrivilegedState
 from captain_ros.twin.sim import Twin
 
 from .test_tasks import _place
@@ -101,5 +101,5 @@ def test_privileged_module_is_separate_from_what_the_policy_sees():
     # the policy-facing contract must not know the privileged type
     from captain_ros.core import contract
 
-    assert "privileged" not in contract.__dict__ and "PrivilegedState" not in contract.__dict__
-    assert privileged.PrivilegedState.__doc__.startswith("TRAINING ONLY")
+    assert "privileged_state" not in contract.__dict__ and "PrivilegedState" not in contract.__dict__
+    assert privileged_state.PrivilegedState.__doc__.startswith("TRAINING ONLY")
