@@ -43,7 +43,7 @@ from captain_ros.agent.policy_client import PolicyClient, PolicyConfig
 from captain_ros.agent.sandbox import Sandbox, SandboxLimits
 from captain_ros.core.config import load_config
 from captain_ros.core.trajectory import JointTrajectory
-from captain_ros.libero.backend import libero_python
+from captain_ros.libero.libero_backend import libero_python
 from captain_ros.libero.link import LiberoLink
 from captain_ros.libero.world import SEGMENTATIONS
 

@@ -21,7 +21,7 @@ from captain_ros.core.kinematics import Kinematics
 from captain_ros.core.trajectory import JointTrajectory
 from captain_ros.harness.backend import BackendError
 from captain_ros.libero import protocol
-from captain_ros.libero.backend import LiberoArgumentError, LiberoBackend, LiberoProcess
+from captain_ros.libero.libero_backend import LiberoArgumentError, LiberoBackend, LiberoProcess
 from captain_ros.libero.link import (
     EVAL_STATES,
     LiberoLink,

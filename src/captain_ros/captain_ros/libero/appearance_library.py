@@ -14,7 +14,7 @@ import argparse
 import subprocess
 from pathlib import Path
 
-from captain_ros.libero.backend import REPO, libero_python
+from captain_ros.libero.libero_backend import REPO, libero_python
 from captain_ros.perception.appearance import AppearanceLibrary, build_library
 
 CACHE = REPO / ".cache" / "libero" / "appearance.npz"

@@ -64,7 +64,7 @@ def list_tasks(suites: list[str], selection: str = "all", log_dir: Path | None =
     """The tasks `<suite>/<index>` of LIBERO suites, as the benchmark lists them (asked of a LIBERO server).
     `selection`: "all", or comma-separated task names (`libero_goal/3`) or indices taken in every suite (`0,4`).
     ValueError naming the known suites or tasks for anything unknown."""
-    from captain_ros.libero.backend import LiberoArgumentError, LiberoProcess
+    from captain_ros.libero.libero_backend import LiberoArgumentError, LiberoProcess
 
     with LiberoProcess(64, 64, log_dir=log_dir) as process:
         try:
@@ -140,7 +140,7 @@ class LiberoLink(CoreLink):
     def _reset_scene(self, *scene) -> dict[str, Any]:
         """Start the LIBERO server and the harness on the first reset; load (suite, task, initial state)."""
         from captain_ros.core.kinematics import Kinematics
-        from captain_ros.libero.backend import LiberoBackend, LiberoProcess
+        from captain_ros.libero.libero_backend import LiberoBackend, LiberoProcess
 
         if self.backend is None:
             process = LiberoProcess(self.image_size_px, self.image_size_px, log_dir=self.log_dir)
@@ -165,7 +165,7 @@ class LiberoLink(CoreLink):
         return self.backend.episode
 
     def reset(self, task: str, start_id: str | None, split: str, episode_id: str) -> EpisodeStart:
-        from captain_ros.libero.backend import LiberoArgumentError
+        from captain_ros.libero.libero_backend import LiberoArgumentError
 
         suite, index = parse_task(task)
         states = split_states(split)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from captain_ros.core.contract import FailureCategory
-from captain_ros.libero.backend import LiberoBackend, image_digest
+from captain_ros.libero.libero_backend import LiberoBackend, image_digest
 from captain_ros.perception.appearance import words
 from captain_ros.perception.observation import PerceptionError
 

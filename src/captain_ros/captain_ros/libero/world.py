@@ -1,7 +1,7 @@
 """The LIBERO world: LIBERO's scenes in a LIBERO server (`.venv-libero`). Its backend is `LiberoBackend`
-(`backend.py`), its link `LiberoLink` (`link.py`), its privileged-state source `LiberoPrivileged` (`privileged.py`:
-object poses, fixture joints, the goal predicates). Tasks are `<suite>/<index>`, start states the official initial
-states, the evaluation split CaPtain's held-out 11-16 (`link.py`)."""
+(`libero_backend.py`), its link `LiberoLink` (`link.py`), its privileged-state source `LiberoPrivileged`
+(`privileged.py`: object poses, fixture joints, the goal predicates). Tasks are `<suite>/<index>`, start states the
+official initial states, the evaluation split CaPtain's held-out 11-16 (`link.py`)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ class LiberoWorld(World):
         return (6, 1) if split == "eval" else (2, 4)
 
     def backend_class(self) -> type:
-        from captain_ros.libero.backend import LiberoBackend
+        from captain_ros.libero.libero_backend import LiberoBackend
 
         return LiberoBackend
 
