@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The student's SFT and its evaluation on a GPU host without network (docs/student.md, section 4).
 #
-#   bash tools/student_gpu_host.sh STAGE...      stages: prepare sft bench eval   (run from the project's root)
+#   bash tools/student_gpu_host.sh STAGE...      stages: prepare sft bench eval dagger   (run from the project's root)
 #
 #   prepare  copies the project to $WORK/proj (later calls may replace the working tree), puts the carried student
 #            back together ($CARRY, tools/carry.py), installs its wheels (gguf, and the locked transformers and
@@ -21,6 +21,10 @@
 #            host's SFT (its marker rows fitted by training.token_rows on $EXAMPLES unless the SFT trained them), or
 #            else $FINE_TUNED (its adapter/, by default the one kept in models/, and a token_rows.npz if it has one)
 #            merged into the student
+#   dagger   the same served student's own episodes on training starts ($DAGGER_STARTS per task, seed $DAGGER_SEED;
+#            training.student_eval run --split train) in the background, for training.dagger to label with the
+#            expert's next cell; packs the stores into $OUT/dagger once done, else into $OUT/dagger_partial (an
+#            episode cut short still holds states to label)
 #
 # Every stage is idempotent: rerun the same command to keep waiting, or after a lost call. WAIT_S bounds the whole
 # call, not each stage: `sft eval` waits for the SFT, starts the evaluation the moment it ends, and waits for that
@@ -28,7 +32,7 @@
 # BUNDLE_CARRY (/tmp/carry_hb), BUNDLE (/tmp/hb/host_bundle), STORE (.cache/store/rollout.sqlite), WORK (/tmp/work),
 # OUT (./back), WAIT_S (500), WORKERS (33), EPOCHS (3), RANK (32), RECOVERY (0; recovery examples per episode, as the
 # examples were built with `sft-data --recovery-per-episode`), GRAPHS (0; 1: the eval's server decodes from CUDA
-# graphs), FINE_TUNED (models/qwen2.5-coder-0.5b-captain-sft), EXAMPLES ($WORK/carried/sft_data.pkl.xz).
+# graphs), DAGGER_STARTS (8), DAGGER_SEED (1), FINE_TUNED (models/qwen2.5-coder-0.5b-captain-sft), EXAMPLES ($WORK/carried/sft_data.pkl.xz).
 set -u -o pipefail
 
 CARRY=${CARRY:-/tmp/carry}
@@ -45,6 +49,8 @@ RANK=${RANK:-32}
 RECOVERY=${RECOVERY:-0}
 GRAPHS=${GRAPHS:-0}
 FINE_TUNED=${FINE_TUNED:-models/qwen2.5-coder-0.5b-captain-sft}
+DAGGER_STARTS=${DAGGER_STARTS:-8}
+DAGGER_SEED=${DAGGER_SEED:-1}
 EXAMPLES=${EXAMPLES:-$WORK/carried/sft_data.pkl.xz}
 NAME=qwen2.5-coder-0.5b-instruct
 STUDENT=$WORK/student/$NAME
@@ -128,7 +134,8 @@ sft() {
     fi
 }
 
-eval_stage() {
+# the student that the eval and dagger stages serve, in $WORK/sft/model
+served_model() {
     [ -f "$WORK/host.env" ] || { say "no rollout bundle installed: carry its parts into $BUNDLE_CARRY, run prepare"; return 1; }
     # the served student: the adapter merged and the untrained marker rows fitted (training.token_rows; LoRA cannot
     # reach them, and without them no reply is a tool call)
@@ -149,27 +156,51 @@ eval_stage() {
             mv "$WORK/sft/merged" "$WORK/sft/model"
         fi
     fi
-    background "training.student_eval run" "$WORK/sft_eval/done" "$WORK/eval.log" \
+}
+
+eval_stage() {
+    served_model || return 1
+    background "training.student_eval run.*sft_eval" "$WORK/sft_eval/done" "$WORK/eval.log" \
         bash -c "python3 -m training.student_eval run --model '$WORK/sft/model' --label student-sft \
             --out '$WORK/sft_eval' --server transformers --workers $WORKERS $([ "$GRAPHS" = 1 ] && echo --cuda-graphs) --no-progress && touch '$WORK/sft_eval/done'"
-    if wait_for "$WORK/sft_eval/done" "training.student_eval run"; then
+    if wait_for "$WORK/sft_eval/done" "training.student_eval run.*sft_eval"; then
         say "evaluation done"
-        [ -f "$OUT/eval/eval.carry-manifest.json" ] || pack_stores eval
+        [ -f "$OUT/eval/eval.carry-manifest.json" ] || pack_stores eval sft_eval
     else
         say "evaluation not done yet:"
         tail -c 2000 "$WORK/eval.log" | tr '\r' '\n' | tail -5
         grep -h "tokens/s\|varlen attention\|slot engine" "$WORK"/sft_eval/*/logs/server.log 2>/dev/null | tail -3
-        pack_stores eval_partial  # what is recorded so far, in case the machine goes: the evaluation resumes from it
+        pack_stores eval_partial sft_eval  # what is recorded so far, in case the machine goes: the evaluation resumes from it
         return 3
     fi
 }
 
-# the evaluation's stores as they are now (sqlite's online backup: consistent while episodes are being written),
+# the served student's own episodes on $DAGGER_STARTS training starts per task (seed $DAGGER_SEED), for
+# training.dagger to label with the expert's next cell; never an evaluation
+dagger_stage() {
+    served_model || return 1
+    background "training.student_eval run.*dagger" "$WORK/dagger/done" "$WORK/dagger.log" \
+        bash -c "python3 -m training.student_eval run --model '$WORK/sft/model' --label student-sft-train \
+            --out '$WORK/dagger' --split train --starts-per-task $DAGGER_STARTS --seed $DAGGER_SEED \
+            --server transformers --workers $WORKERS $([ "$GRAPHS" = 1 ] && echo --cuda-graphs) --no-progress && \
+            touch '$WORK/dagger/done'"
+    if wait_for "$WORK/dagger/done" "training.student_eval run.*dagger"; then
+        say "training-start rollouts done"
+        [ -f "$OUT/dagger/dagger.carry-manifest.json" ] || pack_stores dagger dagger
+    else
+        say "training-start rollouts not done yet:"
+        tail -c 2000 "$WORK/dagger.log" | tr '\r' '\n' | tail -5
+        pack_stores dagger_partial dagger  # episodes cut short still hold states to label
+        return 3
+    fi
+}
+
+# the stores of $WORK/$2 as they are now (sqlite's online backup: consistent while episodes are being written),
 # gzipped, with each run's summary, packed into $OUT/$1
 pack_stores() {
-    local stage=$WORK/back/sft_eval  # unpacked here with --to runs/student: runs/student/sft_eval/<run>/
+    local stage=$WORK/back/$2  # unpacked here with --to runs/student: runs/student/$2/<run>/
     rm -rf "$WORK/back" "${OUT:?}/$1" && mkdir -p "$stage"
-    python3 - "$WORK/sft_eval" "$stage" <<'PY' || return 1
+    python3 - "$WORK/$2" "$stage" <<'PY' || return 1
 import gzip, shutil, sqlite3, sys
 from pathlib import Path
 src, dst = Path(sys.argv[1]), Path(sys.argv[2])
@@ -200,7 +231,8 @@ for STAGE in "$@"; do
         mkdir -p "$OUT/bench" && cp bench/results/serve.json "$OUT/bench/" || exit 1
         ;;
     eval) eval_stage || exit $? ;;
-    *) echo "unknown stage $STAGE (prepare, sft, bench, eval)" >&2; exit 2 ;;
+    dagger) dagger_stage || exit $? ;;
+    *) echo "unknown stage $STAGE (prepare, sft, bench, eval, dagger)" >&2; exit 2 ;;
     esac
 done
 nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader 2>/dev/null

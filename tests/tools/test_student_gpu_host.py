@@ -26,7 +26,7 @@ def test_no_stage_prints_the_usage_and_makes_nothing(tmp_path):
 
 def test_an_unknown_stage_is_named(tmp_path):
     done = run(tmp_path, "train")
-    assert done.returncode == 2 and "unknown stage train (prepare, sft, bench, eval)" in done.stderr
+    assert done.returncode == 2 and "unknown stage train (prepare, sft, bench, eval, dagger)" in done.stderr
 
 
 def test_prepare_without_the_rollout_bundle_goes_on_to_the_student_and_says_the_eval_needs_it(tmp_path):
@@ -45,9 +45,10 @@ def test_prepare_without_the_rollout_bundle_goes_on_to_the_student_and_says_the_
 def test_the_evaluation_without_a_fine_tuned_model_says_which_stage_makes_it(tmp_path):
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "host.env").write_text("")  # as if the bundle were installed
-    done = run(tmp_path, "eval")
-    assert done.returncode == 1 and "no fine-tuned student: run the sft stage, or set FINE_TUNED" in done.stdout
-    assert not (tmp_path / "work" / "eval.log").exists()  # nothing started
+    for stage in ("eval", "dagger"):  # the training-start rollouts serve the same student
+        done = run(tmp_path, stage)
+        assert done.returncode == 1 and "no fine-tuned student: run the sft stage, or set FINE_TUNED" in done.stdout
+        assert not (tmp_path / "work" / f"{stage}.log").exists()  # nothing started
 
 
 def test_the_evaluation_without_the_rollout_bundle_says_so_before_starting(tmp_path):

@@ -143,6 +143,16 @@ def test_the_plan_covers_every_task_and_family_on_held_out_starts_the_same_way_e
         ev.plan_jobs(ev.EvalPlan(tasks="fly_to_the_moon"))
 
 
+def test_a_train_split_plan_draws_training_starts_none_of_which_is_held_out():
+    """The student's own rollouts for DAgger labels (training.dagger) run on training starts only."""
+    held_out = {j.start_id for j in ev.plan_jobs(ev.EvalPlan())}
+    train = ev.plan_jobs(ev.EvalPlan(split="train", starts_per_task=8, seed=1))
+    assert len(train) == 8 * len(default_suite()) and all(j.split == "train" for j in train)
+    assert not held_out & {j.start_id for j in train}
+    with pytest.raises(ValueError, match="unknown split 'test'"):
+        ev.EvalPlan(split="test")
+
+
 def test_where_each_run_generated_is_read_from_its_run_file_or_summary(tmp_path):
     """run.json is written when a run starts, so a run that never ended (its host's time ran out) still says where
     it generated; older runs have only their summary; a run with neither is unknown, not assumed."""
@@ -165,7 +175,12 @@ def test_where_each_run_generated_is_read_from_its_run_file_or_summary(tmp_path)
 
 @pytest.mark.parametrize(
     ("args", "message"),
-    [(["--workers", "0"], "--workers must be at least 1"), (["--server", "tgi"], "invalid choice: 'tgi'")],
+    [
+        (["--workers", "0"], "--workers must be at least 1"),
+        (["--server", "tgi"], "invalid choice: 'tgi'"),
+        (["--split", "test"], "invalid choice: 'test'"),
+        (["--starts-per-task", "0"], "--starts-per-task must be at least 1"),
+    ],
 )
 def test_the_run_command_refuses_bad_arguments_before_anything_starts(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit):

@@ -42,6 +42,8 @@ class EvalPlan:
     """Which held-out episodes, and the budgets every evaluated model gets."""
 
     tasks: str = "all"  # 'all' or comma-separated twin task names
+    split: str = "eval"  # the twin's start-state split: eval (held out) | train (a student's own rollouts on the
+    # starts it trains on, for DAgger labels: training.dagger; never an evaluation)
     starts_per_task: int = 5  # held-out start states per task (13 tasks: 65 episodes)
     attempts: int = 1
     seed: int = 0  # of the start-state draw: the same starts for every model
@@ -56,10 +58,15 @@ class EvalPlan:
     def __post_init__(self) -> None:
         if self.server not in ("vllm", "transformers"):
             raise ValueError(f"unknown server {self.server!r}: vllm or transformers")
+        if self.split not in ("eval", "train"):
+            raise ValueError(f"unknown split {self.split!r}: eval or train")
+        if self.starts_per_task < 1:
+            raise ValueError(f"starts_per_task must be at least 1, got {self.starts_per_task}")
 
 
 def plan_jobs(plan: EvalPlan) -> list[Any]:
-    """The plan's episodes: held-out start states drawn with the plan's seed, the same for every model."""
+    """The plan's episodes: start states of the plan's split (held out by default) drawn with the plan's seed, the
+    same for every model."""
     from captain_ros.bridge.rollout import plan_groups
     from captain_ros.twin.tasks import default_suite
 
@@ -68,7 +75,7 @@ def plan_jobs(plan: EvalPlan) -> list[Any]:
     unknown = [t for t in tasks if t not in suite]
     if unknown:
         raise ValueError(f"unknown task(s) {', '.join(unknown)}; known: {', '.join(suite)}")
-    return plan_groups(tasks, plan.starts_per_task, plan.attempts, "eval", plan.seed)
+    return plan_groups(tasks, plan.starts_per_task, plan.attempts, plan.split, plan.seed)
 
 
 def stores(out: Path) -> list[Path]:
@@ -329,10 +336,22 @@ def main(argv: list[str] | None = None) -> int:
         "--cuda-graphs", action="store_true", help="with --server transformers on CUDA: decode steps from CUDA graphs"
     )
     run.add_argument("--no-progress", action="store_true", help="no progress bar (logs)")
+    run.add_argument(
+        "--split", choices=("eval", "train"), default=EvalPlan.split,
+        help="start states: eval (the held-out evaluation, the default) or train (the student's own rollouts on "
+        "training starts, which training.dagger labels with the expert's next cell; never reported as success)",
+    )  # fmt: skip
+    run.add_argument("--starts-per-task", type=int, default=EvalPlan.starts_per_task, help="start states per task")
+    run.add_argument("--seed", type=int, default=EvalPlan.seed, help="seed of the start-state draw")
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error(f"--workers must be at least 1, got {args.workers}")
-    plan = EvalPlan(workers=args.workers, server=args.server, cuda_graphs=args.cuda_graphs)
+    if args.starts_per_task < 1:
+        parser.error(f"--starts-per-task must be at least 1, got {args.starts_per_task}")
+    plan = EvalPlan(
+        workers=args.workers, server=args.server, cuda_graphs=args.cuda_graphs, split=args.split,
+        starts_per_task=args.starts_per_task, seed=args.seed,
+    )  # fmt: skip
     # SIGTERM (kill, a job scheduler) unwinds like Ctrl-C: the finally blocks stop the model server and the rollout
     # workers instead of leaving them running; finished episodes are in the store and a rerun resumes after them
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
