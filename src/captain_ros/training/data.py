@@ -430,6 +430,7 @@ class TrajectoryStats:
     too_long: int = 0  # requests left out: their own prompt + turn exceed max_trajectory_tokens
     masked_turn_examples: int = 0  # per-request examples of target turns that were masked in their segment
     recovery_examples: int = 0  # examples of recovering from a failed turn (DataConfig.recovery_per_episode)
+    dagger_examples: int = 0  # the student's own states labelled by the expert (training.dagger; sft-data --dagger)
     mask_skipped: int = 0  # segments left unmasked: their assistant messages and spans could not be matched
     masked_points: int = 0  # mark_point calls masked, over all examples
     requests: Counter = field(default_factory=Counter)
@@ -446,7 +447,8 @@ class TrajectoryStats:
         lines = [
             f"SFT data: {self.episodes} episodes, {self.unsuccessful_skipped} unsuccessful left out; {self.whole} "
             f"whole, {self.segmented} cut into segments, {self.per_request} per request ({self.segments} segment "
-            f"examples, {self.masked_turn_examples} masked-turn examples, {self.recovery_examples} recovery examples)",
+            f"examples, {self.masked_turn_examples} masked-turn examples, {self.recovery_examples} recovery examples"
+            f"{f', {self.dagger_examples} DAgger examples' if self.dagger_examples else ''})",
             f"  requests: {requests}; {self.prompt_mismatches} spans not matching their gated prompt or turn left "
             f"out; {self.masked_points} mark_point calls masked, {self.mask_skipped} segments left unmasked",
         ]

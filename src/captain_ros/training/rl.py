@@ -67,6 +67,21 @@ def parser() -> argparse.ArgumentParser:
     data.add_argument("--max-tokens", type=int, default=16384, help="tokens per packed row (as the sft run's)")
     data.add_argument("--seed", type=int, default=0)
     data_options(data)
+    data.add_argument(
+        "--dagger",
+        action="append",
+        default=[],
+        metavar="STORE",
+        help="a store of the student's own episodes on training starts (training.student_eval run --split train); "
+        "each state where it left the expert's path is labelled with the expert's next cell (training.dagger) and "
+        "added to the examples; may be given more than once",
+    )
+    data.add_argument(
+        "--dagger-per-episode",
+        type=_count,
+        default=4,
+        help="with --dagger: at most this many labelled states per episode",
+    )
     data.set_defaults(func=cmd_sft_data)
 
     sft = sub.add_parser(

@@ -161,6 +161,29 @@ def _untrained_target_rows(model: Any, tokenizer: Any, examples: Sequence[Exampl
     return free if trainable else []
 
 
+def _with_dagger(args: argparse.Namespace, tokenizer: Any, data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with the expert-labelled states of the student stores in --dagger added (training.dagger); the
+    record's source names the stores and the stats count what was labelled."""
+    from training.dagger import DaggerStats, NotATrainingEpisode, store_dagger_examples
+
+    stats = DaggerStats()
+    extra = []
+    for store in args.dagger:
+        if not Path(store).is_file():
+            raise SystemExit(f"--dagger {store}: no such episode store")
+        try:
+            extra += store_dagger_examples(
+                tokenizer, store, per_episode=args.dagger_per_episode, max_tokens=args.max_tokens,
+                render=_data_config(args).render, stats=stats,
+            )  # fmt: skip
+        except NotATrainingEpisode as exc:
+            raise SystemExit(f"--dagger {store}: {exc}") from None
+    print(stats, file=sys.stderr)
+    data["stats"].dagger_examples = stats.examples
+    source = f"{data['source']} + DAgger labels of {', '.join(map(str, args.dagger))} ({stats})"
+    return {**data, "source": source, "examples": data["examples"] + extra}
+
+
 def cmd_sft_data(args: argparse.Namespace) -> int:
     """Build the SFT examples of a store once (here, on CPU) and write them to one file that `sft --examples` reads:
     a GPU host then spends no time rendering and gating thousands of long prompts."""
@@ -181,6 +204,8 @@ def cmd_sft_data(args: argparse.Namespace) -> int:
         raise SystemExit("give --model DIR (a transformers folder) or --tiny")
     t0 = time.perf_counter()
     data = _sft_data(args, tokenizer)
+    if args.dagger:
+        data = _with_dagger(args, tokenizer, data)
     print(data["gate"], file=sys.stderr)
     print(data["stats"], file=sys.stderr)
     out = save_sft_data(args.out, tokenizer, _data_config(args), **data)
