@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The student's SFT and its evaluation on a GPU host without network (docs/student.md, section 4).
 #
-#   bash tools/student_gpu_host.sh STAGE...      stages: prepare sft bench eval dagger   (run from the project's root)
+#   bash tools/student_gpu_host.sh STAGE...      stages: prepare sft bench eval dagger label   (from the project's root)
 #
 #   prepare  copies the project to $WORK/proj (later calls may replace the working tree), puts the carried student
 #            back together ($CARRY, tools/carry.py), installs its wheels (gguf, and the locked transformers and
@@ -25,6 +25,8 @@
 #            training.student_eval run --split train) in the background, for training.dagger to label with the
 #            expert's next cell; packs the stores into $OUT/dagger once done, else into $OUT/dagger_partial (an
 #            episode cut short still holds states to label)
+#   label    training.dagger's labels of those stores as they are now, added to $EXAMPLES (`training.rl sft-data
+#            --examples $EXAMPLES --dagger ...`): the next SFT's data file, in $OUT/dagger_data
 #
 # Every stage is idempotent: rerun the same command to keep waiting, or after a lost call. WAIT_S bounds the whole
 # call, not each stage: `sft eval` waits for the SFT, starts the evaluation the moment it ends, and waits for that
@@ -139,7 +141,7 @@ served_model() {
     [ -f "$WORK/host.env" ] || { say "no rollout bundle installed: carry its parts into $BUNDLE_CARRY, run prepare"; return 1; }
     # the served student: the adapter merged and the untrained marker rows fitted (training.token_rows; LoRA cannot
     # reach them, and without them no reply is a tool call)
-    if [ -f "$WORK/sft/model/config.json" ] && [ ! -f "$WORK/sft/model/token_rows.npz" ] &&
+    if [ -f "$WORK/sft/sft_run.json" ] && [ -f "$WORK/sft/model/config.json" ] && [ ! -f "$WORK/sft/model/token_rows.npz" ] &&
         ! python3 -c 'import json, sys; sys.exit(not json.load(open(sys.argv[1])).get("trained_rows"))' \
             "$WORK/sft/sft_run.json" 2>/dev/null; then  # the SFT did not train the marker rows itself
         say "this host's SFT: fitting its marker rows (training.token_rows fit)"
@@ -195,6 +197,25 @@ dagger_stage() {
     fi
 }
 
+# DAgger labels of the dagger stage's stores as they are now (training.dagger, through `sft-data --dagger`) added to
+# $EXAMPLES: one data file for the next SFT, in $OUT/dagger_data (the stores themselves may be too large to bring back)
+label_stage() {
+    local copies=$WORK/label
+    rm -rf "$copies" && mkdir -p "$copies" "$OUT/dagger_data"
+    python3 - "$WORK/dagger" "$copies" <<'PY' || return 1
+import sqlite3, sys
+from pathlib import Path
+for store in sorted(Path(sys.argv[1]).glob("*/rollout.sqlite")):  # sqlite's online backup: consistent while written
+    with sqlite3.connect(store) as a, sqlite3.connect(Path(sys.argv[2]) / f"{store.parent.name}.sqlite") as b:
+        a.backup(b)
+PY
+    ls "$copies"/*.sqlite >/dev/null 2>&1 || { say "no training-start rollouts to label: run the dagger stage"; return 1; }
+    local stores=()
+    for s in "$copies"/*.sqlite; do stores+=(--dagger "$s"); done
+    python3 -m training.rl sft-data --model "$STUDENT" --examples "$EXAMPLES" --max-tokens 24576 \
+        --recovery-per-episode "$RECOVERY" "${stores[@]}" --out "$OUT/dagger_data/sft_data_dagger.pkl.xz" || return 1
+}
+
 # the stores of $WORK/$2 as they are now (sqlite's online backup: consistent while episodes are being written),
 # gzipped, with each run's summary, packed into $OUT/$1
 pack_stores() {
@@ -232,7 +253,8 @@ for STAGE in "$@"; do
         ;;
     eval) eval_stage || exit $? ;;
     dagger) dagger_stage || exit $? ;;
-    *) echo "unknown stage $STAGE (prepare, sft, bench, eval, dagger)" >&2; exit 2 ;;
+    label) label_stage || exit $? ;;
+    *) echo "unknown stage $STAGE (prepare, sft, bench, eval, dagger, label)" >&2; exit 2 ;;
     esac
 done
 nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader 2>/dev/null

@@ -26,7 +26,7 @@ def test_no_stage_prints_the_usage_and_makes_nothing(tmp_path):
 
 def test_an_unknown_stage_is_named(tmp_path):
     done = run(tmp_path, "train")
-    assert done.returncode == 2 and "unknown stage train (prepare, sft, bench, eval, dagger)" in done.stderr
+    assert done.returncode == 2 and "unknown stage train (prepare, sft, bench, eval, dagger, label)" in done.stderr
 
 
 def test_prepare_without_the_rollout_bundle_goes_on_to_the_student_and_says_the_eval_needs_it(tmp_path):

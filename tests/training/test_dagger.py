@@ -166,3 +166,15 @@ def test_sft_data_adds_the_labelled_states_and_says_where_they_came_from(tmp_pat
     refused = subprocess.run([*base, *held_out], capture_output=True, text=True, check=False)
     assert refused.returncode != 0 and "only the student's episodes on training starts" in refused.stderr
     assert not (tmp_path / "e.pkl.xz").exists()
+    # on a GPU host that holds the data file but not the expert store: the file, then the labels
+    more = ["sft-data", "--tiny", "--examples", str(tmp_path / "d.pkl.xz"), "--out", str(tmp_path / "f.pkl.xz")]
+    added = subprocess.run([sys.executable, "-m", "training.rl", *more, "--dagger", str(tmp_path / "student.sqlite")],
+                           capture_output=True, text=True, check=False)  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    again = load_sft_data(
+        tmp_path / "f.pkl.xz", tiny_tokenizer(), DataConfig(strict_success=True, max_trajectory_tokens=16384)
+    )
+    assert len(again["examples"]) == len(record["examples"]) + 3
+    assert [e.input_ids for e in again["examples"][: len(record["examples"])]] == [
+        e.input_ids for e in record["examples"]
+    ]

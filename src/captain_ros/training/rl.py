@@ -60,7 +60,12 @@ def parser() -> argparse.ArgumentParser:
         "--seed and the data options must match the sft run's (it checks them, and the tokenizer).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    data.add_argument("--store", required=True, help="episode store (SQLite) of the episodes to imitate")
+    data.add_argument("--store", help="episode store (SQLite) of the episodes to imitate")
+    data.add_argument(
+        "--examples",
+        help="instead of --store: a file of `sft-data` (built with this tokenizer and these options) to start from, "
+        "e.g. to add --dagger labels on a GPU host that holds the file but not the store",
+    )
     data.add_argument("--out", required=True, help="the file to write (e.g. sft_data.pkl.xz)")
     data.add_argument("--model", help="transformers folder whose tokenizer and chat template render the examples")
     data.add_argument("--tiny", action="store_true", help="the tiny Qwen2's tokenizer (tests)")

@@ -186,7 +186,8 @@ def _with_dagger(args: argparse.Namespace, tokenizer: Any, data: dict[str, Any])
 
 def cmd_sft_data(args: argparse.Namespace) -> int:
     """Build the SFT examples of a store once (here, on CPU) and write them to one file that `sft --examples` reads:
-    a GPU host then spends no time rendering and gating thousands of long prompts."""
+    a GPU host then spends no time rendering and gating thousands of long prompts. With --examples instead of
+    --store it starts from such a file (to add --dagger labels where the store is not)."""
     from training.data import save_sft_data
 
     if args.tiny:
@@ -203,7 +204,7 @@ def cmd_sft_data(args: argparse.Namespace) -> int:
     else:
         raise SystemExit("give --model DIR (a transformers folder) or --tiny")
     t0 = time.perf_counter()
-    data = _sft_data(args, tokenizer)
+    data = {k: v for k, v in _sft_data(args, tokenizer).items() if k in ("source", "gate", "stats", "examples")}
     if args.dagger:
         data = _with_dagger(args, tokenizer, data)
     print(data["gate"], file=sys.stderr)
