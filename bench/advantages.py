@@ -9,7 +9,7 @@ repeats after a warm-up.
   advantages_s_1024x40     critic values + advantages, seconds (target <= 1 s); every state distinct (worst case)
 
 Also reported: the same with 40% of the requests perception-only (state bit-for-bit unchanged), whose
-V(s_{t+1}, t) = V(s_t, t) needs no second forward (`training.credit.critic_values` skips those rows).
+V(s_{t+1}, t) = V(s_t, t) needs no second forward (`captain_ros_training.credit.critic_values` skips those rows).
 
   python bench/advantages.py
   python bench/advantages.py --repeats 9 --episodes 2048
@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import print_table, write_results
 
-from training.credit import CreditConfig, EpisodeCredit, RunningStd, advantages, critic_values, pad_episodes
-from training.critic import FEATURE_NAMES, Critic, CriticConfig
+from captain_ros_training.credit import CreditConfig, EpisodeCredit, RunningStd, advantages, critic_values, pad_episodes
+from captain_ros_training.critic import FEATURE_NAMES, Critic, CriticConfig
 
 TARGET_S = 1.0
 SEED = 12

@@ -1,12 +1,12 @@
-"""training.hf_serve's generation speed with concurrent requests: its engines and attentions.
+"""captain_ros_training.hf_serve's generation speed with concurrent requests: its engines and attentions.
 
   .venv/bin/python bench/serve.py                  # the student if `make setup` built it, else the tiny model
   python bench/serve.py --requests 32 --prompt-tokens 4096 --new-tokens 256     # e.g. on a GPU host
 
-Three servers: the slot engine (training.slot_engine, hf_serve's default), and transformers' continuous batching
-(training.hf_serve.Engine, `--engine cb`) with varlen attention (its default) and with transformers' sdpa; on a CUDA
-device a fourth, the slot engine with its decode steps replayed from CUDA graphs (`--cuda-graphs`). Each gets a
-fresh engine in this process and the same
+Three servers: the slot engine (captain_ros_training.slot_engine, hf_serve's default), and transformers' continuous
+batching (captain_ros_training.hf_serve.Engine, `--engine cb`) with varlen attention (its default) and with
+transformers' sdpa; on a CUDA device a fourth, the slot engine with its decode steps replayed from CUDA graphs
+(`--cuda-graphs`). Each gets a fresh engine in this process and the same
 `--requests` requests, queued together: distinct prompts of `--prompt-tokens` tokens (random ids), `--new-tokens`
 sampled tokens each at temperature 1 (no stop token can end one early: every request samples exactly that many, so
 all do the same work). Reported: sampled tokens per second over the whole batch (prefill included), per request, and
@@ -38,17 +38,17 @@ sys.path.insert(0, str(ROOT / "src" / "captain_ros"))
 
 def _model_folder(out: Path, given: Path | None) -> tuple[Path, str]:
     """`given`, else the student's folder if it is built, else a tiny Qwen2 saved into `out`."""
-    from training.student import default_folder, folder_is_current
+    from captain_ros_training.student import default_folder, folder_is_current
 
     if given is not None:
         return given, str(given)
     if folder_is_current(default_folder()):
         return default_folder(), "qwen2.5-coder-0.5b-instruct (the student)"
-    from training.tiny import tiny_model, tiny_tokenizer
+    from captain_ros_training.tiny import tiny_model, tiny_tokenizer
 
     tiny_model().save_pretrained(out)
     tiny_tokenizer().save_pretrained(out)
-    return out, "tiny Qwen2 (training.tiny; `make setup` builds the student)"
+    return out, "tiny Qwen2 (captain_ros_training.tiny; `make setup` builds the student)"
 
 
 # engine, attention; "graphs" is the slot engine with --cuda-graphs (CUDA only)
@@ -64,7 +64,7 @@ LABELS = {"slots": "slots", "graphs": "slots, CUDA graphs"}  # in the table; the
 def _run(folder: Path, name: str, args: argparse.Namespace) -> dict:
     import torch
 
-    from training import hf_serve
+    from captain_ros_training import hf_serve
 
     engine_name, attn = SERVERS[name]
     config = hf_serve.ServeConfig(
@@ -76,7 +76,7 @@ def _run(folder: Path, name: str, args: argparse.Namespace) -> dict:
         config = dataclasses.replace(config, kv_cache_tokens=args.requests * config.max_model_len)  # a slot each
     model, tokenizer, _, _ = hf_serve.load(config)
     if engine_name == "slots":
-        from training.slot_engine import SlotEngine
+        from captain_ros_training.slot_engine import SlotEngine
 
         engine = SlotEngine(model, [], config)  # no stop ids: every request samples --new-tokens
     else:
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         folder, model_name = _model_folder(Path(tmp) / "tiny", args.model)
-        from training.hf_serve import resolve_device
+        from captain_ros_training.hf_serve import resolve_device
 
         cuda = resolve_device(args.device).startswith("cuda")
         runs = {name: _run(folder, name, args) for name in SERVERS if cuda or name != "graphs"}

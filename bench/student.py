@@ -3,14 +3,14 @@
   .venv/bin/python bench/student.py                 # run what is missing and can run here, then report
   .venv/bin/python bench/student.py --report-only   # report on what is there
 
-Stages, each resumable and skipped when its output is complete (training.student_eval):
+Stages, each resumable and skipped when its output is complete (captain_ros_training.student_eval):
   zero-shot  the student `make setup` built, served by vLLM's CPU build (.venv-vllm), drives the 65 held-out
-             episodes of training.student_eval.EvalPlan (13 tasks, 4 families) through the stack's loop, sandbox,
-             harness and recorder (runs/student/zero_shot/); about 30 minutes on 2 cores
-  sft        the fine-tuned folder runs/student/sft/model, made on a GPU host by `python -m training.rl sft`
+             episodes of captain_ros_training.student_eval.EvalPlan (13 tasks, 4 families) through the stack's loop,
+             sandbox, harness and recorder (runs/student/zero_shot/); about 30 minutes on 2 cores
+  sft        the fine-tuned folder runs/student/sft/model, made on a GPU host by `python -m captain_ros_training.rl sft`
              (docs/gpu_host_without_network.md) and brought back as a LoRA adapter merged here
-             (`python -m training.student merge`); its run record runs/student/sft/sft_run.json says where it ran
-             and at what speed. Not made here: without it the SFT figures are reported missing, with the command.
+             (`python -m captain_ros_training.student merge`); its run record runs/student/sft/sft_run.json says where
+             it ran and at what speed. Not made here: without it the SFT figures are reported missing, with the command.
   sft-eval   the fine-tuned student on the same episodes (runs/student/sft_eval/); about an hour on 2 cores
 
 Writes bench/results/student.json (student_zero_shot_strict, student_sft_strict, student_sft_host, student_episodes,
@@ -58,8 +58,8 @@ def _sft_record(sft_dir: Path) -> dict:
 
 def _where(runs: list[dict]) -> str:
     """Where an evaluation's runs generated, in words, with the episodes each ended: "vLLM on CPU (65 episodes)",
-    "training.hf_serve on NVIDIA H100 80GB HBM3 (64 episodes) and vLLM on CPU (1 episode)"."""
-    names = {"vllm": "vLLM", "transformers": "training.hf_serve", None: "an unrecorded server"}
+    "captain_ros_training.hf_serve on NVIDIA H100 80GB HBM3 (64 episodes) and vLLM on CPU (1 episode)"."""
+    names = {"vllm": "vLLM", "transformers": "captain_ros_training.hf_serve", None: "an unrecorded server"}
     ended: dict[str, int] = {}
     for r in runs:
         if not r.get("episodes"):  # a run stopped before it ended an episode generated none of the results
@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-only", action="store_true", help="run nothing; report on what is there")
     args = parser.parse_args(argv)
 
-    from training import student_eval as ev
-    from training.student import check_model_folder, default_folder
+    from captain_ros_training import student_eval as ev
+    from captain_ros_training.student import check_model_folder, default_folder
 
     plan = ev.EvalPlan()
     base = default_folder()
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     if not sft:
         missing = (
             f"no fine-tuned student at {sft_model}: train it on a GPU host (docs/gpu_host_without_network.md), "
-            "bring back the adapter and `python -m training.student merge`, then run this again"
+            "bring back the adapter and `python -m captain_ros_training.student merge`, then run this again"
         )
         print(missing, file=sys.stderr)
 

@@ -1,4 +1,4 @@
-"""SFT training throughput on one GPU: training.fast beside a plain transformers step (issue 12, "Measure").
+"""SFT training throughput on one GPU: captain_ros_training.fast beside a plain transformers step (issue 12, "Measure").
 
 Model: Qwen2-0.5B-shaped (hidden 896, 24 layers, 14 heads / 2 KV heads, intermediate 4864, vocab 151,936, tied
 embeddings), random initialisation, bf16 weights and AdamW states. Data: packed rows of SEQ = 8,192 tokens
@@ -19,7 +19,7 @@ lm_head and the loss on every token: equal work, no shortcut from prompt tokens)
                 The headline (sft_tokens_per_s, sft_mfu, logprob_max_abs_diff) is the fastest variant that passes
                 the numerical gate below, else the fastest; every variant's speed and gate numbers are in the
                 results file.
-  fast step     training.fast.fast_micro_batch_loss (packed attention per document, fused q/k/v and gate/up
+  fast step     captain_ros_training.fast.fast_micro_batch_loss (packed attention per document, fused q/k/v and gate/up
                 GEMMs, chunked fused linear + cross-entropy; optionally torch.compile of the layer halves)
                 -> backward -> fused AdamW, at its fastest batch.
   tokens/s      B x SEQ tokens per optimizer step / median seconds per step (after warm-up steps, synchronised).
@@ -63,8 +63,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 from _common import RESULTS, print_table, write_results
 
-from training import data, fast
-from training.data import IGNORE, Example
+from captain_ros_training import data, fast
+from captain_ros_training.data import IGNORE, Example
 
 PEAK_FLOPS = 989e12  # H200 SXM dense bf16
 ANCHOR_PLAIN = 76.7e3  # tokens/s, plain transformers step at its best batch, same H200 stack (issue 12)

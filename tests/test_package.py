@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "src" / "captain_ros"
-FIRST_PARTY = {"captain_ros", "training"}
+FIRST_PARTY = {"captain_ros", "captain_ros_training"}
 NODE_MODULES = [
     "captain_ros.ros.twin_node",
     "captain_ros.ros.motion_node",
@@ -66,7 +66,7 @@ NOT_DECLARED = {
     "rosbags": "sim bridge MCAP export",
     "ray": "sim bridge rollouts across machines",
     "matplotlib": "evaluation and trainer plots",
-    "triton": "the trainer's CUDA kernels (training.kernels; ships with CUDA builds of torch)",
+    "triton": "the trainer's CUDA kernels (captain_ros_training.kernels; ships with CUDA builds of torch)",
     "transformers": "trainer",
     "peft": "trainer (LoRA)",
     "safetensors": "trainer (weight sync; comes with transformers)",
@@ -182,7 +182,7 @@ def test_franka_msgs_is_declared_on_a_condition_a_ur_only_workspace_turns_off():
 def test_package_xml_declares_nothing_that_nothing_uses():
     declared = deps(manifest(PKG / "package.xml"), "depend", "exec_depend")
     used = {rosdep_key(m) for m in node_imports() if m not in NOT_DECLARED}
-    for folder in ("captain_ros", "training", "launch"):
+    for folder in ("captain_ros", "captain_ros_training", "launch"):
         for module in imported_top_level_modules(PKG / folder):
             if module in FIRST_PARTY or module in sys.stdlib_module_names or module in NOT_DECLARED:
                 continue

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from training import serve
+from captain_ros_training import serve
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_MODEL = ROOT / ".cache" / "tiny-qwen2"
@@ -36,7 +36,7 @@ def build_tiny_model(out: Path = TINY_MODEL) -> Path:
 
 
 def start_healthy(model_dir: Path, log: Path, **options) -> serve.PolicyServer:
-    """training.serve.start_server, waited for; a server that cannot start fails the test with its log."""
+    """captain_ros_training.serve.start_server, waited for; a server that cannot start fails the test with its log."""
     server = serve.start_server(model_dir, log, **options)
     try:
         server.wait_healthy(START_LIMIT_S)

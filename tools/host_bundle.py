@@ -4,7 +4,8 @@
 The host (this workplace's lent GPU machines) has Python 3.12 with torch, transformers, numpy, scipy, opencv,
 httpx, pyyaml, ... but not MuJoCo, Open3D or pyzmq, no bubblewrap and maybe no GL loader libraries. The bundle
 holds exactly what the rollout path (twin workers, harness, perception, the agent's episode loop and bwrap sandbox,
-the recording proxy, transport, the episode store, training.student_eval and training.hf_serve) needs beyond that:
+the recording proxy, transport, the episode store, captain_ros_training.student_eval and captain_ros_training.hf_serve)
+needs beyond that:
 
   wheels/     cp312 manylinux x86_64 wheels, at the versions of requirements/lock.txt: the distributions those
               modules import (found by importing them in .venv and reading which files sys.modules holds) minus
@@ -98,17 +99,17 @@ ROLLOUT_MODULES = (
     "captain_ros.harness.harness",
     "captain_ros.harness.twin_backend",
     "captain_ros.perception.perception",
-    "training.student_eval",
-    "training.serve",
-    "training.hf_serve",
+    "captain_ros_training.student_eval",
+    "captain_ros_training.serve",
+    "captain_ros_training.hf_serve",
 )
 # Modules that may not exist yet (being written elsewhere); their absence is reported, not an error.
 OPTIONAL_MODULES: frozenset[str] = frozenset()
-FIRST_PARTY = frozenset({"captain-ros", "captain_ros", "training"})
+FIRST_PARTY = frozenset({"captain-ros", "captain_ros", "captain_ros_training"})
 # Host packages carried anyway, at lock.txt's version, where the host's is too old for the rollout path
 NEWER_THAN_HOST = {
-    "transformers": "training.hf_serve drives transformers' continuous batching through internals of the locked "
-    "version (the host has 5.17)",
+    "transformers": "captain_ros_training.hf_serve drives transformers' continuous batching through internals of the "
+    "locked version (the host has 5.17)",
 }
 
 # The 'cuda' image's Python packages (KINDS.md, "Python packages already there", read 2026-11-17). --host-packages
@@ -507,7 +508,7 @@ _orig_import = builtins.__import__
 def _record(name, globals=None, locals=None, fromlist=(), level=0):
     module = _orig_import(name, globals, locals, fromlist, level)
     importer = (globals or {}).get("__name__") or ""
-    if level == 0 and importer.split(".")[0] in ("captain_ros", "training"):
+    if level == 0 and importer.split(".")[0] in ("captain_ros", "captain_ros_training"):
         top = sys.modules.get(name.split(".")[0])
         origin = getattr(top, "__file__", None)
         if origin:
@@ -825,7 +826,8 @@ for name in ("mujoco", "open3d", "zmq", "OpenGL", "cv2", "numpy", "scipy", "http
     mod = importlib.import_module(name)
     where = "bundle" if os.path.realpath(getattr(mod, "__file__", "") or "").startswith(site) else "host"
     print(f"  {name:<8} {getattr(mod, '__version__', '?'):<12} ({where})")
-import captain_ros.bridge.host, captain_ros.bridge.transport, captain_ros.perception.perception, training.student_eval
+import captain_ros.bridge.host, captain_ros.bridge.transport, captain_ros.perception.perception
+import captain_ros_training.student_eval
 print("  rollout modules import")
 """
 

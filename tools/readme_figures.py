@@ -66,7 +66,7 @@ STUDENT = (
         "",
     ),
     (
-        "`sft_tokens_per_s`: LoRA rank 32 on the `training.fast` path",
+        "`sft_tokens_per_s`: LoRA rank 32 on the `captain_ros_training.fast` path",
         "{sft_tokens_per_s:,.0f} on {sft_ran_on[gpu]}",
         "",
     ),
@@ -361,8 +361,9 @@ SFT_THEN_RL = (
     "| RL | {config[rl_rounds_n]} rounds: rollouts of the served policy → round → update → weight sync | "
     "{rl_rounds}; server, proxy and receiver never restarted: {services_unchanged}; {wall[rl]:.0f} s |\n"
     "| eval, RL (v{eval_rl_version}) | the same held-out starts | {eval_rl_success} |\n"
-    "\nFrom `bench/results/sft_then_rl.json` (and `.png`), written by `.venv/bin/python -m training.sft_then_rl` on "
-    "{machine[cpu_count]} CPU cores ({machine[vllm]}, torch {machine[torch]}) in {wall[total]:.0f} s.\n"
+    "\nFrom `bench/results/sft_then_rl.json` (and `.png`), written by "
+    "`.venv/bin/python -m captain_ros_training.sft_then_rl` on {machine[cpu_count]} CPU cores ({machine[vllm]}, "
+    "torch {machine[torch]}) in {wall[total]:.0f} s.\n"
 )
 
 LIBERO = (
@@ -539,7 +540,10 @@ BLOCKS = {
 }
 
 
-COMMANDS = {"stress_dds": "python tools/stress_dds_tests.py", "sft_then_rl": ".venv/bin/python -m training.sft_then_rl"}
+COMMANDS = {
+    "stress_dds": "python tools/stress_dds_tests.py",
+    "sft_then_rl": ".venv/bin/python -m captain_ros_training.sft_then_rl",
+}
 
 
 def command(results: str) -> str:

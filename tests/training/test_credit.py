@@ -12,7 +12,7 @@ import torch
 
 from captain_ros.bridge.store import Episode, RequestData
 from captain_ros.twin.privileged_state import FEATURE_NAMES
-from training.credit import (
+from captain_ros_training.credit import (
     CreditConfig,
     EarlyStopConfig,
     EpisodeCredit,
@@ -29,7 +29,7 @@ from training.credit import (
     should_cut,
     td_deltas,
 )
-from training.critic import Critic, CriticConfig
+from captain_ros_training.critic import Critic, CriticConfig
 
 N_FEAT = len(FEATURE_NAMES)
 

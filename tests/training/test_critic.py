@@ -14,7 +14,7 @@ import torch
 
 from captain_ros.bridge.store import Episode, RequestData
 from captain_ros.twin import privileged_state
-from training.critic import (
+from captain_ros_training.critic import (
     FEATURE_NAMES,
     Critic,
     CriticConfig,
@@ -47,7 +47,9 @@ def _stored(eid, group, task, rows, *, host_success=True, valid=True):
 
 def test_the_critic_reads_the_twins_feature_names_without_importing_mujoco():
     """The GPU training machine has no MuJoCo: the critic must not pull the twin in."""
-    probe = "import sys, training.critic as c; assert 'mujoco' not in sys.modules; print(len(c.FEATURE_NAMES))"
+    probe = (
+        "import sys, captain_ros_training.critic as c; assert 'mujoco' not in sys.modules; print(len(c.FEATURE_NAMES))"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "36", done.stderr
     assert FEATURE_NAMES == privileged_state.FEATURE_NAMES

@@ -13,9 +13,9 @@ from captain_ros.agent.expert import ScriptedExpert
 from captain_ros.agent.expert_server import completion
 from captain_ros.bridge.schema import Record
 from captain_ros.bridge.store import EpisodeReader, EpisodeStore
-from training import dagger
-from training.gate import render_prompt_ids
-from training.tiny import tiny_tokenizer
+from captain_ros_training import dagger
+from captain_ros_training.gate import render_prompt_ids
+from captain_ros_training.tiny import tiny_tokenizer
 
 HEAD = [
     {"role": "system", "content": "You control a robot arm by writing Python."},
@@ -144,18 +144,27 @@ def test_a_store_gives_its_valid_and_cut_short_episodes_not_its_invalid_ones(tmp
 
 
 def test_sft_data_adds_the_labelled_states_and_says_where_they_came_from(tmp_path):
-    """`training.rl sft-data --dagger`: the expert store's examples plus the labels, refused for a held-out store."""
+    """`captain_ros_training.rl sft-data --dagger`: the expert store's examples plus the labels, refused for a held-out
+    store."""
     from tests.training.test_data import build_store
 
     build_store(tmp_path / "expert.sqlite")
     write_store(tmp_path / "student.sqlite", {"ep": "train"})
     write_store(tmp_path / "held_out.sqlite", {"ep": "eval"})
-    base = [sys.executable, "-m", "training.rl", "sft-data", "--tiny", "--store", str(tmp_path / "expert.sqlite")]
+    base = [
+        sys.executable,
+        "-m",
+        "captain_ros_training.rl",
+        "sft-data",
+        "--tiny",
+        "--store",
+        str(tmp_path / "expert.sqlite"),
+    ]
     run = subprocess.run([*base, "--out", str(tmp_path / "d.pkl.xz"), "--dagger", str(tmp_path / "student.sqlite")],
                          capture_output=True, text=True, check=False)  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert "DAgger: 1 student episodes, 4 states; 3 labelled" in run.stderr
-    from training.data import DataConfig, load_sft_data
+    from captain_ros_training.data import DataConfig, load_sft_data
 
     record = load_sft_data(
         tmp_path / "d.pkl.xz", tiny_tokenizer(), DataConfig(strict_success=True, max_trajectory_tokens=16384)
@@ -168,7 +177,8 @@ def test_sft_data_adds_the_labelled_states_and_says_where_they_came_from(tmp_pat
     assert not (tmp_path / "e.pkl.xz").exists()
     # on a GPU host that holds the data file but not the expert store: the file, then the labels
     more = ["sft-data", "--tiny", "--examples", str(tmp_path / "d.pkl.xz"), "--out", str(tmp_path / "f.pkl.xz")]
-    added = subprocess.run([sys.executable, "-m", "training.rl", *more, "--dagger", str(tmp_path / "student.sqlite")],
+    added = subprocess.run([sys.executable, "-m", "captain_ros_training.rl", *more,
+                            "--dagger", str(tmp_path / "student.sqlite")],
                            capture_output=True, text=True, check=False)  # fmt: skip
     assert added.returncode == 0, added.stderr
     again = load_sft_data(

@@ -17,10 +17,10 @@ from PIL import Image
 
 from captain_ros.bridge.schema import Record
 from captain_ros.bridge.store import EpisodeReader, EpisodeStore
-from training import data
-from training.data import IGNORE, MASK_TEXT, DataConfig, Example
-from training.gate import GateReport, render_prompt_ids
-from training.tiny import GENERATION_TEMPLATE, tiny_tokenizer, tool_module
+from captain_ros_training import data
+from captain_ros_training.data import IGNORE, MASK_TEXT, DataConfig, Example
+from captain_ros_training.gate import GateReport, render_prompt_ids
+from captain_ros_training.tiny import GENERATION_TEMPLATE, tiny_tokenizer, tool_module
 
 TOOLS = [
     {
@@ -406,9 +406,9 @@ def test_failed_and_gate_rejected_turns_weigh_zero_inside_the_episode(store, tok
 def test_the_whole_episode_loss_equals_the_per_request_losses(store, tokenizer):
     """Eq. 2 is unchanged: each span's tokens see exactly their request's prompt, so the one-document loss and
     gradients equal those of the per-request examples, for a fraction of the tokens."""
-    from training import sft
-    from training.sft import SFTConfig
-    from training.tiny import tiny_model
+    from captain_ros_training import sft
+    from captain_ros_training.sft import SFTConfig
+    from captain_ros_training.tiny import tiny_model
 
     reader, _ = store
     (whole,) = data.sft_examples(tokenizer, reader, ["ep-expert"], NO_MASK)
@@ -545,8 +545,8 @@ def test_whole_episodes_cost_the_tokens_of_their_last_request(store, tokenizer):
 
 
 def test_micro_batches_are_collated_when_used_never_all_at_once(monkeypatch):
-    from training.sft import SFTConfig, train_sft
-    from training.tiny import tiny_model
+    from captain_ros_training.sft import SFTConfig, train_sft
+    from captain_ros_training.tiny import tiny_model
 
     rows = [data.PackedRow() for _ in range(5)]
     for k, row in enumerate(rows):
@@ -576,7 +576,7 @@ def test_a_corrupted_tool_call_is_what_the_hermes_parser_refuses_and_the_loop_ex
     import random
 
     from captain_ros.agent.policy_client import unread_tool_call
-    from training.hf_serve import parse_hermes
+    from captain_ros_training.hf_serve import parse_hermes
 
     code = 'p = robot.find(\'red cube\')\nprint(f"at {p[\\"x\\"]}")'
     kinds = set()

@@ -1,6 +1,6 @@
-"""FSDP2 SFT (training.distributed) on 2 CPU ranks over gloo, launched by torchrun: the same step losses and weights
-as single-process train_sft on the same global batches, an exact resume, and `training.rl sft --fsdp` end to end;
-the slicing of a step's micro-batches and the refusals without a process group."""
+"""FSDP2 SFT (captain_ros_training.distributed) on 2 CPU ranks over gloo, launched by torchrun: the same step losses and
+weights as single-process train_sft on the same global batches, an exact resume, and `captain_ros_training.rl sft
+--fsdp` end to end; the slicing of a step's micro-batches and the refusals without a process group."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from captain_ros_training import distributed, sft
+from captain_ros_training.metrics_log import read_metrics
+from captain_ros_training.rl import main as rl_main
+from captain_ros_training.tiny import tiny_model
 from tests.training import fsdp_check
 from tests.training.test_data import build_store
-from training import distributed, sft
-from training.metrics_log import read_metrics
-from training.rl import main as rl_main
-from training.tiny import tiny_model
 
 CHECK = Path(fsdp_check.__file__)
 TIMEOUT_S = 420  # two CPU ranks plus the launcher on a loaded 2-core machine
@@ -119,7 +119,9 @@ def test_cli_sft_with_fsdp_on_two_ranks_equals_the_single_process_cli(tmp_path):
     build_store(store)
     common = ["--store", str(store), "--tiny", "--device", "cpu", "--no-progress", "--max-tokens", "512"]
     common += ["--steps", "3", "--grad-accum", "3", "--lr", "1e-3"]
-    result = torchrun(["-m", "training.rl", "sft", *common, "--fsdp", "--out", str(tmp_path / "fsdp")], cwd=tmp_path)
+    result = torchrun(
+        ["-m", "captain_ros_training.rl", "sft", *common, "--fsdp", "--out", str(tmp_path / "fsdp")], cwd=tmp_path
+    )
     assert result.returncode == 0, result.stdout[-4000:]
     assert result.stdout.count("SFT: ") == 1  # rank 0 alone reports
     assert rl_main(["sft", *common, "--out", str(tmp_path / "single")]) == 0

@@ -1,7 +1,8 @@
-"""The fast SFT path equals the reference: the chunked fused linear + cross-entropy against training.sft.sft_loss
-(loss and gradients, ignored tokens, per-token weights, global denominator, by hand on a 3-token vocabulary), the
-packed attention against one-document-at-a-time runs, and the whole fast micro-batch loss against
-training.sft.micro_batch_loss on the tiny Qwen2, gradients of every parameter included (fp32, CPU)."""
+"""The fast SFT path equals the reference: the chunked fused linear + cross-entropy against
+captain_ros_training.sft.sft_loss (loss and gradients, ignored tokens, per-token weights, global denominator, by hand on
+a 3-token vocabulary), the packed attention against one-document-at-a-time runs, and the whole fast micro-batch loss
+against captain_ros_training.sft.micro_batch_loss on the tiny Qwen2, gradients of every parameter included (fp32,
+CPU)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import math
 import pytest
 import torch
 
-from training import data, fast, sft
-from training.data import IGNORE, Example
-from training.sft import SFTConfig
-from training.tiny import tiny_model
+from captain_ros_training import data, fast, sft
+from captain_ros_training.data import IGNORE, Example
+from captain_ros_training.sft import SFTConfig
+from captain_ros_training.tiny import tiny_model
 
 PAD = 0
 
@@ -63,7 +64,7 @@ def test_linear_cross_entropy_gradient_by_hand():
 
 @pytest.mark.parametrize("chunk_tokens", [1, 7, 64])
 def test_linear_cross_entropy_equals_sft_loss(chunk_tokens):
-    """Against training.sft.sft_loss on full logits: ignored targets, weights 0 / 0.5 / 1 / 2, a global
+    """Against captain_ros_training.sft.sft_loss on full logits: ignored targets, weights 0 / 0.5 / 1 / 2, a global
     denominator larger than the kept tokens (as with gradient accumulation), an upstream gradient of 3."""
     g = torch.Generator().manual_seed(0)
     n, d, vocab = 37, 16, 50
@@ -208,8 +209,8 @@ def test_fast_token_logprobs_equal_model_logits(model):
     ids=["sdpa", "bucketed", "unfused"],
 )
 def test_fast_loss_and_gradients_equal_sft_reference(model, attention, fused):
-    """fast_micro_batch_loss == training.sft.micro_batch_loss (4D block-causal mask path) on a packed batch with
-    weights 1 / 0.5 / 0 and a global denominator of two micro-batches: loss and every parameter's gradient."""
+    """fast_micro_batch_loss == captain_ros_training.sft.micro_batch_loss (4D block-causal mask path) on a packed batch
+    with weights 1 / 0.5 / 0 and a global denominator of two micro-batches: loss and every parameter's gradient."""
     batch = packed_batch()
     denominator = sft.token_denominator([batch, batch])
 
@@ -243,8 +244,8 @@ def lora_model(seed: int = 0, **lora: object):
 
 @pytest.mark.parametrize("attention", ["sdpa", "bucketed"])
 def test_fast_lora_loss_and_adapter_gradients_equal_peft_forward(attention):
-    """Through LoRA adapters (W + s B A merged per step, training.fast.linear_weight) the fast loss and every
-    trainable adapter's gradient equal peft's own forward (x W^T + s (x A^T) B^T) on the 4D-mask path; the frozen
+    """Through LoRA adapters (W + s B A merged per step, captain_ros_training.fast.linear_weight) the fast loss and
+    every trainable adapter's gradient equal peft's own forward (x W^T + s (x A^T) B^T) on the 4D-mask path; the frozen
     base weights get no gradient on either path."""
     model = lora_model()
     batch = packed_batch()
@@ -300,14 +301,15 @@ def test_fast_path_refuses_lora_it_cannot_merge():
 
 # ------------------------------------------------------------------------------------------------ where it applies
 def test_the_fast_path_applies_to_qwen2_only_and_the_cli_sft_takes_it_there(monkeypatch):
-    """training.fast re-implements a Qwen2 layer: it applies to the tiny Qwen2, not to a sliding-window Qwen2 (its
-    forward raises) nor to another architecture (Llama here); the command-line SFT (training.sft_command) takes it for
-    full fine-tuning on a GPU where it applies, and the transformers forward otherwise."""
+    """captain_ros_training.fast re-implements a Qwen2 layer: it applies to the tiny Qwen2, not to a sliding-window
+    Qwen2 (its forward raises) nor to another architecture (Llama here); the command-line SFT
+    (captain_ros_training.sft_command) takes it for full fine-tuning on a GPU where it applies, and the transformers
+    forward otherwise."""
     import argparse
 
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    from training.sft_command import _fast_applies
+    from captain_ros_training.sft_command import _fast_applies
 
     qwen = tiny_model()
     small = {"vocab_size": 64, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1}

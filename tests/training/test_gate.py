@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from captain_ros.bridge.store import EpisodeReader
+from captain_ros_training import gate
+from captain_ros_training.gate import GateConfig, RenderConfig
+from captain_ros_training.tiny import GENERATION_TEMPLATE, tiny_tokenizer
 from tests.training.test_data import EPISODES, HEAD, TOOLS, build_store
-from training import gate
-from training.gate import GateConfig, RenderConfig
-from training.tiny import GENERATION_TEMPLATE, tiny_tokenizer
 
 POLICY_REQUESTS = len(EPISODES["ep-policy"])
 EXPERT_REQUESTS = len(EPISODES["ep-expert"])
@@ -56,7 +56,8 @@ def test_the_gate_accepts_the_servers_own_rendering(reader):
     assert (report.passed, report.failed, report.not_gateable) == (POLICY_REQUESTS, 0, EXPERT_REQUESTS)
     assert all(report.weight("ep-policy", t) == 1.0 for t in range(1, POLICY_REQUESTS + 1))
     assert report.status[("ep-expert", 1)] == gate.NOT_GATEABLE
-    assert report.weight("ep-expert", 1) == 1.0  # expert data is rendered from its messages by training.data
+    # expert data is rendered from its messages by captain_ros_training.data
+    assert report.weight("ep-expert", 1) == 1.0
     assert report.ungateable[0][:2] == ("ep-expert", 1) and "prompt_token_ids" in report.ungateable[0][2]
     text = str(report)
     assert f"{POLICY_REQUESTS} match, 0 rejected" in text and f"{EXPERT_REQUESTS} not gateable" in text

@@ -1,6 +1,6 @@
-"""training.hf_serve, the policy server without vLLM: its hermes parser, its vLLM-style message preparation and its
-sampler by hand; then the real server on the tiny Qwen2 on CPU, through the stack's own PolicyClient and raw HTTP:
-the prompt ids are the trainer's rendering, the logprobs are a plain forward pass's, greedy and seeded sampling
+"""captain_ros_training.hf_serve, the policy server without vLLM: its hermes parser, its vLLM-style message preparation
+and its sampler by hand; then the real server on the tiny Qwen2 on CPU, through the stack's own PolicyClient and raw
+HTTP: the prompt ids are the trainer's rendering, the logprobs are a plain forward pass's, greedy and seeded sampling
 repeat, limits give finish_reason "length" or HTTP 400, concurrent requests are answered each with its own tokens,
 and a dead engine answers 500 instead of hanging."""
 
@@ -16,9 +16,9 @@ import pytest
 
 from captain_ros.agent.policy_client import PolicyClient, PolicyConfig, PolicyError
 from captain_ros.agent.prompt import TOOLS  # the stack's one tool, as every request offers it
-from training import hf_serve
-from training.gate import render_prompt_ids
-from training.hf_serve import SamplingParams, parse_hermes, sample_rows, template_ready
+from captain_ros_training import hf_serve
+from captain_ros_training.gate import render_prompt_ids
+from captain_ros_training.hf_serve import SamplingParams, parse_hermes, sample_rows, template_ready
 
 MAX_LEN = 1024  # the test server's --max-model-len
 START_LIMIT_S = 300.0  # about 8 s on 2 idle cores
@@ -145,7 +145,7 @@ def test_a_seeded_row_draws_from_its_own_generator_whatever_its_neighbours():
 # ------------------------------------------------------------------------------------------------ the server
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    from training.tiny import tiny_model, tiny_tokenizer
+    from captain_ros_training.tiny import tiny_model, tiny_tokenizer
 
     out = tmp_path_factory.mktemp("hf_serve") / "tiny"
     tiny_model().save_pretrained(out)
@@ -393,7 +393,7 @@ def in_process(folder, request):
         assert model.config._attn_implementation == hf_serve.VARLEN_ATTENTION  # its default
         engine = hf_serve.Engine(model, eos, config)
     else:
-        from training.slot_engine import SlotEngine
+        from captain_ros_training.slot_engine import SlotEngine
 
         engine = SlotEngine(model, eos, config)
     httpd = hf_serve.HFServer(("127.0.0.1", 0), hf_serve.ChatAPI(config.model, tokenizer, engine, 256, defaults))
@@ -494,7 +494,7 @@ def test_the_slot_engine_refuses_a_model_it_does_not_compute():
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from training.slot_engine import SlotEngine
+    from captain_ros_training.slot_engine import SlotEngine
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -508,7 +508,7 @@ def test_the_slot_engine_refuses_to_serve_what_its_self_check_rejects(folder, mo
     """Its start-up comparison with the transformers forward decides: past the tolerance it does not start."""
     import torch
 
-    from training import slot_engine
+    from captain_ros_training import slot_engine
 
     config = hf_serve.ServeConfig(model=str(folder), device="cpu", dtype="float32", max_model_len=128)
     model, _, eos, _ = hf_serve.load(config)
@@ -527,7 +527,7 @@ def test_the_slot_engine_decodes_each_slot_as_the_forward_pass_of_its_own_reques
     are replayed from CUDA graphs (rows padded to a bucket of 8, lengths to one of 512)."""
     import torch
 
-    from training.slot_engine import SlotEngine
+    from captain_ros_training.slot_engine import SlotEngine
 
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("no CUDA device")
@@ -558,7 +558,7 @@ def test_the_slot_engine_decodes_each_slot_as_the_forward_pass_of_its_own_reques
 
 
 def test_decode_graph_buckets_hold_the_step_and_stay_within_the_engine():
-    from training.slot_engine import graph_bucket
+    from captain_ros_training.slot_engine import graph_bucket
 
     assert [graph_bucket(n, 1, 24) for n in (1, 2, 3, 5, 9, 17, 24)] == [1, 2, 4, 8, 16, 24, 24]
     assert [graph_bucket(n, 512, 32768) for n in (64, 512, 576, 20000, 32768)] == [512, 512, 1024, 32768, 32768]
@@ -566,7 +566,7 @@ def test_decode_graph_buckets_hold_the_step_and_stay_within_the_engine():
 
 
 def test_cuda_graphs_asked_for_on_a_cpu_decode_eagerly_and_say_so(folder, caplog):
-    from training.slot_engine import SlotEngine
+    from captain_ros_training.slot_engine import SlotEngine
 
     config = hf_serve.ServeConfig(model=str(folder), device="cpu", dtype="float32", max_model_len=128,
                                   kv_cache_tokens=2 * 128, cuda_graphs=True)  # fmt: skip

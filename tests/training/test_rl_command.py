@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
+from captain_ros_training.critic import FEATURE_NAMES
+from captain_ros_training.policy_loss import ObjectiveConfig
+from captain_ros_training.rl_command import warm_start_critic, warm_start_split
+from captain_ros_training.rl_trainer import RLTrainer
+from captain_ros_training.rounds import RoundConfig
+from captain_ros_training.tiny import tiny_model
 from tests.training.test_rl_trainer import TASK
 from tests.training.test_rounds import FakeReader, synthetic_episode
-from training.critic import FEATURE_NAMES
-from training.policy_loss import ObjectiveConfig
-from training.rl_command import warm_start_critic, warm_start_split
-from training.rl_trainer import RLTrainer
-from training.rounds import RoundConfig
-from training.tiny import tiny_model
 
 
 def test_the_critic_warm_start_is_held_apart_from_every_round():

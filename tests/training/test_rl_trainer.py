@@ -19,10 +19,9 @@ import pytest
 import torch
 
 from captain_ros.bridge.store import Episode, RequestData
-from tests.training.test_rounds import FakeReader, synthetic_episode
-from training.critic import FEATURE_NAMES, Critic, CriticConfig, evaluate, states_from_episodes
-from training.policy_loss import ObjectiveConfig, episode_rng, policy_loss, sample_requests
-from training.rl_trainer import (
+from captain_ros_training.critic import FEATURE_NAMES, Critic, CriticConfig, evaluate, states_from_episodes
+from captain_ros_training.policy_loss import ObjectiveConfig, episode_rng, policy_loss, sample_requests
+from captain_ros_training.rl_trainer import (
     RLConfig,
     RLTrainer,
     TrainItem,
@@ -33,9 +32,10 @@ from training.rl_trainer import (
     select_items,
     token_advantage_stats,
 )
-from training.rounds import RoundConfig, build_round
-from training.sft import SFTConfig
-from training.tiny import tiny_model
+from captain_ros_training.rounds import RoundConfig, build_round
+from captain_ros_training.sft import SFTConfig
+from captain_ros_training.tiny import tiny_model
+from tests.training.test_rounds import FakeReader, synthetic_episode
 
 TASK = "open_drawer"
 
@@ -404,7 +404,7 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path):
 
 
 def test_advantages_and_auc_come_from_the_critic_before_its_co_training(tmp_path):
-    from training.credit import CreditConfig, RunningStd, batch_from_episodes, credit_round
+    from captain_ros_training.credit import CreditConfig, RunningStd, batch_from_episodes, credit_round
 
     episodes = []
     for g in range(2):

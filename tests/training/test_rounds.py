@@ -13,9 +13,9 @@ from dataclasses import replace
 import pytest
 
 from captain_ros.bridge.store import Episode, RequestData
-from training.critic import FEATURE_NAMES
-from training.policy_loss import ObjectiveConfig
-from training.rounds import (
+from captain_ros_training.critic import FEATURE_NAMES
+from captain_ros_training.policy_loss import ObjectiveConfig
+from captain_ros_training.rounds import (
     FUTURE_VERSION,
     INCOMPLETE,
     INVALID,
@@ -276,8 +276,8 @@ def test_requests_longer_than_the_trainers_context_carry_no_gradient():
 
 
 def test_the_prompt_gate_gives_an_altered_prompt_weight_zero():
-    from training.gate import render_prompt_ids
-    from training.tiny import tiny_tokenizer
+    from captain_ros_training.gate import render_prompt_ids
+    from captain_ros_training.tiny import tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
     episode = synthetic_episode("e", "g", n=3)

@@ -1,8 +1,8 @@
-"""training.serve: what a policy server process is started with."""
+"""captain_ros_training.serve: what a policy server process is started with."""
 
 from __future__ import annotations
 
-from training import serve
+from captain_ros_training import serve
 
 
 def test_a_local_folder_is_passed_absolute_and_a_hub_id_as_given(tmp_path, monkeypatch):

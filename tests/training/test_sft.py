@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from captain_ros.bridge.store import EpisodeReader
+from captain_ros_training import data, sft
+from captain_ros_training.data import Example
+from captain_ros_training.sft import SFTConfig
+from captain_ros_training.tiny import TinyModelConfig, tiny_model, tiny_tokenizer
 from tests.training.test_data import build_store
-from training import data, sft
-from training.data import Example
-from training.sft import SFTConfig
-from training.tiny import TinyModelConfig, tiny_model, tiny_tokenizer
 
 PAD = 0
 
@@ -167,8 +167,8 @@ def test_sft_loss_falls_on_a_fixed_batch(examples, capsys):
 
 
 def test_the_fast_path_trains_like_the_transformers_forward(examples):
-    """SFTConfig.fast swaps the forward and the loss (training.fast): the same optimizer steps follow."""
-    from training.fast import FastConfig
+    """SFTConfig.fast swaps the forward and the loss (captain_ros_training.fast): the same optimizer steps follow."""
+    from captain_ros_training.fast import FastConfig
 
     rows, _ = data.pack_examples(examples[:2], 2048)
     batches = [data.collate(rows, PAD)]
@@ -217,8 +217,8 @@ def test_untrained_output_rows_are_trained_beside_lora_and_merge_with_the_adapte
     peft = pytest.importorskip("peft")
     from transformers import Qwen2ForCausalLM
 
-    from training.fast import FastConfig
-    from training.token_rows import untrained_rows
+    from captain_ros_training.fast import FastConfig
+    from captain_ros_training.token_rows import untrained_rows
 
     def untied() -> Qwen2ForCausalLM:
         config = tiny_model().config
@@ -269,7 +269,7 @@ def test_lora_trains_only_the_adapters():
 def test_the_learning_rate_warms_up_then_holds_or_follows_a_cosine_worked_by_hand():
     """Warm-up 2, 7 steps: (s+1)/3 for s < 2; then constant 1, or cosine from 1 (step 2) to 0.1 (step 6):
     0.1 + 0.9 x (1 + cos(pi x (s-2)/4)) / 2 = 1, 0.8682, 0.55, 0.2318, 0.1."""
-    from training.sft import lr_factor
+    from captain_ros_training.sft import lr_factor
 
     constant = SFTConfig(max_steps=7, warmup_steps=2)
     assert [lr_factor(s, constant) for s in range(7)] == pytest.approx([1 / 3, 2 / 3, 1, 1, 1, 1, 1])

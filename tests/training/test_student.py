@@ -15,11 +15,11 @@ import pytest
 
 from captain_ros.agent.prompt import SYSTEM_PROMPT, TOOLS, task_md
 from captain_ros.core.config import BudgetConfig
-from training import serve, student
-from training.chat_template import TOOL_TEMPLATE
-from training.gate import render_prompt_ids
-from training.student import Part, StudentError, StudentRecipe
-from training.tiny import tiny_model, tiny_tokenizer
+from captain_ros_training import serve, student
+from captain_ros_training.chat_template import TOOL_TEMPLATE
+from captain_ros_training.gate import render_prompt_ids
+from captain_ros_training.student import Part, StudentError, StudentRecipe
+from captain_ros_training.tiny import tiny_model, tiny_tokenizer
 
 # ------------------------------------------------------------------------------------------------ the build
 
@@ -121,7 +121,7 @@ def test_the_stack_template_passes_and_templates_that_cannot_serve_it_are_refuse
     unmarked = TOOL_TEMPLATE.replace("{%- generation %}", "").replace("{%- endgeneration %}", "")
     assert student.template_problems(tiny_tokenizer(chat_template=unmarked)) == [
         "the chat template has no {% generation %} marks, so the trainer cannot find the assistant's tokens "
-        "(use training.chat_template.TOOL_TEMPLATE for Qwen-style models)"
+        "(use captain_ros_training.chat_template.TOOL_TEMPLATE for Qwen-style models)"
     ]
     tokenizer = tiny_tokenizer()
     tokenizer.chat_template = None

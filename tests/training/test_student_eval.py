@@ -11,7 +11,7 @@ import pytest
 from captain_ros.bridge.evaluation import EvalRow, summarize
 from captain_ros.bridge.store import Episode, RequestData
 from captain_ros.twin.tasks import default_suite
-from training import student_eval as ev
+from captain_ros_training import student_eval as ev
 
 
 def _call(tool_calls=None, content="", tokens=10):
@@ -144,7 +144,7 @@ def test_the_plan_covers_every_task_and_family_on_held_out_starts_the_same_way_e
 
 
 def test_a_train_split_plan_draws_training_starts_none_of_which_is_held_out():
-    """The student's own rollouts for DAgger labels (training.dagger) run on training starts only."""
+    """The student's own rollouts for DAgger labels (captain_ros_training.dagger) run on training starts only."""
     held_out = {j.start_id for j in ev.plan_jobs(ev.EvalPlan())}
     train = ev.plan_jobs(ev.EvalPlan(split="train", starts_per_task=8, seed=1))
     assert len(train) == 8 * len(default_suite()) and all(j.split == "train" for j in train)
@@ -205,7 +205,7 @@ def test_sigterm_unwinds_the_run_command_so_its_servers_are_stopped(tmp_path):
     script = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from training import student_eval as ev\n"
+        "from captain_ros_training import student_eval as ev\n"
         "def stand_in(model, label, out, plan, progress=True):\n"
         "    try:\n"
         "        print('evaluating', flush=True)\n"

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from training.tiny import GENERATION_TEMPLATE, TinyModelConfig, tiny_model, tiny_tokenizer, tool_module
+from captain_ros_training.tiny import GENERATION_TEMPLATE, TinyModelConfig, tiny_model, tiny_tokenizer, tool_module
 
 TOOLS = [{"type": "function", "function": {"name": "python", "parameters": {"type": "object"}}}]
 CODE = json.dumps({"code": "print(1)"})

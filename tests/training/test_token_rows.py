@@ -1,13 +1,13 @@
-"""training.token_rows: untrained output rows are found by their likeness to the padding rows, the fit's loss is
-the exact full-softmax cross-entropy, and fitting a row makes its token likely where it is the target and leaves
+"""captain_ros_training.token_rows: untrained output rows are found by their likeness to the padding rows, the fit's
+loss is the exact full-softmax cross-entropy, and fitting a row makes its token likely where it is the target and leaves
 the other targets as they were."""
 
 from __future__ import annotations
 
 import torch
 
-from training.data import IGNORE
-from training.token_rows import FitConfig, fit_rows, prepare, row_loss, untrained_rows
+from captain_ros_training.data import IGNORE
+from captain_ros_training.token_rows import FitConfig, fit_rows, prepare, row_loss, untrained_rows
 
 
 def _head(seed: int = 0, d: int = 16) -> torch.Tensor:
@@ -72,8 +72,8 @@ def test_apply_puts_the_saved_rows_into_a_copy_of_the_folder(tmp_path):
     import numpy as np
     from transformers import AutoModelForCausalLM
 
-    from training.tiny import tiny_model
-    from training.token_rows import ROWS_FILE, apply_rows
+    from captain_ros_training.tiny import tiny_model
+    from captain_ros_training.token_rows import ROWS_FILE, apply_rows
 
     model = tiny_model()
     model.save_pretrained(tmp_path / "merged")

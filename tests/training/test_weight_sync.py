@@ -20,9 +20,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.vllm_server import START_LIMIT_S, TINY_MODEL, build_tiny_model
-from training import serve
-from training.weight_sync import (
+from captain_ros_training import serve
+from captain_ros_training.weight_sync import (
     DevModeMissing,
     SyncConfig,
     WeightSync,
@@ -32,6 +31,7 @@ from training.weight_sync import (
     served_dtype,
     write_weights_atomic,
 )
+from tests.vllm_server import START_LIMIT_S, TINY_MODEL, build_tiny_model
 
 # ---------------------------------------------------------------------------------------------- a dev-mode server
 
@@ -78,7 +78,7 @@ def test_checkpoint_tensors_write_the_tied_head_and_take_the_served_dtype():
 def test_a_tied_model_is_written_and_reads_back_in_transformers(tmp_path):
     from transformers import Qwen2ForCausalLM
 
-    from training.tiny import tiny_model
+    from captain_ros_training.tiny import tiny_model
 
     model = tiny_model()  # tied: embed_tokens and lm_head share one tensor, which safetensors refuses as such
     model.config.save_pretrained(tmp_path)

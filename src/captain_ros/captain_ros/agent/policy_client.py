@@ -351,7 +351,8 @@ def unread_tool_call(content: str, finish_reason: str = "") -> str | None:
 
 def unread_feedback(reason: str, budget_line: str) -> str:
     """The user message that answers a reply whose tool call could not be read (`reason`: `unread_tool_call`'s),
-    ending with the episode's budget line; the SFT's recovery examples (training.data) show the same text."""
+    ending with the episode's budget line; the SFT's recovery examples (captain_ros_training.data) show the same
+    text."""
     return (
         f"Your tool call could not be read, so nothing ran: {reason}. Reply with one call of the `python` tool holding "
         f"a cell of code.\n{budget_line}"

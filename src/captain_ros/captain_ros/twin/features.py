@@ -1,7 +1,7 @@
 """The names of the 36 privileged features x(s_t) (CaPtain App. A.2), in the order the critic reads them.
 
 A module of its own with no imports, so the trainer can read them without MuJoCo (twin/privileged_state.py computes
-them; training/critic.py consumes them)."""
+them; captain_ros_training/critic.py consumes them)."""
 
 FEATURE_NAMES: tuple[str, ...] = (
     # end effector and jaw

@@ -1,7 +1,7 @@
-"""The `sft-data` and `sft` commands of `python -m training.rl` (their options and help: training.rl): build a
-store's SFT examples once into one file, and supervised fine-tuning (CaPtain Eq. 2) on a store or on such a file,
-written as a servable folder (with LoRA, also the adapter alone), a metrics log and a run record. `load_policy` and
-`resolve_device` serve the `rl` command too (training.rl_command)."""
+"""The `sft-data` and `sft` commands of `python -m captain_ros_training.rl` (their options and help:
+captain_ros_training.rl): build a store's SFT examples once into one file, and supervised fine-tuning (CaPtain Eq. 2) on
+a store or on such a file, written as a servable folder (with LoRA, also the adapter alone), a metrics log and a run
+record. `load_policy` and `resolve_device` serve the `rl` command too (captain_ros_training.rl_command)."""
 
 from __future__ import annotations
 
@@ -16,22 +16,23 @@ from typing import Any
 
 import torch
 
-from training.data import Example, pack_examples
-from training.metrics_log import append_metrics
+from captain_ros_training.data import Example, pack_examples
+from captain_ros_training.metrics_log import append_metrics
 
 
 def load_policy(path: str | None, tiny: bool) -> tuple[Any, Any]:
-    """(model, tokenizer) from a transformers folder, or the tiny Qwen2 (training.tiny) with --tiny. A folder whose
-    tokenizer or chat template cannot train the stack is refused with the reasons (training.student)."""
+    """(model, tokenizer) from a transformers folder, or the tiny Qwen2 (captain_ros_training.tiny) with --tiny. A
+    folder whose tokenizer or chat template cannot train the stack is refused with the reasons
+    (captain_ros_training.student)."""
     if tiny:
-        from training.tiny import tiny_model, tiny_tokenizer
+        from captain_ros_training.tiny import tiny_model, tiny_tokenizer
 
         return tiny_model(), tiny_tokenizer()
     if not path:
         raise SystemExit("give --model DIR (a transformers folder) or --tiny")
     from transformers import AutoModelForCausalLM
 
-    from training.student import StudentError, check_model_folder
+    from captain_ros_training.student import StudentError, check_model_folder
 
     try:
         tokenizer = check_model_folder(Path(path))
@@ -45,10 +46,10 @@ def resolve_device(name: str) -> str:
 
 
 def _fast_applies(model: Any, args: argparse.Namespace) -> bool:
-    """training.fast computes the same loss over the same weights for Qwen2-shaped models on a GPU, all weights or
-    LoRA adapters (the CLI's have no dropout) alike (training.fast.unsupported_reason: Qwen2, no sliding window);
-    other architectures take the transformers forward."""
-    from training.fast import unsupported_reason
+    """captain_ros_training.fast computes the same loss over the same weights for Qwen2-shaped models on a GPU, all
+    weights or LoRA adapters (the CLI's have no dropout) alike (captain_ros_training.fast.unsupported_reason: Qwen2, no
+    sliding window); other architectures take the transformers forward."""
+    from captain_ros_training.fast import unsupported_reason
 
     return torch.cuda.is_available() and unsupported_reason(model) is None
 
@@ -57,7 +58,7 @@ def _write_sft_outputs(out: Path, served: Any, tokenizer: Any, *, result: Any, c
     """The SFT run's outputs: metrics, the servable folder (with LoRA, also the adapter alone), the run record."""
     import platform
 
-    from training.weight_sync import write_model_folder
+    from captain_ros_training.weight_sync import write_model_folder
 
     args, stats, examples, rows = run["args"], run["stats"], run["examples"], run["rows"]
     n_batches, seconds, steps = run["n_batches"], run["seconds"], config.max_steps
@@ -102,7 +103,7 @@ def _write_sft_outputs(out: Path, served: Any, tokenizer: Any, *, result: Any, c
 
 
 def _data_config(args: argparse.Namespace) -> Any:
-    from training.data import DataConfig
+    from captain_ros_training.data import DataConfig
 
     return DataConfig(
         seed=args.seed,
@@ -115,8 +116,8 @@ def _data_config(args: argparse.Namespace) -> Any:
 
 def _sft_data(args: argparse.Namespace, tokenizer: Any) -> dict[str, Any]:
     """The SFT examples: from --examples (a file of `sft-data`, checked against this tokenizer and these options),
-    else built from --store (the prompt gate over every request, then `training.data.sft_examples`)."""
-    from training.data import SFTDataMismatch, TrajectoryStats, load_sft_data, sft_examples
+    else built from --store (the prompt gate over every request, then `captain_ros_training.data.sft_examples`)."""
+    from captain_ros_training.data import SFTDataMismatch, TrajectoryStats, load_sft_data, sft_examples
 
     config = _data_config(args)
     if getattr(args, "examples", None) and args.store:
@@ -127,9 +128,11 @@ def _sft_data(args: argparse.Namespace, tokenizer: Any) -> dict[str, Any]:
         except (OSError, SFTDataMismatch) as exc:
             raise SystemExit(f"--examples: {exc}") from None
     if not args.store:
-        raise SystemExit("give --store (an episode store) or --examples (a file of `python -m training.rl sft-data`)")
+        raise SystemExit(
+            "give --store (an episode store) or --examples (a file of `python -m captain_ros_training.rl sft-data`)"
+        )
     from captain_ros.bridge.store import EpisodeReader
-    from training.gate import gate_episodes
+    from captain_ros_training.gate import gate_episodes
 
     reader = EpisodeReader(args.store)
     gate = gate_episodes(tokenizer, reader)
@@ -139,9 +142,9 @@ def _sft_data(args: argparse.Namespace, tokenizer: Any) -> dict[str, Any]:
 
 
 def _untrained_target_rows(model: Any, tokenizer: Any, examples: Sequence[Example], trainable: bool) -> list[int]:
-    """The output rows of target tokens the base never trained (training.token_rows.untrained_rows): LoRA leaves
-    lm_head frozen, so without training them beside the adapters no hidden state can single those tokens out."""
-    from training.token_rows import untrained_rows
+    """The output rows of target tokens the base never trained (captain_ros_training.token_rows.untrained_rows): LoRA
+    leaves lm_head frozen, so without training them beside the adapters no hidden state can single those tokens out."""
+    from captain_ros_training.token_rows import untrained_rows
 
     targeted = sorted({t for e in examples for t, m in zip(e.input_ids, e.response_mask, strict=True) if m})
     free = untrained_rows(model.get_output_embeddings().weight, targeted)
@@ -154,17 +157,17 @@ def _untrained_target_rows(model: Any, tokenizer: Any, examples: Sequence[Exampl
     elif free:
         print(
             f"warning: the output rows of {tokenizer.convert_ids_to_tokens(free)} were never trained and this run "
-            "leaves them frozen, so it cannot teach writing them: fit them afterwards (python -m training.token_rows "
-            "fit)",
+            "leaves them frozen, so it cannot teach writing them: fit them afterwards "
+            "(python -m captain_ros_training.token_rows fit)",
             file=sys.stderr,
         )
     return free if trainable else []
 
 
 def _with_dagger(args: argparse.Namespace, tokenizer: Any, data: dict[str, Any]) -> dict[str, Any]:
-    """`data` with the expert-labelled states of the student stores in --dagger added (training.dagger); the
+    """`data` with the expert-labelled states of the student stores in --dagger added (captain_ros_training.dagger); the
     record's source names the stores and the stats count what was labelled."""
-    from training.dagger import DaggerStats, NotATrainingEpisode, store_dagger_examples
+    from captain_ros_training.dagger import DaggerStats, NotATrainingEpisode, store_dagger_examples
 
     stats = DaggerStats()
     extra = []
@@ -188,14 +191,14 @@ def cmd_sft_data(args: argparse.Namespace) -> int:
     """Build the SFT examples of a store once (here, on CPU) and write them to one file that `sft --examples` reads:
     a GPU host then spends no time rendering and gating thousands of long prompts. With --examples instead of
     --store it starts from such a file (to add --dagger labels where the store is not)."""
-    from training.data import save_sft_data
+    from captain_ros_training.data import save_sft_data
 
     if args.tiny:
-        from training.tiny import tiny_tokenizer
+        from captain_ros_training.tiny import tiny_tokenizer
 
         tokenizer = tiny_tokenizer()
     elif args.model:
-        from training.student import StudentError, check_model_folder
+        from captain_ros_training.student import StudentError, check_model_folder
 
         try:
             tokenizer = check_model_folder(Path(args.model))
@@ -221,14 +224,14 @@ def cmd_sft_data(args: argparse.Namespace) -> int:
 def cmd_sft(args: argparse.Namespace) -> int:
     """SFT on a store's successful episodes: gate, examples (whole trajectories where the history only grows),
     packing, train_sft, then a servable folder (and, with LoRA, the adapter alone) and a run record."""
-    from training.data import MicroBatches
-    from training.fast import FastConfig
-    from training.sft import SFTConfig as Config
-    from training.sft import train_sft
+    from captain_ros_training.data import MicroBatches
+    from captain_ros_training.fast import FastConfig
+    from captain_ros_training.sft import SFTConfig as Config
+    from captain_ros_training.sft import train_sft
 
     dist_info = None
-    if args.fsdp:  # one process per GPU under torchrun (training.distributed)
-        from training.distributed import init_distributed
+    if args.fsdp:  # one process per GPU under torchrun (captain_ros_training.distributed)
+        from captain_ros_training.distributed import init_distributed
 
         dist_info = init_distributed(args.device)
     main = dist_info is None or dist_info.is_main
@@ -271,7 +274,11 @@ def cmd_sft(args: argparse.Namespace) -> int:
         fast=FastConfig() if fast else None,
     )
     if main:
-        path = "training.fast (packed attention, fused linear cross-entropy)" if fast else "the transformers forward"
+        path = (
+            "captain_ros_training.fast (packed attention, fused linear cross-entropy)"
+            if fast
+            else "the transformers forward"
+        )
         lora = f"LoRA rank {config.lora_rank}" if config.lora_rank else "all weights"
         print(
             f"training {len(rows)} rows in {len(batches)} micro-batches, {steps} steps, {lora}, {path}", file=sys.stderr
@@ -281,7 +288,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
         result = train_sft(model, batches, config)
         served = result.model
     else:
-        from training.distributed import shutdown, train_sft_fsdp, unsharded_copy
+        from captain_ros_training.distributed import shutdown, train_sft_fsdp, unsharded_copy
 
         result = train_sft_fsdp(model, batches, config)
         served = unsharded_copy(result.model)  # gathered on rank 0 (None elsewhere)

@@ -5,8 +5,8 @@ true, i.e. the host judged the scene solved (outcome success or missed_finish; t
 bridge.evaluation's host rate read the same field); `strict_success` also needs outcome "success" (finish()
 accepted). The others are counted (`TrajectoryStats.unsuccessful_skipped`) and never imitated.
 
-Each request t has a prompt p_t (its restored messages rendered by training.gate.render_prompt_ids: the ids the
-gate compared) and an assistant turn a_t (the tokens of the template's `{% generation %}` span: reasoning/content,
+Each request t has a prompt p_t (its restored messages rendered by captain_ros_training.gate.render_prompt_ids: the ids
+the gate compared) and an assistant turn a_t (the tokens of the template's `{% generation %}` span: reasoning/content,
 the `<tool_call>` blocks and the end token). Its assistant message is taken from the next request's history when
 that history extends request t's messages with it (then it is exactly what later prompts show), else from the
 recorded response. Two forms:
@@ -78,7 +78,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.gate import (
+from captain_ros_training.gate import (
     GateReport,
     RenderConfig,
     content_format,
@@ -430,7 +430,8 @@ class TrajectoryStats:
     too_long: int = 0  # requests left out: their own prompt + turn exceed max_trajectory_tokens
     masked_turn_examples: int = 0  # per-request examples of target turns that were masked in their segment
     recovery_examples: int = 0  # examples of recovering from a failed turn (DataConfig.recovery_per_episode)
-    dagger_examples: int = 0  # the student's own states labelled by the expert (training.dagger; sft-data --dagger)
+    # the student's own states labelled by the expert (captain_ros_training.dagger; sft-data --dagger)
+    dagger_examples: int = 0
     mask_skipped: int = 0  # segments left unmasked: their assistant messages and spans could not be matched
     masked_points: int = 0  # mark_point calls masked, over all examples
     requests: Counter = field(default_factory=Counter)
@@ -931,8 +932,8 @@ def save_sft_data(
     examples: list[Example],
 ) -> Path:
     """Write the examples `sft_examples` built (with the gate's summary and the stats) as one file, lzma-compressed,
-    so a GPU host trains on them without re-rendering the store (`python -m training.rl sft-data`). Written under a
-    temporary name and renamed: an interrupted write leaves no file."""
+    so a GPU host trains on them without re-rendering the store (`python -m captain_ros_training.rl sft-data`). Written
+    under a temporary name and renamed: an interrupted write leaves no file."""
     path = Path(path)
     record = {
         "format": SFT_DATA_FORMAT,

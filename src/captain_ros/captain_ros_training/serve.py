@@ -1,5 +1,5 @@
 """A vLLM OpenAI server on a policy folder, with the flags the stack needs, for the trainer's own runs
-(training/sft_then_rl.py) and the tests that need a real policy server.
+(captain_ros_training/sft_then_rl.py) and the tests that need a real policy server.
 
 vLLM lives in its own environment (`.venv-vllm`, made by `make setup`; another with CAPTAIN_VLLM_PYTHON): it
 pins its own torch and transformers. The server runs in a process group of its own, because vLLM runs its
@@ -7,8 +7,8 @@ engine in a child process and both must go when it is stopped.
 
 The flags are the ones captain_ros.agent.policy_client relies on: hermes tool calls, the sampled distribution's
 log-probabilities (`processed_logprobs`), eager mode (no CUDA graphs to capture on CPU). With `dev_mode`
-(VLLM_SERVER_DEV_MODE=1) the server also offers the routes training.weight_sync uses to load new weights without
-a restart.
+(VLLM_SERVER_DEV_MODE=1) the server also offers the routes captain_ros_training.weight_sync uses to load new weights
+without a restart.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from captain_ros.bridge.services import free_port, signal_group
 
-REPO = Path(__file__).resolve().parents[3]  # a source checkout: src/captain_ros/training/serve.py
+REPO = Path(__file__).resolve().parents[3]  # a source checkout: src/captain_ros/captain_ros_training/serve.py
 
 
 class ServerError(RuntimeError):
@@ -67,7 +67,7 @@ class PolicyServer:
     model_dir: Path  # what it serves; also its model name
     log: Path  # its stdout and stderr
     python: Path  # the vLLM environment's interpreter (transformers, tokenizers) for checks beside the server
-    name: str = "vLLM"  # what serves, for messages (training.hf_serve: "the transformers server")
+    name: str = "vLLM"  # what serves, for messages (captain_ros_training.hf_serve: "the transformers server")
 
     @property
     def base_url(self) -> str:

@@ -1,5 +1,6 @@
-"""training.hf_serve's default engine: one preallocated KV-cache slot per running request, a decode step of all of them
-at once, the decoder computed by training.fast's Qwen2 layer functions on the model's own weights.
+"""captain_ros_training.hf_serve's default engine: one preallocated KV-cache slot per running request, a decode step of
+all of them at once, the decoder computed by captain_ros_training.fast's Qwen2 layer functions on the model's own
+weights.
 
 Why not transformers' continuous batching (hf_serve's `--engine cb`): on a host without the flash-attn package its
 paged cache is read through Python-built index lists, every cached token of every request on every decode step
@@ -10,9 +11,10 @@ H100 for the 0.5B student. Here nothing per token is built on the host:
 - The cache is dense: per layer a [slots, kv_heads, capacity, head_dim] key and value tensor, a request owning one
   slot (capacity = --max-model-len) from its prefill to its last token. Slots are handed out lowest first, so a decode
   step's batch is the view [:n] of the first n slots (free slots among them compute a dummy row that nothing reads).
-- Prefill: the requests admitted together are packed into one forward ([tokens], training.fast.cached_attention:
-  flash varlen on CUDA, per-request SDPA elsewhere), their keys written into their slots, and the last position of
-  each sampled. No prefix caching: the 0.5B student prefills a 10k-token prompt in tens of milliseconds on a GPU.
+- Prefill: the requests admitted together are packed into one forward ([tokens],
+  captain_ros_training.fast.cached_attention: flash varlen on CUDA, per-request SDPA elsewhere), their keys written into
+  their slots, and the last position of each sampled. No prefix caching: the 0.5B student prefills a 10k-token prompt in
+  tens of milliseconds on a GPU.
 - Decode: one token per running request, written at its own position; attention is one SDPA call over the batch's
   slots up to the longest running context, a boolean mask hiding each row's unwritten positions. The query heads
   that share a key head are that call's query positions ([n, kv_heads, groups, head_dim]), so grouped-query
@@ -26,10 +28,10 @@ H100 for the 0.5B student. Here nothing per token is built on the host:
   read; a longer attended length only attends more masked positions. The start-up self-check then runs through
   the graphs too.
 
-Exactness: the layer arithmetic is training.fast's (Qwen2 op for op: fp32 RMSNorm, the model's rotary module), the
-same the SFT trains with; `self_check` compares prefill and decode log-probabilities with the transformers forward
-of the same model at start-up and refuses to serve past `SELF_CHECK_TOLERANCE`. Qwen2-family models only
-(training.fast.unsupported_reason); `--engine cb` serves anything transformers does.
+Exactness: the layer arithmetic is captain_ros_training.fast's (Qwen2 op for op: fp32 RMSNorm, the model's rotary
+module), the same the SFT trains with; `self_check` compares prefill and decode log-probabilities with the transformers
+forward of the same model at start-up and refuses to serve past `SELF_CHECK_TOLERANCE`. Qwen2-family models only
+(captain_ros_training.fast.unsupported_reason); `--engine cb` serves anything transformers does.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from typing import Any
 import torch
 from torch.nn.functional import linear, scaled_dot_product_attention
 
-from training import fast, hf_serve
+from captain_ros_training import fast, hf_serve
 
 log = logging.getLogger("hf_serve")
 

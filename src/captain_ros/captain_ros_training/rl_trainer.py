@@ -1,24 +1,25 @@
 """One RL update from a round (CaPtain §3.3 Eq. 8-10, App. A.2 "RL"; AgenticRoboRL L_RL as the alternative): the
-trainer that `python -m training.rl rl` (training.rl_command) and training.sft_then_rl run round after round.
+trainer that `python -m captain_ros_training.rl rl` (captain_ros_training.rl_command) and
+captain_ros_training.sft_then_rl run round after round.
 
-`RLTrainer.update(round)` does, for the round's kept groups (training.rounds):
+`RLTrainer.update(round)` does, for the round's kept groups (captain_ros_training.rounds):
 
   1. critic values with a snapshot of the critic taken BEFORE this round's co-training (App. A.2: "each round's
      advantages use the critic before that round's update"), and the snapshot's AUC on this round's states, which
      it has never been trained on;
-  2. advantages: CaPtain Eq. 9-10 through training.credit (per request, divided by the running std), or
+  2. advantages: CaPtain Eq. 9-10 through captain_ros_training.credit (per request, divided by the running std), or
      AgenticRoboRL's leave-one-out A_i over the group's valid attempts (per episode) of its binary reward
      R_i = 1[host success] (not CaPtain's shaped return of Eq. 7);
   3. per episode, at most 8 requests (CaPtain) or 16 responses (AgenticRoboRL) drawn uniformly from the requests
      eligible for a policy gradient (prompt gate passed, fits the context; AgenticRoboRL also drops requests made
-     after the scene was solved, CaPtain keeps them: training.rounds), with CaPtain's inclusion weight n/k or
-     AgenticRoboRL's 1/(K L_s); every token of request t shares A_{i,t} (§3.3);
+     after the scene was solved, CaPtain keeps them: captain_ros_training.rounds), with CaPtain's inclusion weight n/k
+     or AgenticRoboRL's 1/(K L_s); every token of request t shares A_{i,t} (§3.3);
   4. the student's log-probability of each sampled token, teacher-forced (prompt ids + sampled ids -> logits ->
-     log-softmax at the sampled id), on packed rows without cross-document attention (training.data packing,
-     training.sft's forward), and the frozen SFT model's for the k3 KL (CaPtain); for AgenticRoboRL, first, once
-     per update and without gradient, the pre-update (proximal) log-probability b of every sampled token, which its
+     log-softmax at the sampled id), on packed rows without cross-document attention (captain_ros_training.data packing,
+     captain_ros_training.sft's forward), and the frozen SFT model's for the k3 KL (CaPtain); for AgenticRoboRL, first,
+     once per update and without gradient, the pre-update (proximal) log-probability b of every sampled token, which its
      truncated IS weight w = sg[min(q / b, 2)] compares with the recorded sampling probability q;
-  5. the loss of training.policy_loss and its backward pass, micro-batch by micro-batch, all scaled by one
+  5. the loss of captain_ros_training.policy_loss and its backward pass, micro-batch by micro-batch, all scaled by one
      normaliser 1 / `episodes_per_step_n` (CaPtain accumulates 1,024 episodes per optimizer step: K = 4 rounds
      of 256). When the step is taken with a different number of trained episodes, the accumulated gradient is
      rescaled by episodes_per_step_n / episodes, which is exactly the loss with 1 / episodes as normaliser
@@ -28,7 +29,7 @@ trainer that `python -m training.rl rl` (training.rl_command) and training.sft_t
   7. two full-batch co-training steps of the critic on all the round's request states (App. A.2).
 
 Every update appends one row to a JSONL metrics log (loss, KL, kept-token fraction, advantage statistics, critic
-AUC, episodes, requests, tokens, ...): training.metrics_log writes it, and its `plot_metrics` draws it.
+AUC, episodes, requests, tokens, ...): captain_ros_training.metrics_log writes it, and its `plot_metrics` draws it.
 """
 
 from __future__ import annotations
@@ -44,9 +45,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.data import Example, collate, pack_examples
-from training.metrics_log import append_metrics
-from training.policy_loss import (
+from captain_ros_training.data import Example, collate, pack_examples
+from captain_ros_training.metrics_log import append_metrics
+from captain_ros_training.policy_loss import (
     ObjectiveConfig,
     agenticroborl_token_weights,
     captain_token_weights,
@@ -55,8 +56,8 @@ from training.policy_loss import (
     policy_loss,
     sample_requests,
 )
-from training.rounds import Round, RoundConfig, build_round
-from training.sft import SFTConfig, target_logits
+from captain_ros_training.rounds import Round, RoundConfig, build_round
+from captain_ros_training.sft import SFTConfig, target_logits
 
 RL_CHECKPOINT_VERSION = 1
 
@@ -100,7 +101,7 @@ class TrainItem:
 def captain_advantages(round_: Round, critic: Any, running_std: Any, credit_config: Any) -> tuple[dict, dict]:
     """CaPtain Eq. 9-10 per request of every round episode, with `critic` (the snapshot from before this round's
     co-training) and the running std; returns ({episode id: [A_t for t = 1..T]}, credit statistics)."""
-    from training.credit import batch_from_episodes, credit_round
+    from captain_ros_training.credit import batch_from_episodes, credit_round
 
     batch = batch_from_episodes([e.episode for e in round_.episodes], critic.tasks)
     credit = credit_round(critic, batch, running_std, credit_config)
@@ -186,9 +187,9 @@ class MicroBatch:
 def micro_batches(
     items: Sequence[TrainItem], max_tokens: int, pad_id: int, mask: bool = True
 ) -> tuple[list[MicroBatch], list[int]]:
-    """Items packed first-fit into rows of at most `max_tokens` (training.data.pack_examples: positions restart
-    per document, no cross-document attention), one row per micro-batch. Returns (micro-batches, indices of items
-    too long for a row). Per-token tensors follow the order in which sft.target_logits returns the targets."""
+    """Items packed first-fit into rows of at most `max_tokens` (captain_ros_training.data.pack_examples: positions
+    restart per document, no cross-document attention), one row per micro-batch. Returns (micro-batches, indices of
+    items too long for a row). Per-token tensors follow the order in which sft.target_logits returns the targets."""
     examples = [
         Example(
             list(it.prompt_ids) + list(it.token_ids),
@@ -291,7 +292,7 @@ class RLTrainer:
         policy_version: int = 0,
         metrics_path: str | Path | None = None,
     ):
-        from training.credit import CreditConfig, RunningStd
+        from captain_ros_training.credit import CreditConfig, RunningStd
 
         self.model, self.ref_model, self.critic, self.tokenizer = model, ref_model, critic, tokenizer
         self.config, self.objective = config, objective
@@ -326,8 +327,8 @@ class RLTrainer:
         return int(pad if pad is not None else 0)
 
     def build_round(self, reader: Any, config: RoundConfig = RoundConfig()) -> Round:
-        """training.rounds.build_round at this trainer's policy version, with its tokenizer (gate), its critic's
-        task vocabulary and its ledger of used episodes."""
+        """captain_ros_training.rounds.build_round at this trainer's policy version, with its tokenizer (gate), its
+        critic's task vocabulary and its ledger of used episodes."""
         tasks = self.critic.tasks if self.critic is not None else None
         return build_round(
             reader,
@@ -442,7 +443,7 @@ class RLTrainer:
         version and the RNGs. The frozen SFT reference is not saved: it is the model it was loaded from."""
         from dataclasses import asdict
 
-        from training.sft import rng_state
+        from captain_ros_training.sft import rng_state
 
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -471,8 +472,8 @@ class RLTrainer:
         accumulated gradient and ledger would not mean the same)."""
         from dataclasses import asdict
 
-        from training.critic import Critic
-        from training.sft import set_rng_state
+        from captain_ros_training.critic import Critic
+        from captain_ros_training.sft import set_rng_state
 
         device = next(self.model.parameters()).device
         payload = torch.load(Path(path), map_location=device, weights_only=True)
@@ -508,7 +509,7 @@ class RLTrainer:
         """One round (module doc, steps 1-7). `step`: True forces the optimizer step after this round, False
         defers it, None steps once `episodes_per_step_n` episodes are accumulated. Returns the metrics row (also
         appended to the metrics log)."""
-        from training.critic import evaluate, states_from_episodes
+        from captain_ros_training.critic import evaluate, states_from_episodes
 
         t0 = time.perf_counter()
         episodes = round_.episodes

@@ -1,6 +1,7 @@
 """The fast SFT path for Qwen2-family models: packed varlen attention and a chunked fused linear + cross-entropy.
 
-Same objective as training.sft (CaPtain Eq. 2 with AgenticRoboRL's global token normalisation), computed faster:
+Same objective as captain_ros_training.sft (CaPtain Eq. 2 with AgenticRoboRL's global token normalisation), computed
+faster:
 
 * No logits tensor. A plain step materialises [tokens, vocab] logits (8k x 151,936 in bf16 is 2.5 GB per row,
   twice that once upcast for the loss), which caps the micro-batch. `linear_cross_entropy` walks the target
@@ -8,8 +9,8 @@ Same objective as training.sft (CaPtain Eq. 2 with AgenticRoboRL's global token 
   the gradients w.r.t. the hidden states and the output embedding (softmax - one-hot, times w_i / denominator);
   backward only scales what forward stored by the incoming gradient. Peak memory is one chunk of logits.
 * Packed rows without cross-document attention. The batch is flattened to [tokens] and each document attends only
-  to itself through `cu_seqlens` (training.data.collate): flash-attention varlen (torch.nn.attention.varlen) on
-  CUDA, one causal SDPA call per document elsewhere; no [L, L] mask is built and no padding is attended.
+  to itself through `cu_seqlens` (captain_ros_training.data.collate): flash-attention varlen (torch.nn.attention.varlen)
+  on CUDA, one causal SDPA call per document elsewhere; no [L, L] mask is built and no padding is attended.
   Or "bucketed": documents padded to a multiple of 64 and grouped by length, one batched causal SDPA call per
   group ([n_docs, heads, L, d], the kernel the plain step gets: cuDNN on the H200). Exact: a document's padded
   keys come after all of its real queries, so the causal mask hides them, and padded queries are dropped (their
@@ -35,9 +36,9 @@ from typing import Any
 import torch
 from torch.nn.functional import linear, scaled_dot_product_attention, silu
 
-from training import kernels
+from captain_ros_training import kernels
 
-IGNORE = -100  # training.data.IGNORE
+IGNORE = -100  # captain_ros_training.data.IGNORE
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class FastConfig:
     # one GEMM for the MLP's gate and up projections; False (two GEMMs) was 2 % faster on the H200, where the fused
     # projection's backward spent 1.4 ms per layer concatenating the gate and up gradients
     fuse_gate_up: bool = False
-    bf16: bool = True  # autocast to bf16 on CUDA (as training.sft); a bf16 model runs in bf16 regardless
+    bf16: bool = True  # autocast to bf16 on CUDA (as captain_ros_training.sft); a bf16 model runs in bf16 regardless
 
 
 # ------------------------------------------------------------------------------------------------ the loss
@@ -142,7 +143,7 @@ def linear_cross_entropy(
     """CaPtain Eq. 2 with global token normalisation, sum_i w_i * (-log p(y_i | h_i)) / denominator, where
     p = softmax(h_i W^T), without materialising the [N, vocab] logits. `hidden` [N, d], `weight` [V, d] (lm_head,
     possibly tied to the embedding), `targets` [N] (IGNORE allowed: weight it 0), `weights` [N]. Equals
-    training.sft.sft_loss(hidden @ weight.T, targets, weights, denominator), gradients included."""
+    captain_ros_training.sft.sft_loss(hidden @ weight.T, targets, weights, denominator), gradients included."""
     weights = torch.where(targets == IGNORE, torch.zeros_like(weights), weights)
     scale = weights.float() / max(float(denominator), 1.0)
     dtype = compute_dtype or hidden.dtype
@@ -282,8 +283,8 @@ def packed_attention(
     plan: BucketPlan | None = None,
 ) -> torch.Tensor:
     """Causal attention within each document of a flattened packed batch: q [T, H, D], k/v [T, Hkv, D],
-    document i = tokens cu_seqlens[i]:cu_seqlens[i+1]. No token sees another document (training.data packing).
-    backend "varlen": one flash varlen call; "sdpa": one causal SDPA call per document (CPU, reference);
+    document i = tokens cu_seqlens[i]:cu_seqlens[i+1]. No token sees another document (captain_ros_training.data
+    packing). backend "varlen": one flash varlen call; "sdpa": one causal SDPA call per document (CPU, reference);
     "bucketed": one batched causal SDPA call per length bucket (`plan`, computed from cu_seqlens if None)."""
     groups = q.shape[1] // k.shape[1]
     if backend == "auto":
@@ -323,9 +324,9 @@ def cached_attention(  # noqa: PLR0917 (varlen_attn's argument order)
     *,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """Causal attention of a batch of requests over their KV caches (serving: training.hf_serve): request i's new
-    tokens are queries q[cu_q[i]:cu_q[i+1]] ([Tq, H, D]) and attend to its keys k[cu_k[i]:cu_k[i+1]] ([Tk, Hkv, D]:
-    its cached past, then the new tokens themselves), the causal mask aligned bottom-right (query j of n sees the
+    """Causal attention of a batch of requests over their KV caches (serving: captain_ros_training.hf_serve): request
+    i's new tokens are queries q[cu_q[i]:cu_q[i+1]] ([Tq, H, D]) and attend to its keys k[cu_k[i]:cu_k[i+1]] ([Tk, Hkv,
+    D]: its cached past, then the new tokens themselves), the causal mask aligned bottom-right (query j of n sees the
     first Lk - n + j + 1 keys). Query rows past cu_q[-1] (padding) are left unspecified. backend "varlen": one flash
     varlen call on CUDA, work proportional to each request's own context; "sdpa": one SDPA call per request, the
     reference (any device); "auto": varlen where available, else sdpa."""
@@ -514,7 +515,8 @@ def packed_hidden(
     config: FastConfig = FastConfig(),
 ) -> torch.Tensor:
     """Final hidden states [T, d] of a transformers Qwen2 causal LM on a packed batch flattened to T tokens
-    (input_ids/position_ids [B, L] or [T]; cu_seqlens over the flattened batch, as training.data.collate gives)."""
+    (input_ids/position_ids [B, L] or [T]; cu_seqlens over the flattened batch, as captain_ros_training.data.collate
+    gives)."""
     core = model.get_decoder()
     cfg = model.config
     heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -637,7 +639,8 @@ def _packed_forward(model: Any, batch: dict, device: torch.device, config: FastC
 
 def fast_micro_batch_loss(model: Any, batch: dict, denominator: float, config: FastConfig = FastConfig()) -> Any:
     """This micro-batch's term of the step's SFT loss (CaPtain Eq. 2, global denominator), equal to
-    training.sft.micro_batch_loss on the same batch; a drop-in for it in training.sft.sft_step."""
+    captain_ros_training.sft.micro_batch_loss on the same batch; a drop-in for it in
+    captain_ros_training.sft.sft_step."""
     device = next(model.parameters()).device
     weights = batch["token_weights"].to(device).reshape(-1)
     targets = batch["targets"].to(device).reshape(-1)

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from training.critic import features_of
+from captain_ros_training.critic import features_of
 
 
 @dataclass(frozen=True)
@@ -309,7 +309,8 @@ def batch_from_episodes(episodes: Sequence[Any], tasks: Sequence[str]) -> Credit
 
 # ---------------------------------------------------------------------- critic values
 class ValueModel(Protocol):
-    """Anything with the critic's `value_of(features [N, F], t [N], task [N]) -> V [N]` (training.critic.Critic)."""
+    """Anything with the critic's `value_of(features [N, F], t [N], task [N]) -> V [N]`
+    (captain_ros_training.critic.Critic)."""
 
     def value_of(self, features: Tensor, t: Tensor, task: Tensor) -> Tensor: ...
 

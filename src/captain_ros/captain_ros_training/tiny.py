@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from training.chat_template import TOOL_TEMPLATE
+from captain_ros_training.chat_template import TOOL_TEMPLATE
 
 ROOT = Path(__file__).resolve().parents[3]
 TOOL_PATH = ROOT / "tools" / "make_tiny_model.py"

@@ -10,10 +10,10 @@ and the first differing position, with the tokens around it on both sides.
 
 Requests recorded without token ids (the scripted expert's endpoint returns `prompt_token_ids: null`) cannot be
 gated: they are counted as `not_gateable` and keep `not_gateable_weight` (1 by default), because SFT renders
-expert data from its messages (training.data) and has no recorded ids to disagree with. The gate therefore only
-decides about recorded policy samples; RL needs their recorded ids and logprobs anyway.
+expert data from its messages (captain_ros_training.data) and has no recorded ids to disagree with. The gate therefore
+only decides about recorded policy samples; RL needs their recorded ids and logprobs anyway.
 
-`render_prompt_ids` is the one rendering of a prompt; training.data uses it too, so SFT prompts are
+`render_prompt_ids` is the one rendering of a prompt; captain_ros_training.data uses it too, so SFT prompts are
 exactly the ids the gate compared.
 """
 

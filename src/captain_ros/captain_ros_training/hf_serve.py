@@ -1,25 +1,25 @@
 """A policy server without vLLM: the stack's subset of the OpenAI chat API over a batching engine.
 
 For a GPU host that has torch and transformers but no vLLM, no fastapi and no network
-(docs/gpu_host_without_network.md): `python -m training.hf_serve --model DIR --port N` serves one local model folder
-with the same answers captain_ros.agent.policy_client reads from vLLM (`--enable-auto-tool-choice --tool-call-parser
-hermes --logprobs-mode processed_logprobs`), so episodes run and record unchanged:
+(docs/gpu_host_without_network.md): `python -m captain_ros_training.hf_serve --model DIR --port N` serves one local
+model folder with the same answers captain_ros.agent.policy_client reads from vLLM (`--enable-auto-tool-choice
+--tool-call-parser hermes --logprobs-mode processed_logprobs`), so episodes run and record unchanged:
 
 - `GET /health` (200 once the model is loaded; 500 once the engine died), `GET /v1/models` (the folder path as given
   is the model name, with `max_model_len`);
 - `POST /v1/chat/completions`, non-streaming, one choice: the prompt is the folder's chat template over `messages`
-  and `tools` with the generation prompt, rendered by training.gate.render_prompt_ids (the gate's own rendering, so
-  recorded `prompt_token_ids` pass the gate by construction) after what vLLM does to messages first: an assistant
-  tool call's `function.arguments` JSON string becomes a dict (not JSON: {}), so the template's `tojson` renders it.
-  The answer carries `prompt_token_ids`, `token_ids` (sampled, the stop token included, as vLLM) and one logprob per
-  sampled token when asked; `<tool_call>` blocks become `tool_calls` as vLLM's hermes parser makes them.
+  and `tools` with the generation prompt, rendered by captain_ros_training.gate.render_prompt_ids (the gate's own
+  rendering, so recorded `prompt_token_ids` pass the gate by construction) after what vLLM does to messages first: an
+  assistant tool call's `function.arguments` JSON string becomes a dict (not JSON: {}), so the template's `tojson`
+  renders it. The answer carries `prompt_token_ids`, `token_ids` (sampled, the stop token included, as vLLM) and one
+  logprob per sampled token when asked; `<tool_call>` blocks become `tool_calls` as vLLM's hermes parser makes them.
 
 Engines (`--engine`), each one background generation thread, so the requests of many concurrent episodes share each
 forward pass; each HTTP handler thread renders its prompt, queues it and waits on its own event:
 
-- `slots` (the default, training.slot_engine): a dense KV-cache slot per running request and one decode step for all
-  of them, on training.fast's Qwen2 layers; Qwen2-family models. On an H100 it served 33 agent episodes at about
-  1,800 tokens/s where the engine below served 65 at 362.
+- `slots` (the default, captain_ros_training.slot_engine): a dense KV-cache slot per running request and one decode step
+  for all of them, on captain_ros_training.fast's Qwen2 layers; Qwen2-family models. On an H100 it served 33 agent
+  episodes at about 1,800 tokens/s where the engine below served 65 at 362.
 - `cb`: transformers' continuous batching (`model.init_continuous_batching`, a paged KV cache with prefix sharing);
   any model transformers runs. A dispatcher thread hands finished outputs to the waiting handlers.
 
@@ -43,10 +43,10 @@ or the context (`--max-model-len`): a prompt with no room for one token is refus
 cut at the context with finish_reason "length". Request params the folder's generation_config would default in vLLM
 (temperature, top_p, top_k) default the same here; its repetition_penalty / min_p are not applied (a warning says so).
 
-Not served: streaming, n > 1, top_logprobs > 0, tool_choice "required" or named, weight reloading (training.weight_sync
-needs vLLM's dev-mode routes): all refused with HTTP 400 or 404. Errors are OpenAI-shaped `{"error": {"message"}}`:
-400 for a bad request, 404 for an unknown route or model, 500 when the engine failed or died (a request never waits
-longer than `--request-timeout-s`).
+Not served: streaming, n > 1, top_logprobs > 0, tool_choice "required" or named, weight reloading
+(captain_ros_training.weight_sync needs vLLM's dev-mode routes): all refused with HTTP 400 or 404. Errors are
+OpenAI-shaped `{"error": {"message"}}`: 400 for a bad request, 404 for an unknown route or model, 500 when the engine
+failed or died (a request never waits longer than `--request-timeout-s`).
 """
 
 from __future__ import annotations
@@ -70,13 +70,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from training.gate import render_prompt_ids
+from captain_ros_training.gate import render_prompt_ids
 
-SRC = Path(__file__).resolve().parents[1]  # src/captain_ros: what `python -m training.hf_serve` needs on sys.path
+# src/captain_ros: what `python -m captain_ros_training.hf_serve` needs on sys.path
+SRC = Path(__file__).resolve().parents[1]
 GREEDY_EPS = 1e-5  # temperatures below this are greedy (vLLM's _SAMPLING_EPS)
 NEG_LOGPROB = -9999.0  # what vLLM reports for a -inf logprob (JSON has no infinity)
 THROUGHPUT_LOG_S = 30.0  # how often the engine logs its generation speed while it generates
-ENGINES = ("slots", "cb")  # training.slot_engine (the default), transformers' continuous batching
+ENGINES = ("slots", "cb")  # captain_ros_training.slot_engine (the default), transformers' continuous batching
 TESTED_TRANSFORMERS = "5.24"  # the continuous-batching internals this module hooks were read in this version
 
 log = logging.getLogger("hf_serve")
@@ -105,14 +106,15 @@ class ServeConfig:
     max_model_len: int = 32768  # prompt + completion tokens per request at most
     dtype: str = "auto"  # auto (bfloat16 on CUDA, float32 on CPU) | bfloat16 | float16 | float32
     device: str = "auto"  # auto (cuda if available, else cpu) | cpu | cuda | cuda:N
-    engine: str = "slots"  # slots (training.slot_engine; Qwen2 family) | cb (transformers' continuous batching)
+    # slots (captain_ros_training.slot_engine; Qwen2 family) | cb (transformers' continuous batching)
+    engine: str = "slots"
     attn_implementation: str = "varlen"  # cb only: or sdpa, paged|eager, flash_attention_2 (where the package exists)
     page_size_tokens: int = 256  # KV-cache page
     kv_cache_tokens: int | None = None  # None: free GPU memory on CUDA; on CPU 4 x max_model_len, >= 16 pages
     kv_cache_memory_fraction: float = 0.8  # of the free GPU memory after loading, for the cache (auto sizing)
     max_batch_tokens: int | None = None  # tokens per forward pass; None: transformers' default (8192)
     max_num_seqs: int = 256  # requests per forward pass at most
-    cuda_graphs: bool = False  # slots only: decode steps replayed from CUDA graphs (training.slot_engine)
+    cuda_graphs: bool = False  # slots only: decode steps replayed from CUDA graphs (captain_ros_training.slot_engine)
     prefix_sharing: bool = True  # reuse cached KV pages of a shared prompt prefix (multi-turn episodes)
     seed: int | None = None  # of the server's sampling generator (requests without their own seed)
     request_timeout_s: float = 3600.0  # a request waiting longer is cancelled and answered 500
@@ -508,7 +510,9 @@ class ChatAPI:
         }
         for key, refused in unsupported.items():
             if refused:
-                raise RequestError(f"{key}={body[key]!r} is not supported by this server (training.hf_serve)")
+                raise RequestError(
+                    f"{key}={body[key]!r} is not supported by this server (captain_ros_training.hf_serve)"
+                )
         max_tokens = _integer(body, "max_completion_tokens")
         max_tokens = _integer(body, "max_tokens") if max_tokens is None else max_tokens
         if max_tokens is not None and max_tokens < 1:
@@ -664,12 +668,12 @@ def varlen_attention(  # noqa: PLR0917 (transformers' attention interface)
     backend: str = "auto",
     **kwargs: Any,
 ) -> tuple[Any, None]:
-    """transformers' attention interface over training.fast.cached_attention: each request's queries attend to its
-    own cached keys only (cu_seq_lens_q / cu_seq_lens_k from continuous batching), flash varlen on CUDA, one SDPA
+    """transformers' attention interface over captain_ros_training.fast.cached_attention: each request's queries attend
+    to its own cached keys only (cu_seq_lens_q / cu_seq_lens_k from continuous batching), flash varlen on CUDA, one SDPA
     call per request elsewhere. transformers' `sdpa` under continuous batching instead runs one masked attention
     of every query of the batch over the keys of all its requests (a dense [queries, all keys] mask): its work
     grows with the square of the number of concurrent episodes."""
-    from training.fast import cached_attention
+    from captain_ros_training.fast import cached_attention
 
     head_dim = query.shape[-1]
     if scaling is not None and not math.isclose(scaling, head_dim**-0.5, rel_tol=1e-6):
@@ -693,7 +697,7 @@ def use_varlen_attention(model: Any) -> None:
     import torch
     from transformers import AttentionInterface
 
-    from training import fast
+    from captain_ros_training import fast
 
     backend = "sdpa"
     if model.device.type == "cuda" and fast.varlen_available():
@@ -763,7 +767,7 @@ def serve(config: ServeConfig) -> None:
     t0 = time.monotonic()
     model, tokenizer, eos, defaults = load(config)
     if config.engine == "slots":
-        from training.slot_engine import SlotEngine
+        from captain_ros_training.slot_engine import SlotEngine
 
         engine = SlotEngine(model, eos, config)
     else:
@@ -792,7 +796,7 @@ def serve(config: ServeConfig) -> None:
 def parse_args(argv: list[str] | None = None) -> ServeConfig:
     d = ServeConfig(model="")
     p = argparse.ArgumentParser(
-        prog="python -m training.hf_serve",
+        prog="python -m captain_ros_training.hf_serve",
         description="Serve a local model folder with the OpenAI chat-completions subset the captain_ros stack uses "
         "(prompt/sampled token ids, processed logprobs, hermes tool calls), on transformers' continuous batching: a "
         "stand-in for vLLM where vLLM is not installed. Offline; runs on CUDA or (slowly) CPU.",
@@ -819,8 +823,8 @@ def parse_args(argv: list[str] | None = None) -> ServeConfig:
         default=d.engine,
         choices=ENGINES,
         help="slots (default: one dense KV-cache slot per request, all running requests decoded in one step; "
-        "Qwen2-family models; training.slot_engine) or cb (transformers' continuous batching: any model, slower on "
-        "hosts without flash-attn)",
+        "Qwen2-family models; captain_ros_training.slot_engine) or cb (transformers' continuous batching: any model, "
+        "slower on hosts without flash-attn)",
     )
     p.add_argument(
         "--attn-implementation",
@@ -910,16 +914,24 @@ def start_hf_server(
     dtype: str = "auto",
     extra_args: tuple[str, ...] = (),
 ) -> Any:
-    """Start `python -m training.hf_serve` on `model_dir` on a free port, in a process group of its own, output to
-    `log` (not waited for: call `wait_healthy()`). Returns training.serve's PolicyServer, the vLLM launcher's handle,
-    so callers treat both servers alike."""
+    """Start `python -m captain_ros_training.hf_serve` on `model_dir` on a free port, in a process group of its own,
+    output to `log` (not waited for: call `wait_healthy()`). Returns captain_ros_training.serve's PolicyServer, the vLLM
+    launcher's handle, so callers treat both servers alike."""
     from captain_ros.bridge.services import free_port
-    from training.serve import PolicyServer, model_argument
+    from captain_ros_training.serve import PolicyServer, model_argument
 
     log = Path(log)
     log.parent.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    cmd = [str(python), "-m", "training.hf_serve", "--model", model_argument(model_dir), "--host", "127.0.0.1"]
+    cmd = [
+        str(python),
+        "-m",
+        "captain_ros_training.hf_serve",
+        "--model",
+        model_argument(model_dir),
+        "--host",
+        "127.0.0.1",
+    ]
     cmd += ["--port", str(port), "--max-model-len", str(max_model_len), "--dtype", dtype, "--device", device]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH", "")) if p)

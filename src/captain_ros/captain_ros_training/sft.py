@@ -1,8 +1,8 @@
-"""Supervised fine-tuning (CaPtain §3.2 Eq. 2; AgenticRoboRL L_SFT) on packed rows from training.data.
+"""Supervised fine-tuning (CaPtain §3.2 Eq. 2; AgenticRoboRL L_SFT) on packed rows from captain_ros_training.data.
 
     L_SFT = - sum_s w_s sum_{j in response(s)} log pi(y_{s,j} | c_s, y_{s,<j}) / sum_s |response(s)|
 
-Only response tokens carry a loss (reasoning, code, end token: training.data puts them in `targets`), each
+Only response tokens carry a loss (reasoning, code, end token: captain_ros_training.data puts them in `targets`), each
 weighted by its turn/row weight w_s (Eq. 2: w_t in {0, 1}, visual QA 0.5). The denominator is AgenticRoboRL's
 global token normalisation: the response tokens (of weight > 0) of ALL micro-batches of one optimizer step,
 computed once before the step and passed to every micro-batch, so a micro-batch's share of the gradient does not
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.fast import FastConfig, fast_micro_batch_loss, unsupported_reason
+from captain_ros_training.fast import FastConfig, fast_micro_batch_loss, unsupported_reason
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -60,13 +60,13 @@ class SFTConfig:
     lora_dropout: float = 0.0
     lora_targets: tuple[str, ...] = LORA_TARGETS
     # output rows (lm_head) trained beside the LoRA adapters (peft trainable_token_indices): rows the base never
-    # trained, which LoRA cannot reach (training.token_rows.untrained_rows); their own, larger learning rate
+    # trained, which LoRA cannot reach (captain_ros_training.token_rows.untrained_rows); their own, larger learning rate
     trainable_rows: tuple[int, ...] = ()
     rows_learning_rate: float = 1e-2
     checkpoint_dir: str | None = None
     checkpoint_every_steps: int = 0  # 0: only at the end (when checkpoint_dir is set)
     progress: bool = True
-    # None: the transformers forward (logits for every position); a FastConfig: training.fast's path (packed
+    # None: the transformers forward (logits for every position); a FastConfig: captain_ros_training.fast's path (packed
     # attention over the same weights, fused linear cross-entropy without full logits), the same loss
     fast: FastConfig | None = None
 
@@ -118,14 +118,14 @@ def target_logits(model: Any, batch: dict, config: SFTConfig) -> tuple[torch.Ten
         raise ValueError(f"attention must be 'mask' or 'position_ids', not {config.attention!r}")
     weights = batch["token_weights"].to(device)
     selected = weights > 0
-    # training.distributed binds `selected_logits` as an FSDP2 forward method of a sharded model, so that the
-    # root's weights (embedding, final norm, lm_head) are gathered around the call; a plain model runs it directly
+    # captain_ros_training.distributed binds `selected_logits` as an FSDP2 forward method of a sharded model, so that
+    # the root's weights (embedding, final norm, lm_head) are gathered around the call; a plain model runs it directly
     forward = getattr(model, SELECTED_LOGITS, None)
     logits = forward(selected, **kwargs) if callable(forward) else selected_logits(model, selected, **kwargs)
     return logits, batch["targets"].to(device)[selected], weights[selected]
 
 
-SELECTED_LOGITS = "captain_selected_logits"  # the attribute training.distributed binds on an FSDP2 root
+SELECTED_LOGITS = "captain_selected_logits"  # the attribute captain_ros_training.distributed binds on an FSDP2 root
 
 
 def selected_logits(model: Any, selected: torch.Tensor, **kwargs: Any) -> torch.Tensor:
@@ -286,7 +286,7 @@ def load_checkpoint(path: str | Path, model: Any, optimizer: Any, scheduler: Any
 def train_sft(
     model: Any, batches: Sequence[dict], config: SFTConfig, resume_from: str | Path | None = None
 ) -> SFTResult:
-    """Train `model` for config.max_steps optimizer steps on collated micro-batches (training.data.collate),
+    """Train `model` for config.max_steps optimizer steps on collated micro-batches (captain_ros_training.data.collate),
     config.grad_accum_steps per step, cycling through `batches` in seeded epochs. Resumes exactly from a
     checkpoint of this function. Returns the (possibly LoRA-wrapped) model, the data position and per-step metrics
     (step, loss, tokens, lr, grad_norm, micro_batches, elapsed_s)."""

@@ -1,7 +1,7 @@
-"""The `rl` command of `python -m training.rl` (its options and help: training.rl): RL rounds over an episode store
-with training.rl_trainer, the critic warm-started (CaPtain App. A.2) on episodes that no round of the run trains on,
-the new weights published and synced into a running policy server after each optimizer step, a checkpoint after
-each round (`--resume`), and the metrics log plotted at the end."""
+"""The `rl` command of `python -m captain_ros_training.rl` (its options and help: captain_ros_training.rl): RL rounds
+over an episode store with captain_ros_training.rl_trainer, the critic warm-started (CaPtain App. A.2) on episodes that
+no round of the run trains on, the new weights published and synced into a running policy server after each optimizer
+step, a checkpoint after each round (`--resume`), and the metrics log plotted at the end."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from training.metrics_log import plot_metrics
-from training.policy_loss import ObjectiveConfig
-from training.rl_trainer import RLConfig, RLTrainer
-from training.rounds import RoundConfig
-from training.sft_command import load_policy, resolve_device
+from captain_ros_training.metrics_log import plot_metrics
+from captain_ros_training.policy_loss import ObjectiveConfig
+from captain_ros_training.rl_trainer import RLConfig, RLTrainer
+from captain_ros_training.rounds import RoundConfig
+from captain_ros_training.sft_command import load_policy, resolve_device
 
 
 def _group_of(episode: Any) -> str:
@@ -50,7 +50,7 @@ def warm_start_critic(
     ones; with a separate store, those of its ids the RL store also holds), so the first round, and every later one,
     trains only on episodes whose labels the warm start has not seen. The task vocabulary covers both stores (a task
     name carries no label)."""
-    from training.critic import Critic, CriticConfig, states_from_episodes
+    from captain_ros_training.critic import Critic, CriticConfig, states_from_episodes
 
     episodes = [reader.load(eid) for eid in reader.episode_ids()]
     if warm_reader is not None:
@@ -78,8 +78,8 @@ def cmd_rl(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from captain_ros.bridge.store import EpisodeReader
-    from training.critic import Critic
-    from training.weight_sync import WeightSync, write_model_folder
+    from captain_ros_training.critic import Critic
+    from captain_ros_training.weight_sync import WeightSync, write_model_folder
 
     model, tokenizer = load_policy(args.model, args.tiny)
     ref, _ = load_policy(args.ref or args.model, args.tiny)

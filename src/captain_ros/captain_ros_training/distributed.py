@@ -1,7 +1,7 @@
 """SFT on several GPUs with FSDP2 (torch.distributed.fsdp.fully_shard) under torchrun (issue 12: "several GPUs
-through an existing engine"): the objective, the data order and the checkpoints of training.sft, sharded.
+through an existing engine"): the objective, the data order and the checkpoints of captain_ros_training.sft, sharded.
 
-    torchrun --nproc-per-node 2 -m training.rl sft --fsdp --store S --out O --model M --grad-accum 8
+    torchrun --nproc-per-node 2 -m captain_ros_training.rl sft --fsdp --store S --out O --model M --grad-accum 8
 
 Every rank holds a shard of each weight, gradient and AdamW moment: `fully_shard` on each decoder layer, then on
 the root (embedding, final norm, lm_head). One optimizer step takes the same G micro-batches train_sft would (the
@@ -41,7 +41,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from training.sft import (
+from captain_ros_training.sft import (
     SELECTED_LOGITS,
     SFTConfig,
     SFTResult,
@@ -84,7 +84,7 @@ def init_distributed(device: str = "auto", timeout_s: float = 1800.0) -> DistInf
     if missing:
         raise RuntimeError(
             f"FSDP training needs the environment torchrun sets ({', '.join(missing)} missing): launch with "
-            "`torchrun --nproc-per-node N -m training.rl sft --fsdp ...`"
+            "`torchrun --nproc-per-node N -m captain_ros_training.rl sft --fsdp ...`"
         )
     rank, world, local = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
     kind = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device.partition(":")[0]
@@ -294,7 +294,7 @@ def load_checkpoint(path: str | Path, model: Any, optimizer: Any, scheduler: Any
 
     payload = torch.load(Path(path), map_location="cpu", weights_only=True)
     if "world_size" not in payload:
-        raise ValueError(f"{path} is a single-process checkpoint of training.sft: resume it with train_sft")
+        raise ValueError(f"{path} is a single-process checkpoint of captain_ros_training.sft: resume it with train_sft")
     if payload["world_size"] != dist.get_world_size():
         raise ValueError(
             f"{path} was written by {payload['world_size']} ranks, this job has {dist.get_world_size()}: the RNG "
