@@ -188,3 +188,33 @@ def test_sft_data_adds_the_labelled_states_and_says_where_they_came_from(tmp_pat
     assert [e.input_ids for e in again["examples"][: len(record["examples"])]] == [
         e.input_ids for e in record["examples"]
     ]
+
+
+def test_a_data_file_written_under_the_trainers_old_package_name_still_loads(tmp_path, monkeypatch):
+    """Files of `sft-data` written before the package was renamed (`training` -> `captain_ros_training`) pickle their
+    classes under the old name; they load as they are (the GPU host's carried data is such a file)."""
+    import lzma
+    import pickle
+
+    import captain_ros_training
+    from captain_ros_training import data
+    from captain_ros_training.data import DataConfig, Example, TrajectoryStats, load_sft_data, tokenizer_fingerprint
+
+    tokenizer = tiny_tokenizer()
+    config = DataConfig()
+    example = Example(input_ids=[1, 2, 3], response_mask=[False, True, True], weight=1.0, prompt_len=1)
+    record = {"format": data.SFT_DATA_FORMAT, "tokenizer": tokenizer_fingerprint(tokenizer), "config": repr(config),
+              "source": "old", "gate": "", "stats": TrajectoryStats(episodes=1), "examples": [example]}  # fmt: skip
+    monkeypatch.setitem(sys.modules, "training", captain_ros_training)
+    monkeypatch.setitem(sys.modules, "training.data", data)
+    for cls in (Example, TrajectoryStats):
+        monkeypatch.setattr(cls, "__module__", "training.data")
+    with lzma.open(tmp_path / "old.pkl.xz", "wb") as f:
+        pickle.dump(record, f)
+    monkeypatch.undo()
+    with lzma.open(tmp_path / "old.pkl.xz") as f:
+        raw = f.read()
+    assert b"training.data" in raw and b"captain_ros_training" not in raw  # the old name only
+    loaded = load_sft_data(tmp_path / "old.pkl.xz", tokenizer, config)
+    assert loaded["examples"][0].input_ids == [1, 2, 3] and isinstance(loaded["examples"][0], Example)
+    assert loaded["stats"].episodes == 1

@@ -951,12 +951,22 @@ def save_sft_data(
     return path
 
 
+class _DataUnpickler(pickle.Unpickler):
+    """Reads files written before the trainer's package was renamed (`training` -> `captain_ros_training`): their
+    classes (Example, Span, TrajectoryStats, ...) are looked up under the package's name now."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "training" or module.startswith("training."):
+            module = "captain_ros_training" + module[len("training") :]
+        return super().find_class(module, name)
+
+
 def load_sft_data(path: Any, tokenizer: Any, config: DataConfig) -> dict[str, Any]:
     """A file of `save_sft_data` (a pickle: read only files you made), refused unless it was built for this
     tokenizer (`tokenizer_fingerprint`) and this data configuration. Returns its record (source, gate, stats,
     examples)."""
     with lzma.open(path, "rb") as f:
-        record = pickle.load(f)
+        record = _DataUnpickler(f).load()
     if not isinstance(record, dict) or record.get("format") != SFT_DATA_FORMAT:
         raise SFTDataMismatch(f"{path} is not an SFT data file of format {SFT_DATA_FORMAT}")
     if record["tokenizer"] != tokenizer_fingerprint(tokenizer):
