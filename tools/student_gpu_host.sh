@@ -35,7 +35,9 @@
 # BUNDLE_CARRY (/tmp/carry_hb), BUNDLE (/tmp/hb/host_bundle), STORE (.cache/store/rollout.sqlite), WORK (/tmp/work),
 # OUT (./back), WAIT_S (500), WORKERS (33), EPOCHS (3), RANK (32), RECOVERY (0; recovery examples per episode, as the
 # examples were built with `sft-data --recovery-per-episode`), GRAPHS (0; 1: the eval's server decodes from CUDA
-# graphs), DAGGER_STARTS (8), DAGGER_SEED (1), FINE_TUNED (models/qwen2.5-coder-0.5b-captain-sft), EXAMPLES ($WORK/carried/sft_data.pkl.xz).
+# graphs), KV_SHARE (0.8: the share of free GPU memory a server's KV cache takes; 0.4 to run eval and dagger
+# together: started at once, each sees the whole GPU free, and together they ran out of memory), DAGGER_STARTS (8),
+# DAGGER_SEED (1), FINE_TUNED (models/qwen2.5-coder-0.5b-captain-sft), EXAMPLES ($WORK/carried/sft_data.pkl.xz).
 set -u -o pipefail
 
 CARRY=${CARRY:-/tmp/carry}
@@ -51,6 +53,7 @@ EPOCHS=${EPOCHS:-3}
 RANK=${RANK:-32}
 RECOVERY=${RECOVERY:-0}
 GRAPHS=${GRAPHS:-0}
+KV_SHARE=${KV_SHARE:-0.8}
 FINE_TUNED=${FINE_TUNED:-models/qwen2.5-coder-0.5b-captain-sft}
 DAGGER_STARTS=${DAGGER_STARTS:-8}
 DAGGER_SEED=${DAGGER_SEED:-1}
@@ -165,7 +168,7 @@ eval_stage() {
     served_model || return 1
     background "captain_ros_training.student_eval run.*sft_eval" "$WORK/sft_eval/done" "$WORK/eval.log" \
         bash -c "python3 -m captain_ros_training.student_eval run --model '$WORK/sft/model' --label student-sft \
-            --out '$WORK/sft_eval' --server transformers --workers $WORKERS $([ "$GRAPHS" = 1 ] && echo --cuda-graphs) --no-progress && touch '$WORK/sft_eval/done'"
+            --out '$WORK/sft_eval' --server transformers --workers $WORKERS $([ "$GRAPHS" = 1 ] && echo --cuda-graphs) --kv-cache-memory-fraction $KV_SHARE --no-progress && touch '$WORK/sft_eval/done'"
     if wait_for "$WORK/sft_eval/done" "captain_ros_training.student_eval run.*sft_eval"; then
         say "evaluation done"
         [ -f "$OUT/eval/eval.carry-manifest.json" ] || pack_stores eval sft_eval
@@ -185,7 +188,7 @@ dagger_stage() {
     background "captain_ros_training.student_eval run.*dagger" "$WORK/dagger/done" "$WORK/dagger.log" \
         bash -c "python3 -m captain_ros_training.student_eval run --model '$WORK/sft/model' --label student-sft-train \
             --out '$WORK/dagger' --split train --starts-per-task $DAGGER_STARTS --seed $DAGGER_SEED \
-            --server transformers --workers $WORKERS $([ "$GRAPHS" = 1 ] && echo --cuda-graphs) --no-progress && \
+            --server transformers --workers $WORKERS $([ "$GRAPHS" = 1 ] && echo --cuda-graphs) --kv-cache-memory-fraction $KV_SHARE --no-progress && \
             touch '$WORK/dagger/done'"
     if wait_for "$WORK/dagger/done" "captain_ros_training.student_eval run.*dagger"; then
         say "training-start rollouts done"

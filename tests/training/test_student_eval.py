@@ -180,6 +180,7 @@ def test_where_each_run_generated_is_read_from_its_run_file_or_summary(tmp_path)
         (["--server", "tgi"], "invalid choice: 'tgi'"),
         (["--split", "test"], "invalid choice: 'test'"),
         (["--starts-per-task", "0"], "--starts-per-task must be at least 1"),
+        (["--kv-cache-memory-fraction", "0"], "--kv-cache-memory-fraction must be in (0, 1]"),
     ],
 )
 def test_the_run_command_refuses_bad_arguments_before_anything_starts(tmp_path, capsys, args, message):

@@ -54,6 +54,9 @@ class EvalPlan:
     kv_cache_gib: int = 2  # vLLM CPU KV cache
     server: str = "vllm"  # vllm (.venv-vllm) | transformers (captain_ros_training.hf_serve: a GPU host without vLLM)
     cuda_graphs: bool = False  # transformers on CUDA: decode from CUDA graphs (speed only; hf_serve --cuda-graphs)
+    # transformers on CUDA: the share of the GPU's free memory its KV cache may take (hf_serve
+    # --kv-cache-memory-fraction); two servers started together on one GPU each see it all free, so give each less
+    kv_cache_memory_fraction: float = 0.8
 
     def __post_init__(self) -> None:
         if self.server not in ("vllm", "transformers"):
@@ -62,6 +65,8 @@ class EvalPlan:
             raise ValueError(f"unknown split {self.split!r}: eval or train")
         if self.starts_per_task < 1:
             raise ValueError(f"starts_per_task must be at least 1, got {self.starts_per_task}")
+        if not 0.0 < self.kv_cache_memory_fraction <= 1.0:
+            raise ValueError(f"kv_cache_memory_fraction must be in (0, 1], got {self.kv_cache_memory_fraction}")
 
 
 def plan_jobs(plan: EvalPlan) -> list[Any]:
@@ -130,7 +135,10 @@ def evaluate(model: Path, label: str, out: Path, plan: EvalPlan = EvalPlan(), pr
 
         server = start_hf_server(
             model, run_dir / "logs" / "server.log", max_model_len=plan.context_limit_tokens,
-            extra_args=("--cuda-graphs",) if plan.cuda_graphs else (),
+            extra_args=(
+                *(("--cuda-graphs",) if plan.cuda_graphs else ()),
+                "--kv-cache-memory-fraction", str(plan.kv_cache_memory_fraction),
+            ),
         )  # fmt: skip
     else:
         server = serve.start_server(
@@ -344,14 +352,21 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     run.add_argument("--starts-per-task", type=int, default=EvalPlan.starts_per_task, help="start states per task")
     run.add_argument("--seed", type=int, default=EvalPlan.seed, help="seed of the start-state draw")
+    run.add_argument(
+        "--kv-cache-memory-fraction", type=float, default=EvalPlan.kv_cache_memory_fraction,
+        help="with --server transformers on CUDA: the share of free GPU memory for the KV cache; two runs started "
+        "together on one GPU each see all of it free (give each 0.4)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error(f"--workers must be at least 1, got {args.workers}")
     if args.starts_per_task < 1:
         parser.error(f"--starts-per-task must be at least 1, got {args.starts_per_task}")
+    if not 0.0 < args.kv_cache_memory_fraction <= 1.0:
+        parser.error(f"--kv-cache-memory-fraction must be in (0, 1], got {args.kv_cache_memory_fraction}")
     plan = EvalPlan(
         workers=args.workers, server=args.server, cuda_graphs=args.cuda_graphs, split=args.split,
-        starts_per_task=args.starts_per_task, seed=args.seed,
+        starts_per_task=args.starts_per_task, seed=args.seed, kv_cache_memory_fraction=args.kv_cache_memory_fraction,
     )  # fmt: skip
     # SIGTERM (kill, a job scheduler) unwinds like Ctrl-C: the finally blocks stop the model server and the rollout
     # workers instead of leaving them running; finished episodes are in the store and a rerun resumes after them
