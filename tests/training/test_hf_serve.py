@@ -224,7 +224,8 @@ def test_health_and_models_name_the_folder(server, folder):
         assert policy.health() == str(folder)
     models = httpx.get(f"{server.base_url}/models", trust_env=False).json()
     assert models["object"] == "list"
-    assert models["data"] == [{"id": str(folder), "object": "model", "owned_by": "hf_serve", "max_model_len": MAX_LEN}]
+    assert models["data"] == [{"id": str(folder), "object": "model", "owned_by": "hf_serve", "max_model_len": MAX_LEN,
+                               "root": str(folder.resolve())}]  # fmt: skip
 
 
 @pytest.mark.slow
@@ -586,3 +587,104 @@ def test_an_unknown_engine_is_refused_with_the_choices(folder, capsys):
     assert "--engine" in err and "'slots'" in err and "'cb'" in err
     with pytest.raises(SystemExit, match="--engine must be one of slots, cb, not 'paged'"):
         hf_serve.load(hf_serve.ServeConfig(model=str(folder), engine="paged", device="cpu"))
+
+
+# ------------------------------------------------------------------------------------------------ weight reloading
+def reload_server(folder, *, weight_reload: bool = True):
+    """A slot-engine server in this process on `folder` (a copy the test may overwrite), weight routes on or off."""
+    config = hf_serve.ServeConfig(model=str(folder), device="cpu", dtype="float32", max_model_len=MAX_LEN, port=0,
+                                  kv_cache_tokens=2 * MAX_LEN, weight_reload=weight_reload)  # fmt: skip
+    model, tokenizer, eos, defaults = hf_serve.load(config)
+    from captain_ros_training.slot_engine import SlotEngine
+
+    engine = SlotEngine(model, eos, config)
+    api = hf_serve.ChatAPI(config.model, tokenizer, engine, MAX_LEN, defaults, weight_reload=weight_reload)
+    httpd = hf_serve.HFServer(("127.0.0.1", 0), api)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return engine, httpd, f"http://127.0.0.1:{httpd.server_address[1]}"
+
+
+def test_weight_sync_gives_the_running_server_new_weights_without_a_restart(folder, tmp_path):
+    """captain_ros_training.weight_sync, as RL rounds drive vLLM, on this server: after the sync its greedy answer
+    has the new model's forward-pass logprobs (not the old one's), the version is the round's, and the same server
+    (the same engine object) answers throughout."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from captain_ros_training.weight_sync import WeightSync
+
+    served = tmp_path / "served"
+    shutil.copytree(folder, served)
+    engine, httpd, root = reload_server(served)
+    try:
+        old = AutoModelForCausalLM.from_pretrained(served, dtype=torch.float32).eval()
+        new = AutoModelForCausalLM.from_pretrained(served, dtype=torch.float32).eval()
+        with torch.no_grad():
+            for i, p in enumerate(new.parameters()):
+                p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(i)))
+        server = type("S", (), {"base_url": f"{root}/v1"})()
+        with client(server, max_tokens=6, temperature=0.0) as policy:
+            before = policy.complete(HEAD, TOOLS)
+        assert before.logprobs == pytest.approx(forward_logprobs(old, before.prompt_token_ids, before.token_ids, 1.0),
+                                                abs=2e-4)  # fmt: skip
+        with WeightSync(f"{root}/v1", served) as sync:
+            result = sync.sync(new, version=1)
+        assert result.weight_version == "1" and result.paused
+        assert httpx.get(f"{root}/weight_info", trust_env=False).json() == {"weight_version": "1"}
+        with client(server, max_tokens=6, temperature=0.0) as policy:
+            after = policy.complete(HEAD, TOOLS)
+        expected = forward_logprobs(new, after.prompt_token_ids, after.token_ids, 1.0)
+        assert after.logprobs == pytest.approx(expected, abs=2e-4)  # the new weights, through the engine's own layers
+        stale = forward_logprobs(old, after.prompt_token_ids, after.token_ids, 1.0)
+        assert max(abs(a - b) for a, b in zip(after.logprobs, stale, strict=True)) > 1e-2
+        assert httpd.server_address[1] == int(root.rsplit(":", 1)[1]) and engine.failure() is None  # not restarted
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        engine.close()
+
+
+def test_without_the_flag_the_weight_routes_are_404_and_weight_sync_says_how_to_turn_them_on(folder):
+    from captain_ros_training.weight_sync import DevModeMissing, WeightSync
+
+    engine, httpd, root = reload_server(folder, weight_reload=False)
+    try:
+        answer = httpx.get(f"{root}/weight_info", trust_env=False)
+        assert answer.status_code == 404 and "--weight-reload" in answer.json()["error"]["message"]
+        with WeightSync(f"{root}/v1", folder) as sync, pytest.raises(DevModeMissing):
+            sync.check()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        engine.close()
+
+
+def test_weights_reload_only_while_held_and_only_a_checkpoint_that_fits(folder, tmp_path):
+    """Bad input leaves the served weights as they were: a reload outside a hold, a checkpoint with a missing or a
+    foreign tensor, a pause mode this server does not do, an RPC other than reload_weights."""
+    engine, httpd, root = reload_server(folder)
+    try:
+        state = {k: v.clone() for k, v in engine.model.state_dict().items()}
+        with pytest.raises(hf_serve.EngineError, match="only while paused"):
+            engine.reload_weights(state)
+        engine.hold(10.0)
+        missing = dict(state)
+        missing.pop("model.norm.weight")
+        with pytest.raises(hf_serve.EngineError, match="missing"):
+            engine.reload_weights(missing)
+        with pytest.raises(hf_serve.EngineError, match="unexpected"):
+            engine.reload_weights({**state, "extra.weight": state["model.norm.weight"]})
+        assert engine.reload_weights(state) <= 1e-3  # the same weights: the self-check passes
+        engine.resume()
+        bad = [("/pause?mode=abort", None, 400), ("/collective_rpc", {"method": "shutdown"}, 400),
+               ("/update_weight_version", {"version": 2}, 400)]  # fmt: skip
+        for path, body, status in bad:
+            assert httpx.post(f"{root}{path}", json=body, trust_env=False).status_code == status, path
+        reply = httpx.post(f"{root}/v1/chat/completions", json={"messages": HEAD, "max_tokens": 2}, trust_env=False)
+        assert reply.status_code == 200  # resumed: requests are admitted again
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        engine.close()

@@ -43,8 +43,16 @@ or the context (`--max-model-len`): a prompt with no room for one token is refus
 cut at the context with finish_reason "length". Request params the folder's generation_config would default in vLLM
 (temperature, top_p, top_k) default the same here; its repetition_penalty / min_p are not applied (a warning says so).
 
-Not served: streaming, n > 1, top_logprobs > 0, tool_choice "required" or named, weight reloading
-(captain_ros_training.weight_sync needs vLLM's dev-mode routes): all refused with HTTP 400 or 404. Errors are
+New weights without a restart (`--weight-reload`, the slot engine): vLLM's dev-mode routes that
+captain_ros_training.weight_sync drives, so RL rounds on a GPU host without vLLM sync the same way: `POST
+/pause?mode=wait` (no request admitted, the running ones finish: none is decoded with two weight versions), `POST
+/collective_rpc {"method": "reload_weights"}` (the folder's safetensors copied into the parameters in place, the
+engine's fused copies refreshed, its self-check rerun on the new weights), `POST /reset_prefix_cache` (the slot
+engine keeps no cache between requests), `POST /update_weight_version`, `GET /weight_info`, `POST /resume`. Without
+the flag they answer 404, as vLLM's do without VLLM_SERVER_DEV_MODE.
+
+Not served: streaming, n > 1, top_logprobs > 0, tool_choice "required" or named, `/v1/completions` (weight_sync's
+optional probe): all refused with HTTP 400 or 404. Errors are
 OpenAI-shaped `{"error": {"message"}}`: 400 for a bad request, 404 for an unknown route or model, 500 when the engine
 failed or died (a request never waits longer than `--request-timeout-s`).
 """
@@ -68,7 +76,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from captain_ros_training.gate import render_prompt_ids
 
@@ -118,6 +126,7 @@ class ServeConfig:
     prefix_sharing: bool = True  # reuse cached KV pages of a shared prompt prefix (multi-turn episodes)
     seed: int | None = None  # of the server's sampling generator (requests without their own seed)
     request_timeout_s: float = 3600.0  # a request waiting longer is cancelled and answered 500
+    weight_reload: bool = False  # serve the weight-reload routes (module doc; the slot engine only)
 
 
 @dataclass(frozen=True)
@@ -469,14 +478,71 @@ def _integer(body: dict, key: str) -> int | None:
 class ChatAPI:
     """The OpenAI chat-completions subset on a tokenizer and an engine (`generate`, `failure`); HTTP-free."""
 
-    def __init__(self, name: str, tokenizer: Any, engine: Any, max_model_len: int, defaults: dict | None = None):
+    def __init__(
+        self, name: str, tokenizer: Any, engine: Any, max_model_len: int, defaults: dict | None = None, *,
+        weight_reload: bool = False,
+    ):  # fmt: skip
         self.name, self.tokenizer, self.engine, self.max_model_len = name, tokenizer, engine, max_model_len
         self.defaults = defaults or {}  # temperature / top_p / top_k of the folder's generation_config, as vLLM
         self._tokenizer_lock = threading.Lock()  # a fast tokenizer is not safe to share between threads
+        self.root = str(Path(name).resolve())  # the served folder: where weight_sync writes new weights
+        self.weight_reload = weight_reload
+        self.weight_version = "0"
+        self._reload_lock = threading.Lock()
 
     def models(self) -> dict:
-        entry = {"id": self.name, "object": "model", "owned_by": "hf_serve", "max_model_len": self.max_model_len}
+        entry = {"id": self.name, "object": "model", "owned_by": "hf_serve", "max_model_len": self.max_model_len,
+                 "root": self.root}  # fmt: skip
         return {"object": "list", "data": [entry]}
+
+    # ------------------------------------------------------------------------------ weight reloading (module doc)
+    def dev(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> dict:
+        """One weight-reload route; RequestError 404 without --weight-reload, 400 for what it does not do."""
+        if not self.weight_reload:
+            raise RequestError(f"no route {method} {path}: start the server with --weight-reload", 404)
+        if not all(hasattr(self.engine, name) for name in ("hold", "resume", "reload_weights")):
+            raise RequestError("weight reloading needs the slot engine (--engine slots)")
+        if (method, path) == ("GET", "/weight_info"):
+            return {"weight_version": self.weight_version}
+        if (method, path) == ("POST", "/pause"):
+            mode = (query.get("mode") or ["wait"])[0]
+            if mode != "wait":
+                raise RequestError(f"pause mode {mode!r}: this server pauses with mode=wait only")
+            self.engine.hold(float((query.get("timeout") or [600])[0]))
+            return {"status": "paused"}
+        if (method, path) == ("POST", "/resume"):
+            self.engine.resume()
+            return {"status": "resumed"}
+        if (method, path) == ("POST", "/collective_rpc"):
+            if not isinstance(body, dict) or body.get("method") != "reload_weights":
+                raise RequestError('this server runs {"method": "reload_weights"} only')
+            return {"results": [self.reload_weights()]}
+        if (method, path) == ("POST", "/reset_prefix_cache"):
+            return {"success": True}  # the slot engine keeps no KV cache between requests
+        if (method, path) == ("POST", "/update_weight_version"):
+            version = body.get("new_version") if isinstance(body, dict) else None
+            if not isinstance(version, str | int) or isinstance(version, bool):
+                raise RequestError('give {"new_version": "<version>"}')
+            self.weight_version = str(version)
+            return {"weight_version": self.weight_version}
+        raise RequestError(f"no route {method} {path}", 404)
+
+    def reload_weights(self) -> dict:
+        """The served folder's safetensors into the engine (while paused): what was loaded, and the self-check."""
+        from safetensors.torch import load_file
+
+        files = sorted(Path(self.root).glob("*.safetensors"))
+        if not files:
+            raise RequestError(f"{self.root} holds no .safetensors file to reload", 500)
+        with self._reload_lock:
+            t0 = time.monotonic()
+            state: dict[str, Any] = {}
+            for f in files:
+                state.update(load_file(str(f)))
+            error = self.engine.reload_weights(state)
+        log.info("reloaded %d tensors from %s in %.1f s (self-check %.2g)", len(state), self.root,
+                 time.monotonic() - t0, error)  # fmt: skip
+        return {"tensors": len(state), "files": [f.name for f in files], "self_check_error": error}
 
     def _params(self, body: dict) -> SamplingParams:
         temperature = _number(body, "temperature", self.defaults.get("temperature", 1.0), 0.0, 100.0)
@@ -575,6 +641,9 @@ class ChatAPI:
 
 
 # ------------------------------------------------------------------------------------------------ HTTP
+DEV_ROUTES = ("/weight_info", "/pause", "/resume", "/collective_rpc", "/reset_prefix_cache", "/update_weight_version")
+
+
 class HFServer(ThreadingHTTPServer):
     """One thread per connection; every request goes to `api` (the engine behind it batches them)."""
 
@@ -602,10 +671,24 @@ class _Handler(BaseHTTPRequestHandler):
         kind = {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
         self._send(status, {"error": {"message": message, "type": kind, "code": status}})
 
+    def _dev(self, method: str, body: Any) -> None:
+        url = urlsplit(self.path)
+        try:
+            self._send(200, self.server.api.dev(method, url.path.rstrip("/"), parse_qs(url.query), body))
+        except RequestError as exc:
+            self._error(exc.status, str(exc))
+        except EngineError as exc:
+            self._error(500, f"engine failure: {exc}")
+        except Exception as exc:  # a failed reload is reported, never a hung or dropped connection
+            log.exception("weight route failed")
+            self._error(500, f"{type(exc).__name__}: {exc}")
+
     def do_GET(self) -> None:
         path = urlsplit(self.path).path.rstrip("/")
         api = self.server.api
-        if path == "/health":
+        if path in DEV_ROUTES:
+            self._dev("GET", None)
+        elif path == "/health":
             failure = api.engine.failure()
             if failure is None:
                 self._send(200, None)
@@ -620,6 +703,14 @@ class _Handler(BaseHTTPRequestHandler):
         path = urlsplit(self.path).path.rstrip("/")
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length > 0 else b""
+        if path in DEV_ROUTES:
+            try:
+                body = json.loads(raw) if raw else None
+            except ValueError as exc:
+                self._error(400, f"the request body is not JSON: {exc}")
+                return
+            self._dev("POST", body)
+            return
         if path != "/v1/chat/completions":
             self._error(404, f"no route POST {path} (this server has /v1/chat/completions)")
             return
@@ -772,7 +863,9 @@ def serve(config: ServeConfig) -> None:
         engine = SlotEngine(model, eos, config)
     else:
         engine = Engine(model, eos, config)
-    api = ChatAPI(config.model, tokenizer, engine, config.max_model_len, defaults)
+    if config.weight_reload and config.engine != "slots":
+        raise SystemExit("--weight-reload needs the slot engine (--engine slots)")
+    api = ChatAPI(config.model, tokenizer, engine, config.max_model_len, defaults, weight_reload=config.weight_reload)
     httpd = HFServer((config.host, config.port), api)
     log.info(
         "serving %s on http://%s:%d/v1 (max_model_len %d, KV cache %d tokens; ready after %.1f s)",
@@ -872,6 +965,13 @@ def parse_args(argv: list[str] | None = None) -> ServeConfig:
         default=d.request_timeout_s,
         help="a request still waiting after this many seconds is cancelled and answered 500",
     )
+    p.add_argument(
+        "--weight-reload",
+        action="store_true",
+        help="serve the routes captain_ros_training.weight_sync uses to load new weights without a restart (/pause, "
+        "/collective_rpc reload_weights, /update_weight_version, /weight_info, /resume; slots engine), as vLLM "
+        "does with VLLM_SERVER_DEV_MODE=1",
+    )
     p.add_argument("--log-level", default="INFO", help="logging level (DEBUG logs every HTTP request)")  # fmt: skip
     a = p.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -893,6 +993,7 @@ def parse_args(argv: list[str] | None = None) -> ServeConfig:
         prefix_sharing=not a.no_prefix_sharing,
         seed=a.seed,
         request_timeout_s=a.request_timeout_s,
+        weight_reload=a.weight_reload,
     )
 
 

@@ -123,6 +123,7 @@ class SlotEngine:
         self._dead: str | None = None
         self._stopping = False
         self._paused = False
+        self._holding = False  # hold(): no request admitted, the running ones finish (a weight reload waits for it)
         self._graphs: DecodeGraphs | None = None
         if getattr(config, "cuda_graphs", False):
             if self.device.type == "cuda":
@@ -277,7 +278,9 @@ class SlotEngine:
             with torch.inference_mode():
                 while True:
                     with self._cv:
-                        while not self._stopping and (self._paused or (not self._running and not self._queue)):
+                        while not self._stopping and (
+                            self._paused or (not self._running and (not self._queue or self._holding))
+                        ):
                             self._cv.wait(timeout=1.0)
                         if self._stopping:
                             return
@@ -291,8 +294,11 @@ class SlotEngine:
             self._die(f"the generation loop died: {type(exc).__name__}: {exc}")
 
     def _admit(self) -> list[Request]:
-        """Queued requests into free slots, as many as one prefill takes (the caller holds the lock)."""
+        """Queued requests into free slots, as many as one prefill takes (the caller holds the lock); none while
+        held (`hold`)."""
         admitted, tokens = [], 0
+        if self._holding:
+            return admitted
         while self._queue and self._free:
             request = self._queue[0]
             if request.cancelled:
@@ -339,6 +345,7 @@ class SlotEngine:
         with self._cv:
             self._running.pop(request.slot, None)
             heapq.heappush(self._free, request.slot)
+            self._cv.notify_all()  # a hold() waits for the running requests to end
         if not request.cancelled:
             self._throughput.requests += 1
         request.done.set()
@@ -373,6 +380,54 @@ class SlotEngine:
             with self._cv:
                 self._paused = False
                 self._cv.notify_all()
+
+    def hold(self, timeout_s: float) -> None:
+        """Admit no request (new ones queue) and wait until the running ones have ended: vLLM's `/pause?mode=wait`,
+        so that no request is ever decoded with two weight versions. hf_serve.EngineError if some still run after
+        `timeout_s` (the hold is then lifted) or the engine died."""
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            self._holding = True
+            while self._running and self._dead is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._holding = False
+                    self._cv.notify_all()
+                    raise hf_serve.EngineError(f"{len(self._running)} requests still running after {timeout_s:g} s")
+                self._cv.wait(timeout=min(left, 1.0))
+            if self._dead is not None:
+                raise hf_serve.EngineError(self._dead)
+
+    def resume(self) -> None:
+        """Lift `hold`: the queued requests are admitted again."""
+        with self._cv:
+            self._holding = False
+            self._cv.notify_all()
+
+    def reload_weights(self, state: dict[str, torch.Tensor]) -> float:
+        """A checkpoint's tensors copied into the served model's parameters in place (their storage, and so every
+        CUDA graph captured over them, stays), the engine's fused copies (q/k/v, gate/up) refreshed in place, then
+        the self-check against the transformers forward of the new weights; returns its error. Only while held
+        with nothing running (hf_serve.EngineError otherwise). Every parameter must be in `state`, and nothing else
+        (a tied head's `lm_head.weight` is the embedding's, as captain_ros_training.weight_sync writes it)."""
+        with self._cv:
+            if not self._holding or self._running:
+                raise hf_serve.EngineError("weights are reloaded only while paused (/pause?mode=wait), nothing running")
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise hf_serve.EngineError(
+                f"the checkpoint does not fit the served model: missing {sorted(missing)[:5]}, unexpected "
+                f"{sorted(unexpected)[:5]}"
+            )
+        with torch.no_grad():
+            for cached, layer in zip(self.weights, self.core.layers, strict=True):
+                fresh = self._layer_weights(layer)
+                for key in ("qkv_w", "qkv_b", "o_w", "down_w"):
+                    if cached[key] is not None:
+                        cached[key].copy_(fresh[key])
+                for old, new in zip(cached["gate_up_w"], fresh["gate_up_w"], strict=True):
+                    old.copy_(new)
+        return self.self_check()
 
     def queued(self) -> int:
         """Requests waiting for a slot."""
