@@ -688,3 +688,37 @@ def test_weights_reload_only_while_held_and_only_a_checkpoint_that_fits(folder, 
         httpd.shutdown()
         httpd.server_close()
         engine.close()
+
+
+def test_a_pause_lets_the_running_request_finish_and_holds_new_ones_until_resumed(folder):
+    """vLLM's /pause?mode=wait: no request is decoded with two weight versions. The running one ends before the
+    pause returns; one sent during the pause waits in the queue until /resume."""
+    engine, httpd, root = reload_server(folder)
+    replies: dict[str, httpx.Response] = {}
+
+    def send(name: str, max_tokens: int) -> None:
+        body = {"messages": HEAD, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
+        replies[name] = httpx.post(f"{root}/v1/chat/completions", json=body, timeout=300.0, trust_env=False)
+
+    try:
+        first = threading.Thread(target=send, args=("running", 200))
+        first.start()
+        with engine._cv:  # wait (on the engine's own condition) until it holds a slot
+            while not engine._running and "running" not in replies:
+                engine._cv.wait(timeout=1.0)
+        assert httpx.post(f"{root}/pause?mode=wait", timeout=300.0, trust_env=False).status_code == 200
+        assert "running" in replies and replies["running"].status_code == 200  # it ended before the pause returned
+        second = threading.Thread(target=send, args=("held", 2))
+        second.start()
+        with engine._cv:
+            while engine.queued() == 0:
+                engine._cv.wait(timeout=1.0)
+        assert engine.queued() == 1 and "held" not in replies and not engine._running  # queued, not admitted
+        assert httpx.post(f"{root}/resume", trust_env=False).status_code == 200
+        second.join(timeout=300.0)
+        assert replies["held"].status_code == 200
+        first.join()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        engine.close()
