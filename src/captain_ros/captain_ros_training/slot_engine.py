@@ -409,11 +409,14 @@ class SlotEngine:
         CUDA graph captured over them, stays), the engine's fused copies (q/k/v, gate/up) refreshed in place, then
         the self-check against the transformers forward of the new weights; returns its error. Only while held
         with nothing running (hf_serve.EngineError otherwise). Every parameter must be in `state`, and nothing else
-        (a tied head's `lm_head.weight` is the embedding's, as captain_ros_training.weight_sync writes it)."""
+        (a tied head's `lm_head.weight` may be left out, as transformers writes it, or be the embedding's copy, as
+        captain_ros_training.weight_sync writes it)."""
         with self._cv:
             if not self._holding or self._running:
                 raise hf_serve.EngineError("weights are reloaded only while paused (/pause?mode=wait), nothing running")
         missing, unexpected = self.model.load_state_dict(state, strict=False)
+        if getattr(self.model.config, "tie_word_embeddings", False):  # transformers' own checkpoints leave it out
+            missing = [k for k in missing if k != "lm_head.weight"]
         if missing or unexpected:
             raise hf_serve.EngineError(
                 f"the checkpoint does not fit the served model: missing {sorted(missing)[:5]}, unexpected "
