@@ -23,8 +23,7 @@
 #            merged into the student
 #   dagger   the same served student's own episodes on training starts ($DAGGER_STARTS per task, seed $DAGGER_SEED;
 #            captain_ros_training.student_eval run --split train) in the background, for captain_ros_training.dagger to
-#            label with the expert's next cell; packs the stores into $OUT/dagger once done, else into
-#            $OUT/dagger_partial (an episode cut short still holds states to label)
+#            label with the expert's next cell; its stores stay in $WORK/dagger (too large to bring back)
 #   label    captain_ros_training.dagger's labels of those stores as they are now, added to $EXAMPLES
 #            (`captain_ros_training.rl sft-data --examples $EXAMPLES --dagger ...`): the next SFT's data file, in
 #            $OUT/dagger_data
@@ -190,13 +189,13 @@ dagger_stage() {
             --out '$WORK/dagger' --split train --starts-per-task $DAGGER_STARTS --seed $DAGGER_SEED \
             --server transformers --workers $WORKERS $([ "$GRAPHS" = 1 ] && echo --cuda-graphs) --kv-cache-memory-fraction $KV_SHARE --no-progress && \
             touch '$WORK/dagger/done'"
+    # the stores stay here (104 episodes are about 90 MB, past what a call brings back, and $OUT's files over its
+    # limits could keep the others from coming back too): the label stage brings back what training needs
     if wait_for "$WORK/dagger/done" "captain_ros_training.student_eval run.*dagger"; then
-        say "training-start rollouts done"
-        [ -f "$OUT/dagger/dagger.carry-manifest.json" ] || pack_stores dagger dagger
+        say "training-start rollouts done: label them (the label stage)"
     else
-        say "training-start rollouts not done yet:"
+        say "training-start rollouts not done yet (the label stage labels what they recorded so far):"
         tail -c 2000 "$WORK/dagger.log" | tr '\r' '\n' | tail -5
-        pack_stores dagger_partial dagger  # episodes cut short still hold states to label
         return 3
     fi
 }
