@@ -175,6 +175,10 @@ def test_sft_data_adds_the_labelled_states_and_says_where_they_came_from(tmp_pat
     refused = subprocess.run([*base, *held_out], capture_output=True, text=True, check=False)
     assert refused.returncode != 0 and "only the student's episodes on training starts" in refused.stderr
     assert not (tmp_path / "e.pkl.xz").exists()
+    missing = ["--out", str(tmp_path / "g.pkl.xz"), "--dagger", str(tmp_path / "nowhere.sqlite")]
+    absent = subprocess.run([*base, *missing], capture_output=True, text=True, check=False)
+    assert absent.returncode != 0 and "nowhere.sqlite: no such episode store" in absent.stderr
+    assert not (tmp_path / "g.pkl.xz").exists()
     # on a GPU host that holds the data file but not the expert store: the file, then the labels
     more = ["sft-data", "--tiny", "--examples", str(tmp_path / "d.pkl.xz"), "--out", str(tmp_path / "f.pkl.xz")]
     added = subprocess.run([sys.executable, "-m", "captain_ros_training.rl", *more,
