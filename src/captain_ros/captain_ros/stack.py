@@ -80,10 +80,10 @@ def start_ready(
     return proc, found[0].rstrip("/")
 
 
-# The perception node's wall-clock stream limits against the twin (production for real cameras: 2 s and 1 s). Its
-# use_sim_time would judge them on /clock instead, but /clock at 100 Hz woke its executor so often that the node
-# took a whole core.
-TWIN_PERCEPTION_LIMITS = (("stale_after_s", 30.0), ("pair_wait_s", 10.0))
+# The perception node's wall-clock stream limits against the twin (production for real cameras: 2 s, 1 s and
+# 0.5 s). Its use_sim_time would judge them on /clock instead, but /clock at 100 Hz woke its executor so often that
+# the node took a whole core. The waits end on the message's arrival; these are only their caps.
+TWIN_PERCEPTION_LIMITS = (("stale_after_s", 30.0), ("pair_wait_s", 10.0), ("tf_wait_s", 10.0))
 
 
 def start_expert(env: dict[str, str], log: Path) -> tuple[subprocess.Popen, str]:

@@ -113,6 +113,11 @@ def generate_launch_description() -> LaunchDescription:
             description="perception: how long observe waits for a fresh colour and depth pair (the twin: 10)",
         ),
         DeclareLaunchArgument(
+            "camera_tf_wait_s",
+            default_value="0.5",
+            description="perception: how long observe waits for /tf to reach an image's stamp (the twin: 10)",
+        ),
+        DeclareLaunchArgument(
             "control_period_s",
             default_value="0.01",
             description="force-monitoring period: the period of the arm's /joint_states",
@@ -151,6 +156,7 @@ def generate_launch_description() -> LaunchDescription:
                 "harness_config": typed("harness_config", str),
                 "stale_after_s": typed("camera_stale_after_s", float),
                 "pair_wait_s": typed("camera_pair_wait_s", float),
+                "tf_wait_s": typed("camera_tf_wait_s", float),
             }
         ],
     )

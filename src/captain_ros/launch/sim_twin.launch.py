@@ -79,7 +79,12 @@ def generate_launch_description() -> LaunchDescription:
             PathJoinSubstitution([FindPackageShare("captain_ros"), "launch", "harness.launch.py"])
         ),
         # a busy host delays the twin's images in wall time: the perception node waits longer for them
-        launch_arguments={"use_sim_time": "true", "camera_stale_after_s": "30.0", "camera_pair_wait_s": "10.0"}.items(),
+        launch_arguments={
+            "use_sim_time": "true",
+            "camera_stale_after_s": "30.0",
+            "camera_pair_wait_s": "10.0",
+            "camera_tf_wait_s": "10.0",
+        }.items(),
     )  # launch configurations reach included files: robot_profile here, safety_config etc. declared there
     monitor = IncludeLaunchDescription(
         PythonLaunchDescriptionSource(

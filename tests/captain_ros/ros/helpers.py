@@ -26,9 +26,10 @@ LOADED_MACHINE_WRENCH_LAG_S = 2.0
 # 0.03 s stops the arm). Stalls themselves are tested in test_sweep_horizon.py and test_kill_stop.py.
 LOADED_MACHINE_SWEEP_HORIZON_S = 3.0
 # The perception node's wall-clock limits (production: camera streams older than 2 s are gone, a colour and depth
-# pair is awaited 1 s): a loaded machine can stall the twin's cameras longer (2.1 s seen in a stress run). Both are
-# tested on their own in test_perception_node_dds.py by freezing the twin.
-LOADED_MACHINE_PERCEPTION = (("stale_after_s", 30.0), ("pair_wait_s", 30.0))
+# pair is awaited 1 s, /tf at an image's stamp 0.5 s): a loaded machine can stall the twin's cameras longer (2.1 s
+# seen in a stress run) and deliver its /tf late. The first two are tested on their own in
+# test_perception_node_dds.py by freezing the twin.
+LOADED_MACHINE_PERCEPTION = (("stale_after_s", 30.0), ("pair_wait_s", 30.0), ("tf_wait_s", 30.0))
 
 
 def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition") -> None:

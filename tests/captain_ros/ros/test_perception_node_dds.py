@@ -291,7 +291,7 @@ def fake_camera(tmp_path_factory):
     args = [exe, "--ros-args", "-r", "__node:=frames_test_perception"]
     for name in ("/perception/call", "/perception/get_observation", "/harness/receipts", "/captain/markers"):
         args += ["-r", f"{name}:={FAKE}/{name.rsplit('/', 1)[1]}"]
-    for name, value in (("robot_profile", profile), *LOADED_MACHINE_PERCEPTION, ("tf_wait_s", 30.0)):
+    for name, value in (("robot_profile", profile), *LOADED_MACHINE_PERCEPTION):
         args += ["-p", f"{name}:={value}"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
     lines: list[str] = []
@@ -302,15 +302,15 @@ def fake_camera(tmp_path_factory):
         stop(proc)
 
 
-def _publish_camera(node, camera: str, frame: str) -> None:
-    """Every 0.1 s: the camera's colour, depth and info stamped IMAGE_T in `frame`, the arm at home, and /tf
+def _publish_camera(node, camera: str, frame: str, image_t: float = IMAGE_T) -> None:
+    """Every 0.1 s: the camera's colour, depth and info stamped `image_t` in `frame`, the arm at home, and /tf
     base -> 'frames_test_camera' at T1 and T2 (POSE_1, POSE_2)."""
-    header = Header(stamp=stamp_msg(IMAGE_T), frame_id=frame)
+    header = Header(stamp=stamp_msg(image_t), frame_id=frame)
     color = image_msg(header, np.zeros((48, 64, 3), np.uint8), "rgb8")
     depth = image_msg(header, np.ones((48, 64), "<f4"), "32FC1")  # a floor 1 m below: the table
     info = CameraInfo(header=header, height=48, width=64, k=[40.0, 0.0, 32.0, 0.0, 40.0, 24.0, 0.0, 0.0, 1.0])
     names = [*PANDA.arm_joints, *PANDA.finger_joints]
-    joints = JointState(header=Header(stamp=stamp_msg(IMAGE_T)), name=names, position=[*PANDA.home_q_rad, 0.04, 0.04])
+    joints = JointState(header=Header(stamp=stamp_msg(image_t)), name=names, position=[*PANDA.home_q_rad, 0.04, 0.04])
     tf = TFMessage(
         transforms=[
             transform_msg(PANDA.base_frame, "frames_test_camera", p, r.as_matrix(), t)
@@ -368,3 +368,22 @@ def test_an_image_in_a_frame_nobody_publishes_fails_observe_clearly(fake_camera,
     assert refused.failure_category == "backend_error" and not refused.success and not refused.executed
     assert "the profile names 'wrist_camera_optical_frame'" in refused.message
     assert "nothing publishes it" in refused.message or "does not exist" in refused.message  # pytransform3d / tf2
+
+
+def test_a_camera_pose_tf_has_but_not_at_the_images_stamp_fails_observe(fake_camera, client_node):
+    """/tf has 'frames_test_camera' only up to T2 and the images come after it: observe waits `tf_wait_s`, then
+    fails naming the frame and the parameter, rather than taking the URDF's nominal pose (the twin moves its head
+    camera per start: the URDF would put every point centimetres off)."""
+    _publish_camera(client_node, "head", "frames_test_camera", image_t=T2 + 1.0)
+    call = client_node.create_client(HarnessCall, f"{FAKE}/call")
+    parameters = client_node.create_client(SetParameters, "/frames_test_perception/set_parameters")
+    if not call.wait_for_service(timeout_sec=60):
+        raise RuntimeError("the second perception_node did not come up:\n" + "".join(fake_camera))
+    set_parameters(parameters, tf_wait_s=0.2)
+    try:
+        refused = _observe_until(call, "head", lambda r: "not at the image's stamp" in r.message, "a refusal")
+    finally:
+        set_parameters(parameters, **dict(LOADED_MACHINE_PERCEPTION))
+    assert refused.failure_category == "backend_error" and not refused.success and not refused.executed
+    assert "/tf has 'frames_test_camera' but not at the image's stamp within 0.2 s" in refused.message
+    assert "raise the parameter tf_wait_s" in refused.message

@@ -19,8 +19,9 @@ stamp, the first of:
      chained with that link at the image's joint state: the time-correct answer, without waiting for
      robot_state_publisher;
   2. /tf at the image's stamp, interpolated (the twin publishes its links and cameras there), waiting up to
-     `tf_wait_s` for /tf to reach the stamp;
-  3. the URDF at the image's joint state, for setups without /tf.
+     `tf_wait_s` for /tf to reach the stamp; a frame /tf has but not at that stamp (late, or older than the
+     buffer) fails observe: the URDF's nominal pose may not be where /tf puts the camera;
+  3. the URDF at the image's joint state, for setups without the frame on /tf.
 An image whose frame_id differs from the profile's camera frame is used in its own frame, with a warning (the
 frame says where the pixels were taken; the profile's name is what the calibration and the URDF use): if that
 frame cannot be placed, observe fails with an error naming both. The calibration's frames need not be links of
@@ -63,7 +64,7 @@ from captain_ros.perception.observation import CameraImage, PerceptionError
 from captain_ros.perception.perception import Perception
 from captain_ros.ros.convert import call_result_to_msg, camera_info, image_msg, pose_msg, quat_wxyz, stamp_msg
 from captain_ros.ros.description import resolve_profile
-from captain_ros.ros.frames import FrameBuffer, FrameError, Transform, UnknownFrameError
+from captain_ros.ros.frames import ExtrapolationError, FrameBuffer, FrameError, Transform, UnknownFrameError
 from captain_ros.ros.guard import GuardedNode
 from captain_ros.ros.spin import SideNode, spin
 
@@ -154,7 +155,7 @@ class PerceptionNode(GuardedNode, Node):
             "tf_wait_s",
             TF_WAIT_S,
             ParameterDescriptor(
-                description="wall seconds observe waits for /tf to reach an image's stamp (then: the URDF)",
+                description="wall seconds observe waits for /tf to reach an image's stamp (then it fails)",
                 floating_point_range=seconds,
             ),
         )
@@ -245,14 +246,21 @@ class PerceptionNode(GuardedNode, Node):
             p_link, r_link = self.kin.forward(q, link)
             pose = self.frames.lookup_with(base, frame, link, Transform(base, link, p_link, r_link, None))
             return pose.position_m, pose.rotation
+        wait_s = self.get_parameter("tf_wait_s").value
         try:  # 2. /tf at the image's stamp
-            pose = self.frames.wait_for(base, frame, image.header.stamp, self.get_parameter("tf_wait_s").value)
+            pose = self.frames.wait_for(base, frame, image.header.stamp, wait_s)
             return pose.position_m, pose.rotation
-        except FrameError as exc:
+        except UnknownFrameError as exc:  # nothing publishes the frame on /tf: a setup without /tf
             problem = exc
+        except FrameError as exc:
+            # /tf places the frame, just not at this stamp (late, or too old): the URDF's nominal pose may differ
+            # from what /tf says (a calibrated camera, the twin's per-start camera error), so fail closed
+            late = isinstance(exc, ExtrapolationError) and exc.future
+            raise BackendError(
+                f"{camera}: /tf has '{frame}' but not at the image's stamp{f' within {wait_s:g} s' if late else ''}"
+                f": {exc}" + (" (a loaded host delivers /tf late: raise the parameter tf_wait_s)" if late else "")
+            ) from None
         if frame in self._links:  # 3. the URDF at the image's joint state
-            if not isinstance(problem, UnknownFrameError):  # a /tf without the frame at all is a setup without /tf
-                self._tell((camera, type(problem)), f"{camera}: {problem}; taking '{frame}' from the URDF instead")
             return self.kin.forward(q, frame)
         expected = self.profile.camera_frames.get(camera, "")
         named = f" (the profile names '{expected}')" if expected != frame else ""
