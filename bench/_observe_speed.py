@@ -92,10 +92,9 @@ def _executable(name: str) -> str:
 
 def over_ros() -> dict[str, float]:
     """twin_node and perception_node in their own processes; this process calls the perception node."""
-    from captain_ros.core.domains import claim_ros_domain
+    from captain_ros.core.domains import isolated_ros_env
 
-    os.environ.setdefault("ROS_DOMAIN_ID", str(claim_ros_domain(151, 230)))
-    os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    os.environ.update(isolated_ros_env(os.environ, 151, 230))
     import rclpy
 
     from captain_interfaces.srv import GetObservation, HarnessCall

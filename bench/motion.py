@@ -338,10 +338,9 @@ def bench_ros(moves: int, cancels: int, spots: list[np.ndarray], kin: Kinematics
     harness core in this process, so the only difference is the ROS layer of the motion node.
     Cancels: MoveTo goals canceled by this client at random moments. Then force-limit descents with the
     in-process core on the ros2_control backend, scored by the twin's reflex diagnostics (physics rate)."""
-    from captain_ros.core.domains import claim_ros_domain
+    from captain_ros.core.domains import isolated_ros_env
 
-    os.environ.setdefault("ROS_DOMAIN_ID", str(claim_ros_domain(151, 230)))
-    os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    os.environ.update(isolated_ros_env(os.environ, 151, 230))
     import rclpy
     from diagnostic_msgs.msg import DiagnosticArray
     from rclpy.executors import MultiThreadedExecutor

@@ -675,10 +675,9 @@ def moveit_scene_timing(node, checks: int) -> dict[str, object]:
 
 def _merge_moveit(args) -> None:
     """--only moveit: the planning-scene check alone, its keys merged into the results file."""
-    from captain_ros.core.domains import claim_ros_domain
+    from captain_ros.core.domains import isolated_ros_env
 
-    os.environ.setdefault("ROS_DOMAIN_ID", str(claim_ros_domain(151, 230)))
-    os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    os.environ.update(isolated_ros_env(os.environ, 151, 230))
     import rclpy
     from rclpy.executors import MultiThreadedExecutor
 
@@ -747,10 +746,9 @@ def main() -> None:
         return
     collision = self_collision_timing(args.configs)
 
-    from captain_ros.core.domains import claim_ros_domain
+    from captain_ros.core.domains import isolated_ros_env
 
-    os.environ.setdefault("ROS_DOMAIN_ID", str(claim_ros_domain(151, 230)))
-    os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    os.environ.update(isolated_ros_env(os.environ, 151, 230))
     import rclpy
     from rclpy.executors import MultiThreadedExecutor
 

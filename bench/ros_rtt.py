@@ -18,10 +18,9 @@ import subprocess
 import sys
 import time
 
-from captain_ros.core.domains import claim_ros_domain
+from captain_ros.core.domains import isolated_ros_env
 
-os.environ.setdefault("ROS_DOMAIN_ID", str(claim_ros_domain(101, 200)))
-os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+os.environ.update(isolated_ros_env(os.environ, 101, 200))
 
 import rclpy
 from _common import percentiles_ms, print_table, write_results

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-from captain_ros.core.domains import claim_ros_domain
+from captain_ros.core.domains import claim_ros_domain, fast_dds_profile_env
 
 # Set before anything imports rclpy. Child processes inherit these.
 # Each test process (a pytest-xdist worker, a stress run, a concurrent session) claims a domain id no other live
@@ -15,6 +15,7 @@ if "PYTEST_XDIST_WORKER" in os.environ or "ROS_DOMAIN_ID" not in os.environ:
     os.environ["ROS_DOMAIN_ID"] = str(claim_ros_domain(1, 100))
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 os.environ.setdefault("RMW_IMPLEMENTATION", "rmw_fastrtps_cpp")
+os.environ.update(fast_dds_profile_env(os.environ))  # service responses survive slow discovery (config/fastdds.xml)
 os.environ.setdefault("ROS_HOME", tempfile.mkdtemp(prefix="captain-ros-home-"))
 os.environ.setdefault("MUJOCO_GL", "egl")
 

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from captain_ros.core.domains import claim_ros_domain
+from captain_ros.core.domains import claim_ros_domain, fast_dds_profile_env
 from captain_ros.paths import config_path
 
 EXPERT_READY_TIMEOUT_S = 120.0
@@ -104,6 +104,7 @@ class Stack:
         self.env.setdefault("MUJOCO_GL", "egl")
         self.env["ROS_DOMAIN_ID"] = str(options.domain_id or claim_ros_domain(101, 200))
         self.env.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+        self.env.update(fast_dds_profile_env(self.env))
         self.env.setdefault("ROS_HOME", str(self.run_dir / "ros_home"))
         self.procs: dict[str, subprocess.Popen] = {}
 

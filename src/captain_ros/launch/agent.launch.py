@@ -10,14 +10,18 @@ use_twin:=false the harness nodes must already run (real_arm.launch.py) and no h
 `captain-ros run` starts the same graph without a ROS install (captain_ros.stack).
 """
 
+import os
+
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, IncludeLaunchDescription
+from launch.actions import DeclareLaunchArgument, IncludeLaunchDescription, SetEnvironmentVariable
 from launch.conditions import IfCondition
 from launch.launch_description_sources import PythonLaunchDescriptionSource
 from launch.substitutions import EqualsSubstitution, LaunchConfiguration, PathJoinSubstitution, PythonExpression
 from launch_ros.actions import Node
 from launch_ros.parameter_descriptions import ParameterValue
 from launch_ros.substitutions import FindPackageShare
+
+from captain_ros.core.domains import fast_dds_profile_env
 
 EXPERT_URL = "http://127.0.0.1:8001/v1"
 
@@ -122,4 +126,7 @@ def generate_launch_description() -> LaunchDescription:
             }
         ],
     )
-    return LaunchDescription([*args, twin, expert, agent])
+    # Fast DDS with config/fastdds.xml (service responses that survive slow discovery), unless the environment
+    # names a profiles file of its own
+    dds = [SetEnvironmentVariable(name, value) for name, value in fast_dds_profile_env(os.environ).items()]
+    return LaunchDescription([*args, *dds, twin, expert, agent])

@@ -15,14 +15,18 @@ its transitions yourself, on a real arm say, start it unconfigured and step it t
 (launch_ros's LifecycleNode action would add lifecycle events to the launch; it is not needed for the above.)
 """
 
+import os
+
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, EmitEvent, RegisterEventHandler
+from launch.actions import DeclareLaunchArgument, EmitEvent, RegisterEventHandler, SetEnvironmentVariable
 from launch.event_handlers import OnProcessExit
 from launch.events import Shutdown
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.parameter_descriptions import ParameterValue
 from launch_ros.substitutions import FindPackageShare
+
+from captain_ros.core.domains import fast_dds_profile_env
 
 
 def typed(name: str, value_type: type) -> ParameterValue:
@@ -168,4 +172,7 @@ def generate_launch_description() -> LaunchDescription:
             on_exit=[EmitEvent(event=Shutdown(reason="the motion node exited: the arm is no longer guarded"))],
         )
     )
-    return LaunchDescription([*args, motion, perception, motion_died])
+    # Fast DDS with config/fastdds.xml (service responses that survive slow discovery), unless the environment
+    # names a profiles file of its own
+    dds = [SetEnvironmentVariable(name, value) for name, value in fast_dds_profile_env(os.environ).items()]
+    return LaunchDescription([*args, *dds, motion, perception, motion_died])

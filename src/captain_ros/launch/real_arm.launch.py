@@ -24,14 +24,18 @@ static_transform_publisher).
     ros2 launch captain_ros real_arm.launch.py robot_profile:=franka_fr3 use_moveit:=true   # move_group running
 """
 
+import os
+
 from launch import LaunchContext, LaunchDescription
-from launch.actions import DeclareLaunchArgument, IncludeLaunchDescription, OpaqueFunction
+from launch.actions import DeclareLaunchArgument, IncludeLaunchDescription, OpaqueFunction, SetEnvironmentVariable
 from launch.conditions import IfCondition, UnlessCondition
 from launch.launch_description_sources import PythonLaunchDescriptionSource
 from launch.substitutions import Command, LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.parameter_descriptions import ParameterValue
 from launch_ros.substitutions import FindPackageShare
+
+from captain_ros.core.domains import fast_dds_profile_env
 
 
 def camera_extrinsics(context: LaunchContext) -> list[Node]:
@@ -152,4 +156,7 @@ def generate_launch_description() -> LaunchDescription:
         ),
         condition=IfCondition(LaunchConfiguration("use_rviz")),
     )
-    return LaunchDescription([*args, state_publisher, extrinsics, harness, monitor])
+    # Fast DDS with config/fastdds.xml (service responses that survive slow discovery), unless the environment
+    # names a profiles file of its own
+    dds = [SetEnvironmentVariable(name, value) for name, value in fast_dds_profile_env(os.environ).items()]
+    return LaunchDescription([*args, *dds, state_publisher, extrinsics, harness, monitor])

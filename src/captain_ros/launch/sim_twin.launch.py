@@ -5,14 +5,18 @@ and the monitor. agent.launch.py adds the agent node (and the scripted expert) o
     ros2 launch captain_ros sim_twin.launch.py task:=open_drawer start_id:=open_drawer/wide/4
 """
 
+import os
+
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, IncludeLaunchDescription
+from launch.actions import DeclareLaunchArgument, IncludeLaunchDescription, SetEnvironmentVariable
 from launch.conditions import IfCondition
 from launch.launch_description_sources import PythonLaunchDescriptionSource
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.parameter_descriptions import ParameterValue
 from launch_ros.substitutions import FindPackageShare
+
+from captain_ros.core.domains import fast_dds_profile_env
 
 
 def typed(name: str, value_type: type) -> ParameterValue:
@@ -93,4 +97,7 @@ def generate_launch_description() -> LaunchDescription:
         launch_arguments={"use_sim_time": "true"}.items(),
         condition=IfCondition(LaunchConfiguration("use_rviz")),
     )
-    return LaunchDescription([*args, twin, harness, monitor])
+    # Fast DDS with config/fastdds.xml (service responses that survive slow discovery), unless the environment
+    # names a profiles file of its own
+    dds = [SetEnvironmentVariable(name, value) for name, value in fast_dds_profile_env(os.environ).items()]
+    return LaunchDescription([*args, *dds, twin, harness, monitor])
