@@ -184,6 +184,8 @@ def test_agent_node_runs_an_episode_on_this_distro(nodes, tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     transcripts = "\n".join(p.read_text()[-6000:] for p in tmp_path.glob("*/transcript.md"))  # what each call said
     print(transcripts)  # shown whole with a failure (an assertion message is cut short without -vv)
+    for name in ("motion", "twin"):  # why a motion stopped: late goals, reflex trips
+        print(f"{name} node:\n" + nodes[name].output()[-6000:])
     assert summary[0]["outcome"] == "false_finish" and summary[0]["requests"] == 3, (summary, transcripts)
 
 
