@@ -111,14 +111,15 @@ def test_libero_phrasings_name_the_look_alike_by_what_it_is_next_to_or_on():
     assert first("next to the ramekin") == ("black bowl", "plate", "nearest", ("ramekin",))
     assert first("on the cookie box") == ("black bowl", "plate", "nearest", ("cookie box",))
     assert first("in the top drawer of the wooden cabinet") == ("black bowl", "plate", "nearest", ("wooden cabinet",))
-    assert first("from table center") == ("black bowl", "plate", "", ())
+    assert first("from table center") == ("black bowl", "plate", "center", ())  # the middle of the workspace
     assert parse_instruction("pick up the alphabet soup and place it in the basket") == [
         expert.Goal("place", "alphabet soup", "basket", "in")
     ]
     for unscripted in ("turn on the stove", "push the plate to the front of the stove"):
         assert parse_instruction(unscripted) == [], unscripted  # no pick and place: the expert does not pretend
-    for cell in every_cell("pick up the black bowl next to the ramekin and place it on the plate"):
-        compile(cell, "<cell>", "exec")
+    for where in ("next to the ramekin", "from table center"):
+        for cell in every_cell(f"pick up the black bowl {where} and place it on the plate"):
+            compile(cell, "<cell>", "exec")
 
 
 # ------------------------------------------------------------------------------------------------ the cells

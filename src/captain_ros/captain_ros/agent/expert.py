@@ -53,7 +53,7 @@ class Goal:
     target: str = ""  # segmenter query for the object to move ("red cube")
     dest: str = ""  # segmenter query for the destination ("black bowl"), or "drawer"
     mode: str = ""  # in | on
-    relation: str = ""  # "" | between | left_of | right_of | nearest | farthest
+    relation: str = ""  # "" | between | left_of | right_of | nearest | farthest | center
     refs: tuple[str, ...] = ()  # the relation's reference objects
 
     def describe(self) -> str:
@@ -66,6 +66,7 @@ class Goal:
             "right_of": f" to the right of the {ref}",
             "nearest": f" closest to the {ref}",
             "farthest": f" farthest from the {ref}",
+            "center": " at the centre of the table",
         }.get(self.relation, "")
         return f"put the {self.target}{rel} {self.mode} the {self.dest}"
 
@@ -83,8 +84,10 @@ _RELATIONS = (
     # "the bowl on the cookie box", "... in the top drawer of the cabinet": the look-alike resting on or in it is the
     # one nearest it
     (r"^(?P<o>.+?) (?:on top of|on|in|inside) (?:the )?(?:(?:top|middle|bottom) drawer of )?(?P<a>.+)$", "nearest"),
-    (r"^(?P<o>.+?) (?:from|at|in) (?:the )?(?:centre|center) of the table$", ""),  # no relation the API can test
-    (r"^(?P<o>.+?) (?:from|at|in) (?:the )?table (?:centre|center)$", ""),
+    # "the bowl from table center": the look-alike nearest the middle of the arm's workspace, which is laid out
+    # round the table (robot_geometry)
+    (r"^(?P<o>.+?) (?:from|at|in) (?:the )?(?:centre|center) of the table$", "center"),
+    (r"^(?P<o>.+?) (?:from|at|in) (?:the )?table (?:centre|center)$", "center"),
 )
 _UNSCRIPTED_VERBS = r"^(?:turn|switch|push|pull|slide|rotate|press|flip|wipe|pour)\b"  # nothing to pick and place
 
@@ -370,6 +373,16 @@ elif len(cands) > 1:
     print("  the $ref_name is not in view: keeping the best-scored candidate")
 """
 
+_RELATION_CENTER = """
+box = robot.robot_geometry()["value"]
+mid = (np.array(box["workspace_min_m"][:2]) + np.array(box["workspace_max_m"][:2])) / 2
+if len(cands) > 1:
+    for c in cands:
+        print(f"  {c['detection_id']} at {fmt(c['position_m'])}: "
+              f"{float(np.linalg.norm(xy(c['position_m']) - mid)) * 100:.1f} cm from the workspace's centre {fmt(mid)}")
+    cands.sort(key=lambda c: float(np.linalg.norm(xy(c["position_m"]) - mid)))
+"""
+
 _RELATION_KEYS = {
     "left_of": ('c["position_m"][1] - pr[1]', "to the left (+y) of", True),
     "right_of": ('pr[1] - c["position_m"][1]', "to the right (-y) of", True),
@@ -383,6 +396,8 @@ def _relation_block(goal: Goal) -> str:
     if goal.relation == "between" and goal.refs:
         a, b = goal.refs[0], goal.refs[-1]
         return _fill(_RELATION_BETWEEN, a=repr(a), b=repr(b), a_name=a, b_name=b)
+    if goal.relation == "center":
+        return _fill(_RELATION_CENTER)
     if goal.relation in _RELATION_KEYS and goal.refs:
         expr, words, high = _RELATION_KEYS[goal.relation]
         return _fill(
