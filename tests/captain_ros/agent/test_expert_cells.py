@@ -23,7 +23,8 @@ PACKAGE = "captain_ros.agent.expert_cells"
 
 def fake_robot() -> SimpleNamespace:
     """A stand-in for the session's robot client, enough for what the core part asks at definition time."""
-    return SimpleNamespace(robot_geometry=lambda: {"success": True, "value": {"max_jaw_opening_m": 0.08}})
+    geometry = {"max_jaw_opening_m": 0.08, "fingertips_below_tcp_m": 0.004}
+    return SimpleNamespace(robot_geometry=lambda: {"success": True, "value": geometry})
 
 
 @pytest.fixture
@@ -93,3 +94,30 @@ def test_the_parts_defined_in_one_session_in_the_expert_s_order_work_together():
     assert math.isclose(session["inside"]([0.52, 0.0], bowl, 0.01), 0.05)  # judging uses the core's xy and np
     assert session["fmt"]([0.5, 0.0, 0.03]) == "(0.500, 0.000, 0.030)"
     assert session["JAW_MAX"] == 0.08 and session["placed_at"] == {}
+
+
+def test_a_grasp_is_judged_clear_of_neighbours_that_reach_up_to_its_pads_only():
+    """A bowl raised on a cookie box (LIBERO spatial): the box is under the bowl's rim grasp, below the fingers all
+    the way down, so it is no obstacle; a second bowl beside it, as tall, is."""
+    session: dict = {"robot": fake_robot()}
+    for part in expert.HELPER_ORDER:
+        exec(compile(expert.HELPERS[part], f"<{part}>", "exec"), session)
+    bowl = {
+        "center_m": [0.5, 0.2, 0.1],
+        "extents_m": [0.12, 0.12, 0.05],
+        "top_z_m": 0.125,
+        "bottom_z_m": 0.075,
+        "fitted_shape": "cylinder",
+        "open_top": True,
+        "kind": "bowl",
+        "yaw_deg": 0.0,
+    }
+    rim = session["grasp_options"](bowl)[0]
+    assert rim["kind"] == "rim" and math.isclose(rim["z"], 0.111)
+    box = {"position_m": [0.5, 0.2, 0.0375], "extents_m": [0.2, 0.14, 0.075]}  # its top is the bowl's bottom
+    beside = {"position_m": [0.5, 0.2 + 0.13, 0.1], "extents_m": [0.12, 0.12, 0.05]}
+    assert session["clear_of"](rim, [box]) == 1.0  # nothing in the pads' way
+    assert session["clear_of"](rim, [box, beside]) == session["clear_of"](rim, [beside]) < 0.1  # counted
+    on_table = {**bowl, "center_m": [0.5, 0.2, 0.025], "top_z_m": 0.05, "bottom_z_m": 0.0}
+    low = session["grasp_options"](on_table)[0]
+    assert session["clear_of"](low, [box]) < 0  # a box as tall as the bowl beside it: in the pads' way

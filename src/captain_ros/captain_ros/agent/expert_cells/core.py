@@ -24,7 +24,9 @@ import numpy as np
 PARK = [0.31, 0.0, 0.45]  # above the robot base: the arm out of the head camera's view of the table
 VIEW = [0.40, 0.0, 0.60]  # above the table: the wrist camera sees all of it from here
 WALL = 0.008  # wall thickness of bowls, cups, boxes and the drawer
-JAW_MAX = float(robot.robot_geometry()["value"]["max_jaw_opening_m"])  # the jaw's full opening (80 mm on a Panda)
+_GEOMETRY = robot.robot_geometry()["value"]
+JAW_MAX = float(_GEOMETRY["max_jaw_opening_m"])  # the jaw's full opening (80 mm on a Panda)
+TIPS = float(_GEOMETRY["fingertips_below_tcp_m"])  # how far the fingertips reach past the TCP
 if "placed_at" not in dir():  # what earlier cells recorded survives a second definition of this library
     placed_at = {}  # goal -> the destination's geometry, measured before the object was put on or in it
     sizes = {}  # goal -> the extents of the object it moves, measured before it was picked up

@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # the agent's session: the core part
 
     import numpy as np
 
-    from captain_ros.agent.expert_cells.core import JAW_MAX, WALL, find, geom, nearest, xy
+    from captain_ros.agent.expert_cells.core import JAW_MAX, TIPS, WALL, find, geom, nearest, xy
 
 
 # ---------------------------------------- sent to the policy from this line on
@@ -105,7 +105,11 @@ def grasp_options(g):
 
 
 def clear_of(o, others):
-    """Smallest gap (m) between the pads of grasp o and the footprints of other detections."""
+    """Smallest gap (m) between the pads of grasp o and the footprints of other detections that reach up to the
+    pads (a centimetre below the fingertips at the grasp height): what the object stands on lies below the fingers
+    all the way down, as a cookie box under a bowl does."""
+    tips = o["z"] - TIPS - 0.01
+    others = [d for d in others if d["position_m"][2] + d["extents_m"][2] / 2 > tips]
     if o["radial"] is None:
         a = math.radians(o["yaw"])
         jaw = np.array([math.sin(a), -math.cos(a)])
