@@ -72,7 +72,11 @@ def grasp_options(g):
                 {
                     "kind": "rim",
                     "xy": c[:2] + r * radial,
-                    "z": g["top_z_m"] - 0.014,
+                    # deep on the wall (3 cm, at most 60% of the vessel's height): a grip 1.4 cm down held LIBERO's
+                    # bowls on the thin rim alone, and they slipped out on the way up; where the wall curves in
+                    # under the inner pad first, the descent may stop on it as deep as 1.4 cm
+                    "z": g["top_z_m"] - min(0.03, 0.6 * g["extents_m"][2]),
+                    "deep_enough_z": g["top_z_m"] - 0.014,
                     "open": 0.04,
                     "yaw": (math.degrees(a) + 180) % 180 - 90,
                     "width": WALL,
@@ -90,6 +94,7 @@ def grasp_options(g):
                     "kind": "faces",
                     "xy": c[:2],
                     "z": max(g["top_z_m"] - 0.022, g["bottom_z_m"] + 0.018),
+                    "deep_enough_z": max(g["top_z_m"] - 0.022, g["bottom_z_m"] + 0.018) + 0.006,
                     "yaw": (g["yaw_deg"] + extra + 90) % 180 - 90,
                     "open": JAW_MAX,
                     "width": short if extra == 0 else long,
