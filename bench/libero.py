@@ -6,7 +6,9 @@ libero_<suite>_strict   strict success (finish() accepted on a scene LIBERO's go
                         first of CaPtain's evaluation states 11-16); host success is reported beside it. The expert
                         acts on perception only: the built-in segmenter's depth regions named by the appearance
                         library rendered from LIBERO's asset models (libero/appearance_library.py); LIBERO's predicate
-                        only scores
+                        only scores. The episodes run through `captain-ros eval run --backend libero` (the bridge's
+                        rollout workers, one LIBERO server each, in parallel on every core), as any evaluation does
+libero_episode_s_p50    wall time per episode (each worker on its own core)
 ..._colour_shape        the same episodes with the built-in colour/shape naming alone (no appearance library)
 ..._oracle_segmentation the same episodes with ORACLE segmentation (libero/oracle.py: masks from the simulator's
                         object ids in place of a segmentation model; depth, geometry, planning and motion unchanged):
@@ -20,39 +22,35 @@ control_ms_per_50ms     wall time of the harness's joint control for 50 ms of si
   python bench/libero.py                      # prints tables, writes bench/results/libero.json
   python bench/libero.py --states 11,12       # more initial states per task
   python bench/libero.py --variants appearance  # some variants; the others' figures are kept from the last file
+  python bench/libero.py --suites libero_10     # other suites (libero_10, LIBERO-PRO's ...)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 from _common import print_table, write_results
-from tqdm import tqdm
 
-from captain_ros.agent.episode import EpisodeRunner
-from captain_ros.agent.expert_server import serve
-from captain_ros.agent.policy_client import PolicyClient, PolicyConfig
-from captain_ros.agent.sandbox import Sandbox, SandboxLimits
+from captain_ros.bridge.evaluation import load_rows
 from captain_ros.core.config import load_config
 from captain_ros.core.trajectory import JointTrajectory
 from captain_ros.libero.libero_backend import libero_python
 from captain_ros.libero.link import LiberoLink
-from captain_ros.libero.world import SEGMENTATIONS
 
 SUITES = ("libero_spatial", "libero_object", "libero_goal")
 SIZE_PX = 512
-VARIANTS = {  # label -> LiberoLink options; the first is the headline (its keys carry no suffix)
-    "appearance": SEGMENTATIONS["appearance"],
-    "colour_shape": SEGMENTATIONS["colour_shape"],
-    "oracle_segmentation": SEGMENTATIONS["oracle"],
+VARIANTS = {  # label -> the world's segmentation name; the first is the headline (its keys carry no suffix)
+    "appearance": "appearance",
+    "colour_shape": "colour_shape",
+    "oracle_segmentation": "oracle",
 }
 RESULTS = Path(__file__).resolve().parent / "results" / "libero.json"
 NATIVE = Path(__file__).resolve().parent / "_libero_native.py"
@@ -107,25 +105,24 @@ def native(samples: int) -> dict[str, float]:
     }
 
 
-def episodes(link: LiberoLink, states: list[int], tasks: int, runs_dir: Path, variant: str) -> list[dict]:
-    server = serve(port=0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    config = load_config()
+def episodes(args: argparse.Namespace, states: list[int], runs_dir: Path, variant: str) -> list:
+    """One episode per task and state through `captain-ros eval run` (its progress bar shows); its records'
+    rows (captain_ros.bridge.evaluation)."""
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    command = [
+        *(str(Path(sys.executable).with_name("captain-ros")), "eval", "run", "--backend", "libero"),
+        *("--suite", args.suites, "--tasks", ",".join(str(t) for t in range(args.tasks))),
+        *("--segmentation", VARIANTS[variant], "--workers", str(args.workers), "--no-ship"),
+        *("--runs-dir", str(runs_dir), "--starts-per-task", str(len(states))),  # the first N of the states 11-16
+    ]
+    if subprocess.run(command, check=False).returncode != 0:
+        raise SystemExit(f"the evaluation failed: {' '.join(command)}")
+    stores = sorted(runs_dir.glob("*-eval/rollout.sqlite"))
+    return [r for r in load_rows(stores[-1]) if r.valid]
 
-    def sandbox(scratch, on_call, allowed):
-        box = Sandbox(scratch, on_call, allowed, SandboxLimits(cell_timeout_s=config.agent.cell_timeout_s))
-        box.start()
-        return box
 
-    policy = PolicyClient(PolicyConfig(base_url=f"http://127.0.0.1:{server.server_address[1]}/v1"))
-    runner = EpisodeRunner(link, policy, config, sandbox_factory=sandbox, runs_dir=runs_dir)
-    jobs = [(suite, task, state) for suite in SUITES for task in range(tasks) for state in states]
-    out = []
-    for suite, task, state in tqdm(jobs, desc=f"expert episodes ({variant} segmentation)", unit="ep"):
-        result = runner.run(f"{suite}/{task}", str(state), "any")
-        out.append({"suite": suite, **result.summary()})
-    server.shutdown()
-    return out
+def _suite_order(suite: str) -> tuple[int, str]:
+    return (SUITES.index(suite) if suite in SUITES else len(SUITES), suite)
 
 
 def main() -> int:
@@ -133,6 +130,8 @@ def main() -> int:
     parser.add_argument("--states", default="11", help="official initial states per task (comma-separated)")
     parser.add_argument("--samples", type=int, default=10, help="timing samples per measurement")
     parser.add_argument("--tasks", type=int, default=10, help="tasks per suite (the first N; 10 = all)")
+    parser.add_argument("--suites", default=",".join(SUITES), help="LIBERO suites (comma-separated)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="episodes in parallel")
     parser.add_argument(
         "--variants",
         default=",".join(VARIANTS),
@@ -141,6 +140,8 @@ def main() -> int:
     )
     args = parser.parse_args()
     states = [int(s) for s in args.states.split(",")]
+    if states != list(range(11, 11 + len(states))) or len(states) > 6:
+        parser.error(f"--states must be the first of the held-out states 11-16 (11, or 11,12, ...), not {args.states}")
     chosen = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = sorted(set(chosen) - set(VARIANTS))
     if unknown:
@@ -155,26 +156,37 @@ def main() -> int:
     native_keys = ("native_step_ms_per_50ms", "native_step_with_cameras_ms", "native_observe_ms")
     ours = {k: previous[k] for k in timing_keys if k in previous}
     theirs = {k: previous[k] for k in native_keys if k in previous}
-    for variant in chosen:
-        logs = runs_dir / variant / "logs"
-        link = LiberoLink(load_config(), image_size_px=SIZE_PX, log_dir=logs, **VARIANTS[variant])
+    if next(iter(VARIANTS)) in chosen:  # the costs first, alone on the machine
+        link = LiberoLink(load_config(), image_size_px=SIZE_PX, log_dir=runs_dir / "costs")
         try:
-            if variant == next(iter(VARIANTS)):
-                ours = costs(link, args.samples)
-                theirs = native(args.samples)
-            results += [
-                {**r, "variant": variant} for r in episodes(link, states, args.tasks, runs_dir / variant, variant)
-            ]
-            dates[variant] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            ours = costs(link, args.samples)
         finally:
             link.close()
+        theirs = native(args.samples)
+    for variant in chosen:
+        rows = episodes(args, states, runs_dir / variant, variant)
+        results += [
+            {
+                "variant": variant,
+                "suite": r.family,
+                "task": r.task,
+                "start_id": r.start_id,
+                "outcome": r.outcome,
+                "host_success": r.host_success,
+                "requests": r.requests,
+                "actions": r.actions,
+                "wall_time_s": r.wall_time_s,
+            }
+            for r in rows
+        ]
+        dates[variant] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
     rows, metrics = [], {}
     for variant in VARIANTS:
         if variant not in dates:
             continue
         suffix = "" if variant == next(iter(VARIANTS)) else f"_{variant}"
-        for suite in SUITES:
+        for suite in sorted({r["suite"] for r in results if r["variant"] == variant}, key=_suite_order):
             mine = [r for r in results if r["suite"] == suite and r["variant"] == variant]
             strict = float(np.mean([r["outcome"] == "success" for r in mine]))
             host = float(np.mean([bool(r["host_success"]) for r in mine]))
@@ -186,6 +198,12 @@ def main() -> int:
             requests = float(np.mean([r["requests"] for r in mine]))
             counts = ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items()))
             rows.append([suite, variant, len(mine), host, strict, requests, counts])
+        mine = [r for r in results if r["variant"] == variant]
+        metrics[f"libero_strict{suffix}"] = float(np.mean([r["outcome"] == "success" for r in mine]))
+        metrics[f"libero_host{suffix}"] = float(np.mean([bool(r["host_success"]) for r in mine]))
+        walls = [r["wall_time_s"] for r in mine if r.get("wall_time_s") is not None]
+        if walls:
+            metrics[f"libero_episode_s_p50{suffix}"] = float(np.median(walls))
     print_table(
         f"Scripted expert on LIBERO (initial states {args.states}, tasks 0-{args.tasks - 1} of each suite)",
         ["suite", "segmentation", "episodes", "host", "strict", "requests", "outcomes"],
@@ -223,6 +241,7 @@ def main() -> int:
             "control_ratio_to_native": ratio_control,
             "capture_ratio_to_native": ratio_observe,
             "states": states,
+            "workers": args.workers,
             "image_px": SIZE_PX,
             "policy": "scripted expert (captain_ros.agent.expert), perception only",
             "variant_dates": dates,
@@ -239,8 +258,8 @@ def main() -> int:
                         "requests",
                         "actions",
                         "wall_time_s",
-                        "reason",
                     )
+                    if k in r
                 }
                 for r in results
             ],
