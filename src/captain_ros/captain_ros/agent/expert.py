@@ -584,12 +584,11 @@ else:
         print(f"result: at the grasp pose {fmt(end)}, no contact on the way down")
         print("status: at_grasp")
     elif down["failure_category"] == "contact_stop" and end is not None and end[2] <= plan["deep_enough_z"]:
-        above = (end[2] - plan["z"]) * 1000
         higher = float(end[2]) - plan["z"]  # held this much higher up the object than planned: it hangs lower
         plan["hang"] += higher
         plan["carry_z"] += higher
         plan["z"], plan["grasp"][2], plan["lift"][2] = float(end[2]), float(end[2]), plan["carry_z"]
-        print(f"result: touched at {fmt(end)}, {above:.0f} mm above the grasp height: deep enough")
+        print(f"result: touched at {fmt(end)}, {higher * 1000:.0f} mm above the grasp height: deep enough")
         print("status: at_grasp")
     else:
         where = fmt(end) if end is not None else "the start"
