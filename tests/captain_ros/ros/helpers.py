@@ -182,7 +182,11 @@ def spinning(make_node: Callable) -> Iterator[tuple]:
         yield node, thread
     finally:
         shutdown_executor(executor)
-        thread.join(timeout=5)
+        # the spin ends once its running callbacks return (a service response may wait up to config/fastdds.xml's
+        # 15 s for a client): destroying the node while they still use it spun in rclpy's destroy_node for good
+        thread.join(timeout=120)
+        if thread.is_alive():
+            raise RuntimeError("the executor's spin did not end within 120 s of its shutdown")
         node.destroy_node()
         rclpy.shutdown(context=context)
 
