@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """LIBERO through the harness: the scripted expert per suite, and what the harness's drive costs against LIBERO's own.
 
+With no arguments: the held-out protocol of CaPtain's Table 1. All 40 tasks of libero_spatial, libero_object,
+libero_goal and libero_10, each on the official evaluation initial states 11-16 (240 episodes), CaPtain's budgets
+(60 requests), through `captain-ros eval run --backend libero` (the bridge's rollout workers, one LIBERO server each,
+in parallel on every core), as any evaluation runs. `--quick` is the iteration sample: three suites, state 11.
+
 libero_<suite>_strict   strict success (finish() accepted on a scene LIBERO's goal predicate passes) of the scripted
-                        expert, one episode per task of the suite on the held-out official initial state 11 (the
-                        first of CaPtain's evaluation states 11-16); host success is reported beside it. The expert
-                        acts on perception only: the built-in segmenter's depth regions named by the appearance
-                        library rendered from LIBERO's asset models (libero/appearance_library.py); LIBERO's predicate
-                        only scores. The episodes run through `captain-ros eval run --backend libero` (the bridge's
-                        rollout workers, one LIBERO server each, in parallel on every core), as any evaluation does
+                        expert; host success (`_host`) beside it. The expert acts on perception only: the built-in
+                        segmenter's depth regions named by the appearance library rendered from LIBERO's asset
+                        models (libero/appearance_library.py); LIBERO's predicate only scores
+libero_strict, _host    over every episode of the run (240 for the protocol)
 libero_episode_s_p50    wall time per episode (each worker on its own core)
 ..._colour_shape        the same episodes with the built-in colour/shape naming alone (no appearance library)
 ..._oracle_segmentation the same episodes with ORACLE segmentation (libero/oracle.py: masks from the simulator's
@@ -19,10 +22,11 @@ control_ms_per_50ms     wall time of the harness's joint control for 50 ms of si
                         of 2 ms, each a round trip to the LIBERO server), against LIBERO's own env.step (OSC, the
                         same 50 ms) in one run; and the native render of the same two cameras against our capture
 
-  python bench/libero.py                      # prints tables, writes bench/results/libero.json
-  python bench/libero.py --states 11,12       # more initial states per task
-  python bench/libero.py --variants appearance  # some variants; the others' figures are kept from the last file
-  python bench/libero.py --suites libero_10     # other suites (libero_10, LIBERO-PRO's ...)
+  python bench/libero.py                        # the protocol (headline variant), writes bench/results/libero.json
+  python bench/libero.py --quick                # the sample: 3 suites x 10 tasks, state 11, every variant;
+                                                # writes bench/results/libero_quick.json (never the protocol's file)
+  python bench/libero.py --variants oracle_segmentation   # other variants; the others' figures are kept
+  python bench/libero.py --suites libero_10 --states 11,12  # a part of the protocol (written beside the rest)
 """
 
 from __future__ import annotations
@@ -45,14 +49,16 @@ from captain_ros.core.trajectory import JointTrajectory
 from captain_ros.libero.libero_backend import libero_python
 from captain_ros.libero.link import LiberoLink
 
-SUITES = ("libero_spatial", "libero_object", "libero_goal")
+SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10")
+PROTOCOL_STATES = "11,12,13,14,15,16"  # CaPtain's held-out official initial states
+QUICK = {"suites": "libero_spatial,libero_object,libero_goal", "states": "11"}  # the iteration sample
 SIZE_PX = 512
 VARIANTS = {  # label -> the world's segmentation name; the first is the headline (its keys carry no suffix)
     "appearance": "appearance",
     "colour_shape": "colour_shape",
     "oracle_segmentation": "oracle",
 }
-RESULTS = Path(__file__).resolve().parent / "results" / "libero.json"
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
 NATIVE = Path(__file__).resolve().parent / "_libero_native.py"
 
 
@@ -127,18 +133,36 @@ def _suite_order(suite: str) -> tuple[int, str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--states", default="11", help="official initial states per task (comma-separated)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"the iteration sample ({QUICK['suites']}; state {QUICK['states']}; every variant) into "
+        "results/libero_quick.json",
+    )
+    parser.add_argument(
+        "--states",
+        default=None,
+        help=f"official initial states per task (comma-separated; default {PROTOCOL_STATES}, "
+        f"--quick {QUICK['states']})",
+    )
     parser.add_argument("--samples", type=int, default=10, help="timing samples per measurement")
     parser.add_argument("--tasks", type=int, default=10, help="tasks per suite (the first N; 10 = all)")
-    parser.add_argument("--suites", default=",".join(SUITES), help="LIBERO suites (comma-separated)")
+    parser.add_argument(
+        "--suites", default=None, help=f"LIBERO suites (comma-separated; default {','.join(SUITES)}, --quick fewer)"
+    )
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="episodes in parallel")
     parser.add_argument(
         "--variants",
-        default=",".join(VARIANTS),
-        help="variants to run (comma-separated); the figures and episodes of the others are kept from the last "
-        "results file, each variant with the date it ran",
+        default=None,
+        help="variants to run (comma-separated; default: the headline, appearance; --quick: all); the figures and "
+        "episodes of the others are kept from the last results file, each variant with the date it ran",
     )
     args = parser.parse_args()
+    args.states = args.states or (QUICK["states"] if args.quick else PROTOCOL_STATES)
+    args.suites = args.suites or (QUICK["suites"] if args.quick else ",".join(SUITES))
+    args.variants = args.variants or (",".join(VARIANTS) if args.quick else next(iter(VARIANTS)))
+    name = "libero_quick" if args.quick else "libero"
+    results_file = RESULTS_DIR / f"{name}.json"
     states = [int(s) for s in args.states.split(",")]
     if states != list(range(11, 11 + len(states))) or len(states) > 6:
         parser.error(f"--states must be the first of the held-out states 11-16 (11, or 11,12, ...), not {args.states}")
@@ -146,8 +170,13 @@ def main() -> int:
     unknown = sorted(set(chosen) - set(VARIANTS))
     if unknown:
         parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
-    previous = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
-    results = [r for r in previous.get("episodes", []) if r["variant"] in VARIANTS and r["variant"] not in chosen]
+    previous = json.loads(results_file.read_text()) if results_file.is_file() else {}
+    ran_now = {(v, suite) for v in chosen for suite in args.suites.split(",")}  # a variant's other suites are kept
+    results = [
+        r
+        for r in previous.get("episodes", [])
+        if r["variant"] in VARIANTS and (r["variant"], r["suite"]) not in ran_now
+    ]
     kept = {r["variant"] for r in results}
     ran = previous.get("variant_dates", {})
     dates = {v: ran.get(v, previous.get("machine", {}).get("date_utc", "unknown")) for v in VARIANTS if v in kept}
@@ -205,7 +234,8 @@ def main() -> int:
         if walls:
             metrics[f"libero_episode_s_p50{suffix}"] = float(np.median(walls))
     print_table(
-        f"Scripted expert on LIBERO (initial states {args.states}, tasks 0-{args.tasks - 1} of each suite)",
+        f"Scripted expert on LIBERO ({'the quick sample' if args.quick else 'the held-out protocol'}: "
+        f"this run's initial states {args.states}, tasks 0-{args.tasks - 1} of each suite)",
         ["suite", "segmentation", "episodes", "host", "strict", "requests", "outcomes"],
         rows,
     )
@@ -233,14 +263,16 @@ def main() -> int:
     )
     metrics["observe_ms_p50_libero"] = ours["observe_ms_p50_libero"]
     write_results(
-        "libero",
+        name,
         metrics,
         {
             **ours,
             **theirs,
             "control_ratio_to_native": ratio_control,
             "capture_ratio_to_native": ratio_observe,
-            "states": states,
+            "states": states,  # this run's
+            "variant_states": {v: sorted({str(r["start_id"]) for r in results if r["variant"] == v}) for v in dates},
+            "protocol": "quick sample" if args.quick else "held-out protocol",
             "workers": args.workers,
             "image_px": SIZE_PX,
             "policy": "scripted expert (captain_ros.agent.expert), perception only",

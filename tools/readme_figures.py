@@ -533,7 +533,7 @@ BLOCKS = {
     "advantages": Block("advantages", rows=TRAINING),
     "train_gpu": Block("train_gpu", rows=TRAIN_GPU),
     "sft_then_rl": Block("sft_then_rl", text=SFT_THEN_RL),
-    "libero": Block("libero", rows=LIBERO),
+    "libero": Block("libero_quick", rows=LIBERO),
     "shadow": Block("shadow", rows=SHADOW),
     "ci": Block("ci", text=CI),
     "student": Block("student", rows=STUDENT),
@@ -543,6 +543,7 @@ BLOCKS = {
 COMMANDS = {
     "stress_dds": "python tools/stress_dds_tests.py",
     "sft_then_rl": ".venv/bin/python -m captain_ros_training.sft_then_rl",
+    "libero_quick": "python bench/libero.py --quick",
 }
 
 
