@@ -35,7 +35,9 @@ def test_metrics_log_is_strict_json_and_plots(tmp_path):
     assert rows == read_metrics(tmp_path / "rl.jsonl") and len(rows) == 2
     first = rows[0]
     assert first["critic_auc"] is None and rows[1]["loss"] is None  # NaN is written as null
-    for key in ("loss", "kl_k3", "kept_frac", "adv_mean", "adv_std", "episodes", "requests", "tokens"):
+    for key in ("loss", "kl_k3", "kept_frac", "adv_mean", "adv_std", "episodes", "requests", "tokens",
+                "critic_within_group_auc", "strict_success_rate", "false_finish_rate", "missed_finish_rate",
+                "requests_per_episode"):  # fmt: skip
         assert key in first, key
     assert (first["episodes"], first["requests"], first["sampled_requests"]) == (2, 4, 4)
     png = plot_metrics(tmp_path / "rl.jsonl", tmp_path / "rl.png")

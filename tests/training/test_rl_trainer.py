@@ -446,3 +446,60 @@ def test_advantages_and_auc_come_from_the_critic_before_its_co_training(tmp_path
     # co-training came after, on this round's states: its first loss is the pre-update critic's Eq. 4 loss
     assert row["critic_co_train_loss_first"] == pytest.approx(float(before.loss(states).detach()), rel=1e-5)
     assert not torch.equal(critic.values(states), before.values(states))
+
+
+def test_a_lora_checkpoint_holds_only_the_adapter_and_resumes_it_exactly(tmp_path):
+    """With frozen base weights (LoRA), the checkpoint keeps the trainable weights only (the base is the folder the
+    run loads again) and restores them, AdamW and the step count exactly; an adapter of another rank is refused."""
+    from captain_ros_training.sft import apply_lora
+
+    def lora_trainer(rank: int = 2) -> RLTrainer:
+        model = apply_lora(tiny_model(), SFTConfig(lora_rank=rank, lora_alpha=2.0 * rank))
+        return RLTrainer(model, tiny_model(), config=RLConfig(learning_rate=1e-2), objective=ObjectiveConfig(
+            objective="agenticroborl", episodes_per_step_n=2))  # fmt: skip
+
+    base = tiny_model()
+    episodes = [on_policy(synthetic_episode(f"e{i}", "g", i, n=2, success=i == 0, seed=i), base) for i in range(2)]
+    a = lora_trainer()
+    with torch.no_grad():  # peft starts B at zero: give the adapter weights a value to restore
+        for p in a.model.parameters():
+            if p.requires_grad:
+                p.add_(0.01)
+    a.update(build_round(FakeReader(episodes), 0, config=RoundConfig(2), objective=a.objective), step=True)
+    a.save_checkpoint(tmp_path / "lora.pt")
+    payload = torch.load(tmp_path / "lora.pt", weights_only=True)
+    trainable = {n for n, p in a.model.named_parameters() if p.requires_grad}
+    assert payload["model_params"] == "trainable" and set(payload["model"]) == trainable
+    assert all("lora_" in n for n in trainable)
+    b = lora_trainer()
+    b.load_checkpoint(tmp_path / "lora.pt")
+    for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
+        assert torch.equal(pa, pb), name
+    state_a, state_b = a.optimizer.state_dict()["state"], b.optimizer.state_dict()["state"]
+    assert state_a.keys() == state_b.keys() and len(state_a) == len(trainable)
+    for key in state_a:
+        assert all(torch.equal(state_a[key][k], state_b[key][k]) for k in ("step", "exp_avg", "exp_avg_sq"))
+    assert (b.policy_version, b.updates, b.used) == (1, 1, {"e0", "e1"})
+    with pytest.raises(ValueError, match=r"has shape \(2, 64\), the model \(4, 64\)"):
+        lora_trainer(rank=4).load_checkpoint(tmp_path / "lora.pt")
+    payload["model"].pop(sorted(trainable)[0])
+    torch.save(payload, tmp_path / "short.pt")
+    with pytest.raises(ValueError, match="other trainable weights than this model: 1 missing"):
+        lora_trainer().load_checkpoint(tmp_path / "short.pt")
+
+
+def test_a_rounds_outcomes_are_counted_as_rates():
+    from captain_ros_training.rl_trainer import outcome_stats
+
+    def ended(outcome: str, n: int) -> SimpleNamespace:
+        return SimpleNamespace(episode=SimpleNamespace(end={"outcome": outcome}), requests=[None] * n)
+
+    episodes = [ended("success", 4), ended("false_finish", 2), ended("missed_finish", 16), ended("failure", 2)]
+    assert outcome_stats(episodes) == {
+        "strict_success_rate": 0.25,
+        "false_finish_rate": 0.25,
+        "missed_finish_rate": 0.25,
+        "outcomes": {"failure": 1, "false_finish": 1, "missed_finish": 1, "success": 1},
+        "requests_per_episode": 6.0,
+    }
+    assert outcome_stats([])["requests_per_episode"] is None

@@ -232,6 +232,9 @@ def test_a_group_needs_the_objectives_minimum_of_valid_attempts(objective, used)
     if objective == "agenticroborl":  # leave-one-out needs another valid attempt: the whole group goes
         assert round_.report.dropped == {INVALID: 1, TOO_FEW_VALID: 1} and round_.report.groups_dropped == 1
         assert round_.report.examples[TOO_FEW_VALID] == ["good: group g has 1 valid attempts, the objective needs 2"]
+        assert round_.report.dropped_groups == ["g"] and round_.report.as_dict()["dropped_groups"] == ["g"]
+    else:
+        assert round_.report.dropped_groups == [] and round_.report.groups_dropped == 0
 
 
 def test_pending_deferred_and_already_used_groups():

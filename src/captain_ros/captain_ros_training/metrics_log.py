@@ -33,7 +33,22 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-PLOT_KEYS = ("loss", "kl_k3", "kept_frac", "adv_mean", "adv_std", "critic_auc", "reward_mean", "tokens")
+PLOT_KEYS = (
+    "success_rate",
+    "strict_success_rate",
+    "false_finish_rate",
+    "missed_finish_rate",
+    "loss",
+    "kl_k3",
+    "kept_frac",
+    "adv_mean",
+    "adv_std",
+    "critic_auc",
+    "critic_within_group_auc",
+    "requests_per_episode",
+    "reward_mean",
+    "tokens",
+)
 
 
 def plot_metrics(path: str | Path, out: str | Path, keys: Sequence[str] = PLOT_KEYS) -> Path:

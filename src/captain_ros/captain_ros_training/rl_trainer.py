@@ -29,7 +29,8 @@ captain_ros_training.sft_then_rl run round after round.
   7. two full-batch co-training steps of the critic on all the round's request states (App. A.2).
 
 Every update appends one row to a JSONL metrics log (loss, KL, kept-token fraction, advantage statistics, critic
-AUC, episodes, requests, tokens, ...): captain_ros_training.metrics_log writes it, and its `plot_metrics` draws it.
+AUC and within-group AUC, the round's host and strict success, false and missed finishes, requests per episode,
+episodes, tokens, ...): captain_ros_training.metrics_log writes it, and its `plot_metrics` draws it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -274,6 +276,25 @@ def token_advantage_stats(items: Sequence[TrainItem]) -> dict[str, float]:
     return {"token_adv_mean": mean, "token_adv_std": float(math.sqrt((n * (a - mean) ** 2).sum() / n.sum()))}
 
 
+def outcome_stats(episodes: Sequence[Any]) -> dict[str, Any]:
+    """How the round's episodes ended (captain_ros.agent.episode.Outcome): strict success (an accepted finish() on
+    a solved scene), false finishes (finish() on a failing scene) and missed finishes (solved, never finished) as
+    rates over the round's episodes, every outcome's count, and requests per episode."""
+    outcomes = [str((e.episode.end or {}).get("outcome")) for e in episodes]
+    n = len(outcomes)
+
+    def rate(name: str) -> float | None:
+        return outcomes.count(name) / n if n else None
+
+    return {
+        "strict_success_rate": rate("success"),
+        "false_finish_rate": rate("false_finish"),
+        "missed_finish_rate": rate("missed_finish"),
+        "outcomes": dict(sorted(Counter(outcomes).items())),
+        "requests_per_episode": sum(len(e.requests) for e in episodes) / n if n else None,
+    }
+
+
 # ---------------------------------------------------------------------------------------------------- trainer
 class RLTrainer:
     """The policy being trained, its frozen SFT reference, the critic and the running advantage std, and one
@@ -450,7 +471,10 @@ class RLTrainer:
         payload = {
             "format_version": RL_CHECKPOINT_VERSION,
             "objective": asdict(self.objective),
-            "model": self.model.state_dict(),
+            # a model with frozen weights (LoRA on a base folder) keeps only what trains: the frozen base is the
+            # folder it was loaded from, like the reference, and a rank-8 adapter's checkpoint is ~50 MB, not ~2 GB
+            "model_params": "trainable" if self._frozen_params() else "all",
+            "model": self._model_state(),
             "grads": {n: p.grad for n, p in self.model.named_parameters() if p.grad is not None},
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
@@ -487,7 +511,10 @@ class RLTrainer:
                 f"{path} was written with other objective settings ({', '.join(changed)}); resume "
                 "with the settings it was written with, or start a new run in another folder"
             )
-        self.model.load_state_dict(payload["model"])
+        if payload.get("model_params", "all") == "trainable":
+            self._load_trainable(payload["model"], path)
+        else:
+            self.model.load_state_dict(payload["model"])
         grads = payload["grads"]
         for name, p in self.model.named_parameters():
             p.grad = grads[name].to(p.dtype) if name in grads else None
@@ -503,6 +530,32 @@ class RLTrainer:
         self.updates = int(payload["updates"])
         self.policy_version = int(payload["policy_version"])
         set_rng_state(payload["rng"])
+
+    def _frozen_params(self) -> bool:
+        return any(not p.requires_grad for p in self.model.parameters())
+
+    def _model_state(self) -> dict[str, torch.Tensor]:
+        """The weights a checkpoint holds: every one (`state_dict`), or with frozen weights only the trainable."""
+        if not self._frozen_params():
+            return self.model.state_dict()
+        return {n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad}
+
+    @torch.no_grad()
+    def _load_trainable(self, state: dict[str, torch.Tensor], path: str | Path) -> None:
+        """Trainable weights of a checkpoint into the model, refused unless the names are exactly this model's
+        trainable ones (another LoRA rank or target list would silently load into nothing)."""
+        params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+        if set(params) != set(state):
+            missing, extra = sorted(set(params) - set(state)), sorted(set(state) - set(params))
+            raise ValueError(
+                f"{path} holds other trainable weights than this model: {len(missing)} missing (e.g. "
+                f"{missing[:2]}), {len(extra)} unexpected (e.g. {extra[:2]}); resume with the adapter settings it "
+                "was written with"
+            )
+        for name, p in params.items():
+            if state[name].shape != p.shape:
+                raise ValueError(f"{path}: {name} has shape {tuple(state[name].shape)}, the model {tuple(p.shape)}")
+            p.copy_(state[name])
 
     # ---------------------------------------------------------------------------------- one round
     def update(self, round_: Round, *, step: bool | None = None) -> dict[str, Any]:
@@ -524,6 +577,7 @@ class RLTrainer:
             "dropped": dict(round_.report.dropped),
             "reward_mean": float(np.mean([e.reward for e in episodes])) if episodes else None,
             "success_rate": float(np.mean([e.success for e in episodes])) if episodes else None,
+            **outcome_stats(episodes),
         }
         snapshot = self.critic.snapshot() if self.critic is not None else None
         states = (
@@ -572,6 +626,7 @@ __all__ = [
     "captain_advantages",
     "combine_loss_metrics",
     "micro_batches",
+    "outcome_stats",
     "sampled_token_logprobs",
     "select_items",
     "token_advantage_stats",

@@ -163,6 +163,7 @@ class RoundReport:
     groups_pending: int = 0  # not all G attempts have ended yet: left for a later round
     groups_deferred: int = 0  # ready, but the round was full
     groups_dropped: int = 0
+    dropped_groups: list[str] = field(default_factory=list)  # ids of the groups dropped whole (a driver's ledger)
     episodes_used: int = 0
     episodes_already_used: int = 0
     dropped: Counter = field(default_factory=Counter)  # reason -> episodes
@@ -195,6 +196,7 @@ class RoundReport:
             "groups_pending": self.groups_pending,
             "groups_deferred": self.groups_deferred,
             "groups_dropped": self.groups_dropped,
+            "dropped_groups": list(self.dropped_groups),
             "episodes_used": self.episodes_used,
             "episodes_dropped": self.episodes_dropped,
             "episodes_already_used": self.episodes_already_used,
@@ -402,6 +404,7 @@ def build_round(
             report.drop(reason, episode.episode_id, why, config.max_examples)
         if len(kept) < need:
             report.groups_dropped += 1
+            report.dropped_groups.append(group_id)
             for episode, _ in kept:
                 why = f"group {group_id} has {len(kept)} valid attempts, the objective needs {need}"
                 report.drop(TOO_FEW_VALID, episode.episode_id, why, config.max_examples)
