@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The student's SFT and its evaluation on a GPU host without network (docs/student.md, section 4).
+# The student's SFT, its evaluation and its RL rounds on a GPU host without network (docs/student.md, sections 4
+# and 6).
 #
-#   bash tools/student_gpu_host.sh STAGE...      stages: prepare sft bench eval dagger label   (from the project's root)
+#   bash tools/student_gpu_host.sh STAGE...      stages: prepare sft bench eval dagger label rl   (from the project's root)
 #
 #   prepare  copies the project to $WORK/proj (later calls may replace the working tree), puts the carried student back
 #            together ($CARRY, tools/carry.py), installs its wheels (gguf, and the locked transformers and tokenizers),
@@ -27,6 +28,12 @@
 #   label    captain_ros_training.dagger's labels of those stores as they are now, added to $EXAMPLES
 #            (`captain_ros_training.rl sft-data --examples $EXAMPLES --dagger ...`): the next SFT's data file, in
 #            $OUT/dagger_data
+#   rl       RL rounds on the served student (captain_ros_training.rl_host run, in the background): hf_serve
+#            --weight-reload serves it, its rollouts on training starts run on the host's cores, LoRA rounds train
+#            and sync into the running server, a checkpoint after each round in $WORK/rl/checkpoints. It resumes from
+#            $WORK/rl's own checkpoint, or else from one carried in ($RL_CARRY: the files an earlier call brought
+#            back). Waits up to $WAIT_S seconds, then packs the latest checkpoint into $OUT/rl (flat files of 15 MiB,
+#            tools/carry.py) each time; done when $RL_ROUNDS rounds are (0: never, the session's end stops it)
 #
 # Every stage is idempotent: rerun the same command to keep waiting, or after a lost call. WAIT_S bounds the whole
 # call, not each stage: `sft eval` waits for the SFT, starts the evaluation the moment it ends, and waits for that
@@ -36,7 +43,10 @@
 # examples were built with `sft-data --recovery-per-episode`), GRAPHS (0; 1: the eval's server decodes from CUDA
 # graphs), KV_SHARE (0.8: the share of free GPU memory a server's KV cache takes; 0.4 to run eval and dagger
 # together: started at once, each sees the whole GPU free, and together they ran out of memory), DAGGER_STARTS (8),
-# DAGGER_SEED (1), FINE_TUNED (models/qwen2.5-coder-0.5b-captain-sft), EXAMPLES ($WORK/carried/sft_data.pkl.xz).
+# DAGGER_SEED (1), FINE_TUNED (models/qwen2.5-coder-0.5b-captain-sft), EXAMPLES ($WORK/carried/sft_data.pkl.xz),
+# RL_CARRY (/tmp/carry_rl), RL_ROUNDS (0), RL_KV_SHARE (0.5: the trainer shares the GPU with the server), RL_ARGS
+# (more `rl_host run` options, e.g. "--groups-per-round-n 8 --learning-rate 4e-5"; the settings a run resumes with
+# must be the ones it began with).
 set -u -o pipefail
 
 CARRY=${CARRY:-/tmp/carry}
@@ -57,6 +67,10 @@ FINE_TUNED=${FINE_TUNED:-models/qwen2.5-coder-0.5b-captain-sft}
 DAGGER_STARTS=${DAGGER_STARTS:-8}
 DAGGER_SEED=${DAGGER_SEED:-1}
 EXAMPLES=${EXAMPLES:-$WORK/carried/sft_data.pkl.xz}
+RL_CARRY=${RL_CARRY:-/tmp/carry_rl}
+RL_ROUNDS=${RL_ROUNDS:-0}
+RL_KV_SHARE=${RL_KV_SHARE:-0.5}
+RL_ARGS=${RL_ARGS:-}
 NAME=qwen2.5-coder-0.5b-instruct
 STUDENT=$WORK/student/$NAME
 PROJ=$WORK/proj
@@ -220,6 +234,46 @@ PY
         --recovery-per-episode "$RECOVERY" "${stores[@]}" --out "$OUT/dagger_data/sft_data_dagger.pkl.xz" || return 1
 }
 
+# RL rounds on the served student (captain_ros_training.rl_host run): resumes from $WORK/rl's own checkpoint or one
+# carried in ($RL_CARRY), packs the latest checkpoint into $OUT/rl each call (a host's files vanish with it)
+rl_stage() {
+    served_model || return 1
+    local resume=() status=0
+    if ls "$RL_CARRY"/*.carry-manifest.json >/dev/null 2>&1; then  # files an earlier host's call brought back
+        python3 "$PROJ/tools/carry.py" unpack "$RL_CARRY" --to "$WORK/rl_carried" -q || return 1  # rerun-safe
+        resume=(--resume-from "$WORK/rl_carried")
+    fi
+    # shellcheck disable=SC2086  # RL_ARGS: options split as words
+    background "captain_ros_training.rl_host run" "$WORK/rl/done" "$WORK/rl.log" \
+        python3 -m captain_ros_training.rl_host run --model "$WORK/sft/model" --out "$WORK/rl" --resume "${resume[@]}" \
+        --workers-n "$WORKERS" --rounds-n "$RL_ROUNDS" --kv-cache-memory-fraction "$RL_KV_SHARE" \
+        $([ "$GRAPHS" = 1 ] && echo --cuda-graphs) $RL_ARGS
+    if wait_for "$WORK/rl/done" "captain_ros_training.rl_host run"; then
+        say "RL rounds done: $(cat "$WORK/rl/done")"
+    else
+        say "RL rounds go on (rerun to keep waiting):"
+        status=3
+    fi
+    grep -h "rl-host\|Error\|error" "$WORK/rl.log" 2>/dev/null | tail -6
+    local latest="" try
+    for try in 1 2 3; do  # a copy first: the driver removes a checkpoint once the next one is whole
+        latest=$(cat "$WORK/rl/checkpoints/LATEST" 2>/dev/null) || { latest=""; break; }
+        rm -rf "$WORK/rl_pack" && mkdir -p "$WORK/rl_pack" &&
+            cp -r "$WORK/rl/checkpoints/$latest" "$WORK/rl_pack/" 2>/dev/null && break  # unpacks as round-NNNNN/
+        say "checkpoint $latest was replaced while copied (try $try)"
+        latest=""
+    done
+    if [ -n "$latest" ]; then
+        rm -rf "${OUT:?}/rl"
+        python3 "$PROJ/tools/carry.py" pack "$WORK/rl_pack/$latest" --out "$OUT/rl" --max-mib 15 --flat --name rl -q ||
+            return 1
+        say "checkpoint $latest packed into $OUT/rl (carry its files into $RL_CARRY on the next host to resume)"
+    else
+        say "no checkpoint yet (the critic's warm start comes first)"
+    fi
+    return $status
+}
+
 # the stores of $WORK/$2 as they are now (sqlite's online backup: consistent while episodes are being written),
 # gzipped, with each run's summary, packed into $OUT/$1
 pack_stores() {
@@ -258,7 +312,8 @@ for STAGE in "$@"; do
     eval) eval_stage || exit $? ;;
     dagger) dagger_stage || exit $? ;;
     label) label_stage || exit $? ;;
-    *) echo "unknown stage $STAGE (prepare, sft, bench, eval, dagger, label)" >&2; exit 2 ;;
+    rl) rl_stage || exit $? ;;
+    *) echo "unknown stage $STAGE (prepare, sft, bench, eval, dagger, label, rl)" >&2; exit 2 ;;
     esac
 done
 nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader 2>/dev/null

@@ -20,13 +20,14 @@ def run(tmp_path, *stages):
 
 def test_no_stage_prints_the_usage_and_makes_nothing(tmp_path):
     done = run(tmp_path)
-    assert done.returncode == 2 and "stages: prepare sft bench eval" in done.stdout
+    assert done.returncode == 2 and "stages: prepare sft bench eval dagger label rl" in done.stdout
+    assert "RL_CARRY" in done.stdout and "$OUT/rl" in done.stdout  # how the rl stage resumes and what comes back
     assert not (tmp_path / "work").exists()
 
 
 def test_an_unknown_stage_is_named(tmp_path):
     done = run(tmp_path, "train")
-    assert done.returncode == 2 and "unknown stage train (prepare, sft, bench, eval, dagger, label)" in done.stderr
+    assert done.returncode == 2 and "unknown stage train (prepare, sft, bench, eval, dagger, label, rl)" in done.stderr
 
 
 def test_prepare_without_the_rollout_bundle_goes_on_to_the_student_and_says_the_eval_needs_it(tmp_path):
@@ -45,7 +46,7 @@ def test_prepare_without_the_rollout_bundle_goes_on_to_the_student_and_says_the_
 def test_the_evaluation_without_a_fine_tuned_model_says_which_stage_makes_it(tmp_path):
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "host.env").write_text("")  # as if the bundle were installed
-    for stage in ("eval", "dagger"):  # the training-start rollouts serve the same student
+    for stage in ("eval", "dagger", "rl"):  # the training-start rollouts and the RL rounds serve the same student
         done = run(tmp_path, stage)
         assert done.returncode == 1 and "no fine-tuned student: run the sft stage, or set FINE_TUNED" in done.stdout
         assert not (tmp_path / "work" / f"{stage}.log").exists()  # nothing started
@@ -58,3 +59,34 @@ def test_the_evaluation_without_the_rollout_bundle_says_so_before_starting(tmp_p
     done = run(tmp_path, "eval")
     assert done.returncode == 1 and "no rollout bundle installed: carry its parts into" in done.stdout
     assert not (tmp_path / "work" / "eval.log").exists()  # nothing started
+
+
+def test_the_rl_stage_packs_its_latest_checkpoint_and_unpacks_a_carried_one(tmp_path):
+    """A finished run (its done file: nothing is started): each call packs the checkpoint LATEST names into
+    $OUT/rl as flat files, which tools/carry.py puts back together as round-NNNNN/; files carried into $RL_CARRY are
+    unpacked for the driver's --resume-from."""
+    work = tmp_path / "work"
+    (work / "sft" / "model").mkdir(parents=True)
+    (work / "sft" / "model" / "config.json").write_text("{}")
+    (work / "host.env").write_text("")  # as if the bundle were installed
+    (work / "proj").mkdir()
+    (work / "proj" / "tools").symlink_to(ROOT / "tools")
+    checkpoint = work / "rl" / "checkpoints" / "round-00002"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "ledger.json").write_text('{"ledger": {"rounds": 2}}')
+    (checkpoint / "trainer.pt").write_bytes(bytes(range(256)) * 4096)
+    (work / "rl" / "checkpoints" / "LATEST").write_text("round-00002\n")
+    (work / "rl" / "done").write_text("2 rounds\n")
+    env = {**os.environ, "WORK": str(work), "OUT": str(tmp_path / "out"), "WAIT_S": "1",
+           "RL_CARRY": str(tmp_path / "carry_rl")}  # fmt: skip
+    done = subprocess.run(["bash", str(SCRIPT), "rl"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "RL rounds done: 2 rounds" in done.stdout and "checkpoint round-00002 packed into" in done.stdout
+    back = sorted(p.name for p in (tmp_path / "out" / "rl").iterdir())
+    assert back == ["rl-part01", "rl.carry-manifest.json"]
+    shutil.copytree(tmp_path / "out" / "rl", tmp_path / "carry_rl")  # the next host
+    done = subprocess.run(["bash", str(SCRIPT), "rl"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    carried = work / "rl_carried" / "round-00002"
+    assert (carried / "trainer.pt").read_bytes() == (checkpoint / "trainer.pt").read_bytes()
+    assert (carried / "ledger.json").read_text() == (checkpoint / "ledger.json").read_text()

@@ -241,9 +241,9 @@ def runs(tmp_path_factory):
     subprocess.run([*carry, "pack", str(latest), "--out", str(back), "--max-mib", "15", "--flat", "--name", "rl",
                     "-q"], check=True)  # fmt: skip
     subprocess.run([*carry, "unpack", str(back), "--to", str(root / "carried"), "-q"], check=True)
-    carried = root / "carried" / latest.name
-    b = Driver(["--model", str(model), "--out", str(second), "--resume", "--resume-from", str(carried), *SMALL],
-               root / "second.log")  # fmt: skip
+    carried = root / "carried" / latest.name  # the driver is given the folder unpacked into, as the host script does
+    resume = ["--resume", "--resume-from", str(root / "carried")]
+    b = Driver(["--model", str(model), "--out", str(second), *resume, *SMALL], root / "second.log")
     try:
         seen["resumed"] = b.until("resumed")
         assert b.finish() == 0, (root / "second.log").read_text()

@@ -359,15 +359,19 @@ class HostRL:
         return self.out / CHECKPOINTS
 
     def latest(self, root: Path | None = None) -> Path | None:
-        """The newest complete checkpoint folder under RUN/checkpoints (named by LATEST), or `root` itself when it
-        is a checkpoint folder (a carried one)."""
+        """The newest complete checkpoint: RUN/checkpoints/<LATEST>; with `root` (one carried in): `root` itself
+        when it is a checkpoint folder, else the one LATEST names under it (or under root/checkpoints), else its
+        round-NNNNN folder of the most rounds (`tools/carry.py unpack` of a packed round-NNNNN/ gives one)."""
         if root is not None:
             if (root / LEDGER_FILE).is_file() and (root / TRAINER_FILE).is_file():
                 return root
             root = root / CHECKPOINTS if (root / CHECKPOINTS).is_dir() else root
         root = root or self.checkpoints
         name = (root / LATEST).read_text().strip() if (root / LATEST).is_file() else ""
-        return root / name if name and (root / name / LEDGER_FILE).is_file() else None
+        if name and (root / name / LEDGER_FILE).is_file():
+            return root / name
+        rounds = sorted(d for d in root.glob("round-*") if (d / LEDGER_FILE).is_file() and (d / TRAINER_FILE).is_file())
+        return rounds[-1] if rounds and root != self.checkpoints else None
 
     def choose_checkpoint(self) -> Path | None:
         """Own (RUN's) or carried (--resume-from), whichever is the same run further on; None: a new run."""
