@@ -247,6 +247,8 @@ def runs(tmp_path_factory):
     try:
         seen["resumed"] = b.until("resumed")
         assert b.finish() == 0, (root / "second.log").read_text()
+        started = json.loads((second / rl_host.PROCESSES_FILE).read_text())["processes"]
+        seen["left_running"] = [name for name, e in started.items() if alive(e["pid"])]  # a driver that ends stops all
     finally:
         b.kill()
         kill_recorded(second)
@@ -278,6 +280,7 @@ def test_the_server_was_never_restarted_and_took_each_rounds_weights(runs):
     assert final[2]["server_pid"] not in pids and final[2]["sync"]["weight_version"] == "3"
     (log,) = (second / "sessions").glob("*/logs/server.log")
     assert log.read_text().count("serving ") == 1
+    assert runs["seen"]["left_running"] == []  # the run that reached its rounds stopped its server and proxy
 
     from safetensors.torch import load_file
 

@@ -659,7 +659,8 @@ class HostRL:
         (self.out / "config.json").write_text(json.dumps(asdict(c), indent=1) + "\n")
 
         served = self.out / "served"  # the server's folder: the SFT folder with the current policy's weights
-        if not served.is_dir():
+        if checkpoint is None or not served.is_dir():  # a new run starts from the SFT folder as it is now
+            shutil.rmtree(served, ignore_errors=True)
             shutil.copytree(self.model_dir, served)
         tie = bool(json.loads((served / "config.json").read_text()).get("tie_word_embeddings", False))
         write_weights_atomic(served, checkpoint_tensors(merged_state_dict(model), served_dtype(served), tie))
@@ -672,10 +673,9 @@ class HostRL:
             max_model_len=c.context_limit_tokens,
             extra_args=(*server_args, *(("--cuda-graphs",) if c.cuda_graphs else ()), "--seed", str(c.seed)),
         )
-        stopping: list[int] = []
+        self.record_processes({"server": server.proc})  # at once: a driver killed while it starts leaves it
 
         def on_signal(signum: int, _frame: Any) -> None:
-            stopping.append(signum)
             raise SystemExit(f"stopped by signal {signum}: `run --resume` continues from the last checkpoint")
 
         previous = signal.signal(signal.SIGTERM, on_signal)
