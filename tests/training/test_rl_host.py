@@ -29,11 +29,13 @@ ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "captain_ros"
 ROUND_LIMIT_S = 600.0  # a safety net for a hung driver, not a timing: a run of the fixture takes about a minute
 ROUNDS = 3
-SMALL = [  # one task, G = 4, one group a round; the tiny model's replies are short and never a tool call
+# one task, G = 4, one group a round; the tiny model's replies are short and never a tool call; gradient
+# checkpointing stays on, as on the GPU host
+SMALL = [
     "--tasks", "open_drawer", "--group-size-n", "4", "--groups-per-round-n", "1", "--max-open-groups-n", "2",
     "--warm-start-waves-n", "1", "--workers-n", "2", "--max-new-tokens-n", "16", "--context-limit-tokens", "8192",
     "--micro-batch-tokens", "8192", "--lora-rank", "2", "--lora-alpha", "4", "--learning-rate", "1e-2",
-    "--no-gradient-checkpointing", "--rounds-n", str(ROUNDS),
+    "--rounds-n", str(ROUNDS),
 ]  # fmt: skip
 
 
@@ -117,6 +119,34 @@ def test_a_killed_drivers_server_is_stopped_and_nothing_else(tmp_path):
         for proc in (ours, other):
             proc.kill()
             proc.wait()
+
+
+def test_a_resume_takes_the_furthest_checkpoint_of_the_same_run_and_refuses_another_runs(tmp_path):
+    def checkpoint(folder: Path, run_id: str, rounds: int) -> Path:
+        folder.mkdir(parents=True)
+        ledger = {"run_id": run_id, "groups_admitted": 0, "rounds": rounds, "groups": {}}
+        (folder / rl_host.LEDGER_FILE).write_text(json.dumps({"ledger": ledger}))
+        (folder / rl_host.TRAINER_FILE).write_bytes(b"")
+        return folder
+
+    run = tmp_path / "run"
+    own = checkpoint(run / "checkpoints" / "round-00003", "a", 3)
+    (run / "checkpoints" / rl_host.LATEST).write_text("round-00003\n")
+    carried = checkpoint(tmp_path / "carried" / "round-00005", "a", 5)
+    assert HostRL(config(), tmp_path, tmp_path / "new").choose_checkpoint() is None  # nothing: a new run
+    with pytest.raises(rl_host.HostRLError, match="pass --resume to continue it"):
+        HostRL(config(), tmp_path, run).choose_checkpoint()
+    assert HostRL(config(), tmp_path, run, resume=True).choose_checkpoint() == own
+    for given in (carried, carried.parent):  # the checkpoint, or the folder it was unpacked into
+        host = HostRL(config(), tmp_path, run, resume=True, resume_from=given)
+        assert host.choose_checkpoint() == carried  # further on than the run's own
+    older = checkpoint(tmp_path / "older" / "round-00001", "a", 1)
+    assert HostRL(config(), tmp_path, run, resume=True, resume_from=older).choose_checkpoint() == own
+    other = checkpoint(tmp_path / "other" / "round-00009", "b", 9)
+    with pytest.raises(rl_host.HostRLError, match="belong to different runs"):
+        HostRL(config(), tmp_path, run, resume=True, resume_from=other).choose_checkpoint()
+    with pytest.raises(rl_host.HostRLError, match="holds no checkpoint"):
+        HostRL(config(), tmp_path, run, resume=True, resume_from=tmp_path / "empty").choose_checkpoint()
 
 
 @pytest.mark.parametrize(
