@@ -61,7 +61,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -287,47 +287,30 @@ def merged_state_dict(model: Any) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------------- rollouts
 class StreamingRollouts(threading.Thread):
-    """captain_ros.bridge.rollout.LocalEngine fed continuously: while a worker is idle it asks `admit()` for more
+    """captain_ros.bridge.rollout.LocalEngine.stream in a thread: while a worker is idle it asks `admit()` for more
     jobs (a group's attempts, or nothing while the trainer is behind), runs until `stop` is set, and calls `on_episode`
     after each ended episode. Worker deaths and retries are the engine's own. An exception ends the thread and is
     kept in `error` for the trainer to raise."""
 
     def __init__(self, config: Any, admit: Callable[[], list[Any]], on_episode: Callable[[], None]):
+        from captain_ros.bridge.rollout import RolloutReport
+
         super().__init__(name="rollouts", daemon=True)
         self.config, self.admit, self.on_episode = config, admit, on_episode
         self.stop = threading.Event()
         self.error: BaseException | None = None
-        self.report: Any = None
+        self.report = RolloutReport()  # filled as episodes end
 
     def run(self) -> None:
-        from captain_ros.bridge.rollout import LocalEngine, RolloutReport, _new_id
-        from captain_ros.bridge.store import EpisodeStore
+        from captain_ros.bridge.rollout import LocalEngine
 
         engine = LocalEngine(self.config, lambda report: self.on_episode())
-        self.report = report = RolloutReport()
-        store = EpisodeStore(self.config.store_path)
-        t0 = time.perf_counter()
         try:
-            for _ in range(self.config.workers):
-                engine._spawn()
-            while not self.stop.is_set():
-                while len(engine.todo) < len(engine.workers) - len(engine.assigned):  # an idle worker waits
-                    jobs = self.admit()
-                    if not jobs:
-                        break
-                    engine.todo += [replace(j, episode_id=_new_id()) for j in jobs]
-                engine._assign()
-                engine._collect(report, store)  # waits up to the engine's poll interval for an ended episode
-                engine._reap(report, store)
+            engine.stream(self.admit, self.stop, self.report)
         except BaseException as exc:
             self.error = exc
         finally:
-            try:
-                engine.close()
-            finally:
-                store.close()
-                report.seconds = time.perf_counter() - t0
-                self.on_episode()  # wake the trainer: it checks `error` and `is_alive`
+            self.on_episode()  # wake the trainer: it checks `error` and `is_alive`
 
 
 # ---------------------------------------------------------------------------------------------------- the driver
@@ -788,8 +771,9 @@ class HostRL:
             "version_lag": {str(k): v for k, v in sorted(report.version_lag.items())},
             "open_groups": open_groups,
             "groups_admitted": self.ledger.groups_admitted,
-            "rollout_episodes_ended": rollout.episodes if rollout else None,
-            "rollout_worker_restarts": rollout.restarts if rollout else None,
+            "rollout_episodes_ended": rollout.episodes,
+            "rollout_valid": rollout.valid,
+            "rollout_worker_restarts": rollout.restarts,
             "server_pid": server.pid,
             "sync": synced.as_dict(),
             "wait_s": t_ready - t0,

@@ -75,6 +75,43 @@ def test_a_group_is_recorded_shipped_and_readable_by_the_trainer(tmp_path):
         assert first["timing"]["proxy_s"] >= 0 and first["response"]["tool_calls"]
 
 
+def test_a_stream_runs_jobs_admitted_while_it_runs_until_stopped(tmp_path):
+    """LocalEngine.stream (an RL driver's rollouts): the first group, then a second one admitted only after an
+    episode of the first ended, both run on the same workers; `admit` returning nothing leaves them idle, not
+    stopped; the stream ends when told, with its report filled as it went."""
+    groups = [
+        _group("open_drawer", "open_drawer/official/11", 2),
+        _group("close_drawer", "close_drawer/official/11", 2),
+    ]
+    ended, stop = threading.Event(), threading.Event()
+    asked: list[int] = []
+
+    def admit() -> list[Job]:
+        asked.append(len(groups))
+        if len(groups) == 2 or (groups and ended.is_set()):
+            return groups.pop(0)
+        return []
+
+    report = RolloutReport()
+
+    def progress(r: RolloutReport) -> None:
+        ended.set()
+        if r.episodes == 4:
+            stop.set()
+
+    with RolloutHost(HostOptions(tmp_path / "run", workers=2, progress=False, ship=False)) as host:
+        from captain_ros.bridge.rollout import LocalEngine
+
+        returned = LocalEngine(host.config(), progress).stream(admit, stop, report)
+    assert returned is report and (report.episodes, report.valid) == (4, 4) and not groups
+    # asked only while a worker was idle: the second group once a worker had finished, then nothing to give (the
+    # workers idled, not stopped, until told)
+    assert asked[:2] == [2, 1] and set(asked[2:]) == {0}
+    reader = EpisodeReader(host.store_path)
+    tasks = sorted(reader.load(e).start["task"] for e in reader.episode_ids())
+    assert tasks == ["close_drawer", "close_drawer", "open_drawer", "open_drawer"]
+
+
 def test_kill_9_of_a_worker_mid_episode_abandons_it_and_runs_the_job_again(tmp_path):
     jobs = _group("open_drawer", "open_drawer/official/14", 2)
     with RolloutHost(HostOptions(tmp_path / "run", workers=2, progress=False)) as host:

@@ -335,6 +335,35 @@ class LocalEngine:
         report.seconds = time.perf_counter() - t0
         return report
 
+    def stream(self, admit: Callable[[], list[Job]], stop: Any, report: RolloutReport | None = None) -> RolloutReport:
+        """`run` for a job list that grows while it runs (an RL driver's rollouts, captain_ros_training.rl_host):
+        while a worker is idle and no job waits, `admit()` gives more jobs ([]: none now, asked again after the next
+        poll); runs until `stop` (a threading.Event) is set, then closes its workers (an episode still running stays
+        open in the store; a rerun of its job is the caller's). Worker deaths and retries are as in `run`. `report`
+        (filled as episodes end, for a caller to watch) is returned."""
+        from captain_ros.bridge.store import EpisodeStore
+
+        report = RolloutReport() if report is None else report
+        store = EpisodeStore(self.config.store_path)
+        t0 = time.perf_counter()
+        for _ in range(self.config.workers):
+            self._spawn()
+        try:
+            while not stop.is_set():
+                while len(self.todo) < len(self.workers) - len(self.assigned):  # a worker would be idle
+                    jobs = admit()
+                    if not jobs:
+                        break
+                    self.todo += [replace(j, episode_id=j.episode_id or _new_id()) for j in jobs]
+                self._assign()
+                self._collect(report, store)  # waits up to POLL_S for an ended episode
+                self._reap(report, store)
+        finally:
+            self.close()
+            store.close()
+            report.seconds = time.perf_counter() - t0
+        return report
+
     def _assign(self) -> None:
         for name, (proc, queue_) in self.workers.items():
             if self.todo and name not in self.assigned and proc.is_alive():
