@@ -31,10 +31,11 @@
 What is trained: a LoRA adapter (rank 8 by default, all seven projections) on the SFT-merged model, which is also
 the frozen reference of the KL. Full weights would need about 7.5 GB of AdamW state for 0.63B parameters, far past
 what a GPU host's call brings back (8 files of 16 MiB), and rank 32 (35 MB as bf16 weights) still needs 211 MB in
-fp32 with its AdamW moments; rank 8 holds 4.4M parameters, about 53 MB with its moments in fp32 (an exact resume
-needs them exact), four files of 15 MiB. RL moves few bits per episode (CaPtain trains on 1,024 episodes a step);
-LoRA of low rank has matched full fine-tuning on policy-gradient RL ("LoRA Without Regret", Schulman et al., 2025),
-at about ten times the full fine-tuning learning rate: CaPtain's 4.24e-6 becomes 4e-5 here.
+fp32 with its AdamW moments; rank 8 holds 4.4M parameters, 53 MB with its moments in fp32 (an exact resume needs
+them exact): with the critic, 59 MiB measured, four files of 15 MiB and a manifest. RL moves few bits per episode
+(CaPtain trains on 1,024 episodes a step); LoRA of low rank has matched full fine-tuning on policy-gradient RL ("LoRA
+Without Regret", Schulman et al., 2025), at about ten times the full fine-tuning learning rate: CaPtain's 4.24e-6
+becomes 4e-5 here.
 
 Resume: a checkpoint folder is all a fresh host needs beside the SFT folder it was trained on (checked by
 fingerprint): `run --resume` continues from `RUN/checkpoints/LATEST`, or from `--resume-from FOLDER` (one carried
