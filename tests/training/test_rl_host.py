@@ -115,6 +115,11 @@ def test_a_killed_drivers_server_is_stopped_and_nothing_else(tmp_path):
         host.stop_leftovers()
         assert ours.wait(timeout=60) == -signal.SIGTERM
         assert other.poll() is None and not (run / rl_host.PROCESSES_FILE).exists()
+        driver = {"pid": other.pid, "cmdline": ["sleep", "301"]}  # a driver still running on the folder
+        (run / rl_host.PROCESSES_FILE).write_text(json.dumps({"driver": driver, "processes": {}}))
+        with pytest.raises(rl_host.HostRLError, match=f"a driver \\(pid {other.pid}\\) is running on"):
+            host.stop_leftovers()
+        assert other.poll() is None
     finally:
         for proc in (ours, other):
             proc.kill()

@@ -510,13 +510,13 @@ class HostRL:
         path = self.out / PROCESSES_FILE
         if not path.is_file():
             return
-        for name, entry in json.loads(path.read_text()).get("processes", {}).items():
+        recorded = json.loads(path.read_text())
+        driver = recorded.get("driver") or {}
+        if driver and driver["pid"] != os.getpid() and _cmdline(driver["pid"]) == driver["cmdline"]:
+            raise HostRLError(f"a driver (pid {driver['pid']}) is running on {self.out}: stop it first, or wait for it")
+        for name, entry in recorded.get("processes", {}).items():
             pid, argv = int(entry["pid"]), entry["cmdline"]
-            try:
-                now = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
-            except OSError:
-                continue
-            if [a.decode(errors="replace") for a in now] != argv:
+            if _cmdline(pid) != argv:  # gone, or the pid runs something else now
                 continue
             say(f"stopping the {name} (pid {pid}) a killed driver left running")
             with contextlib.suppress(ProcessLookupError):
@@ -529,11 +529,8 @@ class HostRL:
         path.unlink()
 
     def record_processes(self, procs: dict[str, Any]) -> None:
-        entries = {}
-        for name, proc in procs.items():
-            argv = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")[:-1]
-            entries[name] = {"pid": proc.pid, "cmdline": [a.decode(errors="replace") for a in argv]}
-        data = {"driver": os.getpid(), "processes": entries}
+        entries = {name: {"pid": proc.pid, "cmdline": _cmdline(proc.pid)} for name, proc in procs.items()}
+        data = {"driver": {"pid": os.getpid(), "cmdline": _cmdline(os.getpid())}, "processes": entries}
         (self.out / PROCESSES_FILE).write_text(json.dumps(data, indent=1) + "\n")
 
     # ---------------------------------------------------------------------------------- flow control
@@ -792,6 +789,14 @@ class HostRL:
             f"-> v{trainer.policy_version} synced into pid {server.pid} in {t_sync - t_update:.1f} s; "
             f"checkpoint {path.name}"
         )
+
+
+def _cmdline(pid: int) -> list[str] | None:
+    """A process's command line (None: no such process)."""
+    try:
+        return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]]
+    except OSError:
+        return None
 
 
 def _running(pid: int) -> bool:
