@@ -61,6 +61,13 @@ def test_waves_are_the_same_on_every_host_and_no_start_is_drawn_twice():
     assert WavePlan(config(seed=1)).wave(0) != waves[0]
 
 
+def test_the_critic_waits_for_a_share_of_the_warm_start_groups():
+    assert [rl_host.warm_start_groups_needed(13, f) for f in (0.75, 1.0, 0.01)] == [10, 13, 1]
+    assert rl_host.warm_start_groups_needed(1, 0.75) == 1 and rl_host.warm_start_groups_needed(4, 0.75) == 3
+    with pytest.raises(ValueError, match="--warm-start-fraction"):
+        config(warm_start_fraction=0.0)
+
+
 def test_flow_control_hands_out_the_warm_start_then_waits_for_the_trainer(tmp_path):
     host = HostRL(config(), tmp_path / "model", tmp_path / "run")
     plan = host.plan

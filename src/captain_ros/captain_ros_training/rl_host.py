@@ -54,6 +54,7 @@ import argparse
 import contextlib
 import hashlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -107,10 +108,18 @@ class HostRLConfig:
     )
     max_open_groups_n: int = field(
         default=16,
-        metadata={"help": "a new wave starts only while fewer groups wait to be trained (rollouts ahead of training)"},
+        metadata={"help": "the next group goes to the workers only while fewer groups wait for a round"},
     )
     warm_start_waves_n: int = field(
         default=1, metadata={"help": "first waves: SFT-policy episodes for the critic's warm start only", "identity": 1}
+    )
+    warm_start_fraction: float = field(
+        default=0.75,
+        metadata={
+            "help": "fit the critic once this share of the warm-start groups has every attempt ended (the longest "
+            "episodes, 16 requests of 4k tokens, would otherwise hold the first checkpoint past a GPU session); the "
+            "rest stay held apart, never trained"
+        },
     )
     rounds_n: int = field(default=0, metadata={"help": "stop after this many rounds in all (0: until stopped)"})
     workers_n: int = field(default=64, metadata={"help": "twin workers (episodes at once)"})
@@ -155,6 +164,8 @@ class HostRLConfig:
             )
         if self.lora_rank < 1 or self.lora_alpha <= 0 or self.learning_rate <= 0:
             raise ValueError("--lora-rank, --lora-alpha and --learning-rate must be positive")
+        if not 0.0 < self.warm_start_fraction <= 1.0:
+            raise ValueError(f"--warm-start-fraction must be in (0, 1], got {self.warm_start_fraction}")
         if not 0.0 < self.kv_cache_memory_fraction <= 1.0:
             raise ValueError(f"--kv-cache-memory-fraction must be in (0, 1], got {self.kv_cache_memory_fraction}")
         if self.max_new_tokens_n >= self.context_limit_tokens:
@@ -257,6 +268,12 @@ class Ledger:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Ledger:
         return cls(data["run_id"], int(data["groups_admitted"]), int(data["rounds"]), dict(data["groups"]))
+
+
+def warm_start_groups_needed(groups: int, fraction: float) -> int:
+    """How many warm-start groups must have ended whole before the critic is fitted: ceil(fraction x groups), at
+    least one (CaPtain App. A.2's warm start needs the SFT policy's outcomes on whole groups)."""
+    return max(1, min(groups, math.ceil(fraction * groups - 1e-9)))
 
 
 # ---------------------------------------------------------------------------------------------------- weights
@@ -586,14 +603,18 @@ class HostRL:
 
         c = self.config
         warm = {self.plan.group(i) for i in range(self.plan.warm_count())}
-        say(f"critic warm start: waiting for the SFT policy's {len(warm)} groups of {c.group_size_n} attempts")
+        need = warm_start_groups_needed(len(warm), c.warm_start_fraction)
+        say(
+            f"critic warm start: waiting for {need} of the SFT policy's {len(warm)} groups of {c.group_size_n} "
+            "attempts to end"
+        )
 
         def done() -> bool:
             ended = self.ended_attempts(reader)
-            return all(len(ended.get(g, ())) >= c.group_size_n for g in warm)
+            return sum(len(ended.get(g, ())) >= c.group_size_n for g in warm) >= need
 
         self.wait_for(rollouts, done, "the warm-start episodes ran")
-        ids = self.episodes_of(reader, warm)
+        ids = self.episodes_of(reader, warm)  # what has ended of every warm-start group, whole or not
         episodes = [reader.load(e) for e in ids]
         states = states_from_episodes([e for e in episodes if e.valid], trainer.critic.tasks)
         if not len(states):
