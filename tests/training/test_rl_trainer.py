@@ -503,3 +503,53 @@ def test_a_rounds_outcomes_are_counted_as_rates():
         "requests_per_episode": 6.0,
     }
     assert outcome_stats([])["requests_per_episode"] is None
+
+
+@pytest.mark.parametrize("checkpoint_layers", [False, True])
+def test_the_fast_forward_gives_the_same_logprobs_and_lora_gradients(checkpoint_layers, monkeypatch):
+    """captain_ros_training.fast's packed forward (what rl_host trains with on a GPU: varlen attention, no [L, L] mask,
+    each decoder layer recomputed in backward) against the transformers forward on packed rows of several requests:
+    the same sampled-token log-probabilities and the same gradients on the LoRA adapters."""
+    from captain_ros_training import fast as fast_module
+    from captain_ros_training.fast import FastConfig
+    from captain_ros_training.sft import apply_lora
+
+    calls = {"packed": 0, "checkpoint": 0}
+    for module, name, key in (
+        (fast_module, "packed_hidden", "packed"),
+        (torch.utils.checkpoint, "checkpoint", "checkpoint"),
+    ):
+        original = getattr(module, name)
+
+        def counted(*args, _original=original, _key=key, **kwargs):
+            calls[_key] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+    model = apply_lora(tiny_model(), SFTConfig(lora_rank=2, lora_alpha=4.0))
+    with torch.no_grad():  # peft starts B at zero: an adapter that changes the forward
+        for i, p in enumerate(model.parameters()):
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(i)))
+    items = [
+        TrainItem(f"e{i}", 1, list(range(10 + i, 40 + 3 * i)), list(range(200 + i, 209 + i)), [-1.0] * 9, 1.0, 1.0)
+        for i in range(3)
+    ]
+    (mb,), too_long = micro_batches(items, 512, 0, mask=False)
+    assert not too_long and len(mb.items) == 3  # one packed row of three documents
+
+    def logprobs_and_grads(config: SFTConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        logp = sampled_token_logprobs(model, mb.batch, config)
+        (logp * torch.linspace(-1, 1, logp.numel())).sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+        return logp.detach(), grads
+
+    plain, plain_grads = logprobs_and_grads(SFTConfig(attention="position_ids"))
+    fast, fast_grads = logprobs_and_grads(SFTConfig(fast=FastConfig(checkpoint_layers=checkpoint_layers)))
+    assert plain.shape == fast.shape == (27,)
+    assert torch.allclose(fast, plain, atol=1e-5)
+    for name, grad in plain_grads.items():
+        assert torch.allclose(fast_grads[name], grad, atol=1e-5, rtol=1e-4), name
+    assert any(g.abs().sum() > 0 for g in fast_grads.values())
+    assert calls == {"packed": 1, "checkpoint": 2 if checkpoint_layers else 0}  # the fast path ran, layer by layer

@@ -145,6 +145,13 @@ class HostRLConfig:
     )
     cuda_graphs: bool = field(default=False, metadata={"help": "the server decodes from CUDA graphs"})
     gradient_checkpointing: bool = field(default=True, metadata={"help": "recompute activations in backward"})
+    fast: bool = field(
+        default=True,
+        metadata={
+            "help": "the trainer's log-probs through captain_ros_training.fast's packed forward (varlen attention "
+            "within each request, no [L, L] mask; the SFT's path), where it supports the model (Qwen2)"
+        },
+    )
     device: str = field(default="auto", metadata={"help": "the trainer's device: auto, cpu, cuda, cuda:N"})
 
     def __post_init__(self) -> None:
@@ -454,7 +461,7 @@ class HostRL:
             return AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype, local_files_only=True).to(device)
 
         model, ref = load(), load()
-        if self.config.gradient_checkpointing:
+        if self.config.gradient_checkpointing:  # the transformers forward's; the fast one recomputes its own layers
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.config.seed)
@@ -464,6 +471,7 @@ class HostRL:
 
     def make_trainer(self, model: Any, ref: Any, tokenizer: Any) -> Any:
         from captain_ros_training.critic import Critic, CriticConfig
+        from captain_ros_training.fast import FastConfig, unsupported_reason
         from captain_ros_training.policy_loss import ObjectiveConfig
         from captain_ros_training.rl_trainer import RLConfig, RLTrainer
 
@@ -476,12 +484,18 @@ class HostRL:
             sampler_seed=c.seed,
         )
         critic = Critic(CriticConfig(tasks=tuple(sorted(self.plan.tasks)), seed=c.seed))
+        fast = None
+        if c.fast and (reason := unsupported_reason(model)) is None:
+            fast = FastConfig(checkpoint_layers=c.gradient_checkpointing)
+        elif c.fast:
+            say(f"the transformers forward for the log-probs: {reason}")
+        config = RLConfig(learning_rate=c.learning_rate, micro_batch_tokens=c.micro_batch_tokens, fast=fast)
         return RLTrainer(
             model,
             ref,
             critic,
             tokenizer=tokenizer,
-            config=RLConfig(learning_rate=c.learning_rate, micro_batch_tokens=c.micro_batch_tokens),
+            config=config,
             objective=objective,
             policy_version=0,
             metrics_path=self.out / METRICS_FILE,
@@ -658,6 +672,8 @@ class HostRL:
             for log in (METRICS_FILE, ROUNDS_FILE):
                 (self.out / log).unlink(missing_ok=True)
             say(f"new run {self.ledger.run_id}: {self.model_dir} with LoRA rank {c.lora_rank} on {device}")
+        forward = "captain_ros_training.fast's packed forward" if trainer.config.fast else "the transformers forward"
+        say(f"trainer: {forward}, layer recomputation {'on' if c.gradient_checkpointing else 'off'}")
         (self.out / "config.json").write_text(json.dumps(asdict(c), indent=1) + "\n")
 
         served = self.out / "served"  # the server's folder: the SFT folder with the current policy's weights

@@ -81,6 +81,10 @@ class RLConfig:
         metadata={"help": "packing: 'position_ids' (restarting positions) | 'mask' (4D block-causal, O(L^2) memory)"},
     )
     bf16: bool = field(default=True, metadata={"help": "bf16 autocast on CUDA (CPU runs fp32)"})
+    fast: Any = field(
+        default=None,
+        metadata={"help": "a captain_ros_training.fast.FastConfig: its packed forward for the log-probs (Qwen2)"},
+    )
     co_train_critic: bool = field(default=True, metadata={"help": "CaPtain App. A.2: co-train after each round"})
 
 
@@ -226,11 +230,30 @@ def micro_batches(
 
 def sampled_token_logprobs(model: Any, batch: dict[str, Any], sft_config: SFTConfig) -> torch.Tensor:
     """log pi(y_j | prompt, y_<j) of every response token of a packed batch, teacher-forced, in row order: one
-    forward pass, lm_head only at the response positions, log-softmax in fp32 (bf16 autocast on CUDA)."""
+    forward pass, lm_head only at the response positions, log-softmax in fp32 (bf16 autocast on CUDA). With
+    `sft_config.fast` the forward is captain_ros_training.fast's packed one (varlen attention within each document, no
+    [L, L] mask; LoRA through its linear weights; layer recomputation with `checkpoint_layers`), the same
+    log-probabilities up to kernel rounding."""
     device = next(model.parameters()).device
     autocast = device.type == "cuda" and sft_config.bf16
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-        logits, targets, _ = target_logits(model, batch, sft_config)
+    if sft_config.fast is not None:
+        from captain_ros_training.fast import packed_hidden
+
+        selected = batch["token_weights"].to(device).reshape(-1) > 0
+        targets = batch["targets"].to(device).reshape(-1)[selected]
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            hidden = packed_hidden(
+                model,
+                batch["input_ids"].to(device),
+                batch["position_ids"].to(device),
+                batch["cu_seqlens"].to(device),
+                int(batch["max_seqlen"]),
+                config=sft_config.fast,
+            )
+            logits = model.get_output_embeddings()(hidden[selected])
+    else:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            logits, targets, _ = target_logits(model, batch, sft_config)
     return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[:, None]).squeeze(-1)
 
 
@@ -321,7 +344,7 @@ class RLTrainer:
         self.running_std = RunningStd(self.credit_config.std_momentum, self.credit_config.min_std)
         self.policy_version = policy_version
         self.metrics_path = Path(metrics_path) if metrics_path else None
-        self.sft_config = SFTConfig(attention=config.attention, bf16=config.bf16)
+        self.sft_config = SFTConfig(attention=config.attention, bf16=config.bf16, fast=config.fast)
         self.used: set[str] = set()  # episodes already trained on (single-pass RL)
         self.pending_episodes = 0  # trained episodes whose gradient waits for the next optimizer step
         self.updates = 0
