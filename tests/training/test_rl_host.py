@@ -1,8 +1,9 @@
 """captain_ros_training.rl_host, the GPU host's RL driver, on the tiny Qwen2 on CPU: its pieces by hand (waves, flow
 control, merged weights, leftover processes, settings), then the driver itself as the GPU host runs it, twice. The
 first run (warm start and rounds through hf_serve --weight-reload, the recording proxy and twin workers) is killed
-with SIGKILL after its second round; its last checkpoint is carried through tools/carry.py, as a GPU host's files
-come back, into a fresh run folder (a fresh host), and the run resumes there to its third round. Asserted: the
+with SIGKILL once its second round is reported; its last checkpoint (round k: 2, or later if the driver got further
+before the kill landed) is carried through tools/carry.py, as a GPU host's files come back, into a fresh run folder
+(a fresh host), and the run resumes there for one more round. Asserted: the
 server was never restarted within a run and its weights changed with each round; the resumed run continued the
 same ledger (no episode trained twice, nothing of the critic's warm start trained), with the optimizer, the critic
 and the metrics log restored, not begun again; the served weights are the adapter the checkpoint holds."""
@@ -256,8 +257,9 @@ def alive(pid: int) -> bool:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The first run, killed after round 2; its checkpoint carried (pack, unpack) to a fresh run folder; the
-    resumed run there to round 3. Returns the folders and what was seen on the way."""
+    """The first run, killed after round 2; its last checkpoint (round k: 2, or later if the driver got further
+    before the kill) carried (pack, unpack) to a fresh run folder; the resumed run there to round k + 1. Returns the
+    folders, k and what was seen on the way."""
     from captain_ros_training.tiny import tiny_model, tiny_tokenizer
 
     root = tmp_path_factory.mktemp("rl_host")
@@ -266,7 +268,8 @@ def runs(tmp_path_factory):
     tiny_tokenizer().save_pretrained(model)
     first, second, back = root / "first", root / "second", root / "back"
     seen: dict = {}
-    a = Driver(["--model", str(model), "--out", str(first), *SMALL], root / "first.log")
+    endless = [*SMALL[: SMALL.index("--rounds-n")], "--rounds-n", "0"]  # it runs until killed
+    a = Driver(["--model", str(model), "--out", str(first), *endless], root / "first.log")
     try:
         a.until("critic warm start on")
         a.until("round 1:")
@@ -274,7 +277,7 @@ def runs(tmp_path_factory):
         seen["processes"] = json.loads((first / rl_host.PROCESSES_FILE).read_text())["processes"]
         a.kill()
         latest = first / "checkpoints" / (first / "checkpoints" / rl_host.LATEST).read_text().strip()
-        seen["carried"] = latest.name
+        k = json.loads((latest / rl_host.LEDGER_FILE).read_text())["ledger"]["rounds"]
         seen["orphans_alive"] = {name: alive(e["pid"]) for name, e in seen["processes"].items()}
     finally:
         a.kill()
@@ -285,7 +288,8 @@ def runs(tmp_path_factory):
     subprocess.run([*carry, "unpack", str(back), "--to", str(root / "carried"), "-q"], check=True)
     carried = root / "carried" / latest.name  # the driver is given the folder unpacked into, as the host script does
     resume = ["--resume", "--resume-from", str(root / "carried")]
-    b = Driver(["--model", str(model), "--out", str(second), *resume, *SMALL], root / "second.log")
+    more = [*SMALL[: SMALL.index("--rounds-n")], "--rounds-n", str(k + 1)]  # one round after the carried ones
+    b = Driver(["--model", str(model), "--out", str(second), *resume, *more], root / "second.log")
     try:
         seen["resumed"] = b.until("resumed")
         assert b.finish() == 0, (root / "second.log").read_text()
@@ -295,7 +299,7 @@ def runs(tmp_path_factory):
         b.kill()
         kill_recorded(second)
     return {"model": model, "first": first, "second": second, "carried": carried, "back": back, "root": root,
-            "seen": seen, "first_lines": a.seen, "second_lines": b.seen}  # fmt: skip
+            "seen": seen, "k": k}  # fmt: skip
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -305,8 +309,9 @@ def read_jsonl(path: Path) -> list[dict]:
 @pytest.mark.slow
 def test_the_server_was_never_restarted_and_took_each_rounds_weights(runs):
     first, second = runs["first"], runs["second"]
+    k = runs["k"]
     carried_rounds = read_jsonl(runs["carried"] / rl_host.ROUNDS_FILE)
-    assert [r["round"] for r in carried_rounds] == [1, 2]
+    assert k >= 2 and [r["round"] for r in carried_rounds] == list(range(1, k + 1))
     pids = {r["server_pid"] for r in carried_rounds}
     assert pids == {runs["seen"]["processes"]["server"]["pid"]}  # one server for both rounds
     for k, r in enumerate(carried_rounds, start=1):
@@ -314,12 +319,12 @@ def test_the_server_was_never_restarted_and_took_each_rounds_weights(runs):
         assert (r["sync"]["weight_version"], r["sync"]["proxy_version"], r["sync"]["paused"]) == (str(k), k, True)
     (log,) = (first / "sessions").glob("*/logs/server.log")
     text = log.read_text()
-    assert text.count("serving ") == 1 and text.count("reloaded ") >= 2  # started once, reloaded in place
+    assert text.count("serving ") == 1 and text.count("reloaded ") >= k  # started once, reloaded in place
     assert all(v for v in runs["seen"]["orphans_alive"].values())  # in sessions of their own: they outlive SIGKILL
 
     final = read_jsonl(second / rl_host.ROUNDS_FILE)
-    assert [r["round"] for r in final] == [1, 2, 3] and final[:2] == carried_rounds  # the log continued
-    assert final[2]["server_pid"] not in pids and final[2]["sync"]["weight_version"] == "3"
+    assert [r["round"] for r in final] == list(range(1, k + 2)) and final[:k] == carried_rounds  # the log went on
+    assert final[k]["server_pid"] not in pids and final[k]["sync"]["weight_version"] == str(k + 1)
     (log,) = (second / "sessions").glob("*/logs/server.log")
     assert log.read_text().count("serving ") == 1
     assert runs["seen"]["left_running"] == []  # the run that reached its rounds stopped its server and proxy
@@ -346,29 +351,30 @@ def test_the_server_was_never_restarted_and_took_each_rounds_weights(runs):
 @pytest.mark.slow
 def test_the_resumed_run_continues_the_same_ledger_with_its_optimizer_and_critic(runs):
     second, carried = runs["second"], runs["carried"]
-    assert "round 2, policy version 2" in runs["seen"]["resumed"]
+    k = runs["k"]
+    assert f"round {k}, policy version {k}" in runs["seen"]["resumed"]
     before = json.loads((carried / rl_host.LEDGER_FILE).read_text())
     latest = second / "checkpoints" / (second / "checkpoints" / rl_host.LATEST).read_text().strip()
     after = json.loads((latest / rl_host.LEDGER_FILE).read_text())
-    assert latest.name == "round-00003" and after["ledger"]["run_id"] == before["ledger"]["run_id"]
+    assert latest.name == f"round-{k + 1:05d}" and after["ledger"]["run_id"] == before["ledger"]["run_id"]
     old, new = Ledger.from_dict(before["ledger"]), Ledger.from_dict(after["ledger"])
-    assert {g: v for g, v in new.groups.items() if g in old.groups} == old.groups  # rounds 1-2 kept as they were
+    assert {g: v for g, v in new.groups.items() if g in old.groups} == old.groups  # rounds 1..k kept as they were
     trained = new.trained_episodes()
-    assert len(trained) == len(set(trained)) == 3 * 4  # three groups of four: no episode trained twice
+    assert len(trained) == len(set(trained)) == (k + 1) * 4  # one group of four a round: none trained twice
     assert not set(trained) & set(new.held_apart()) and len(new.held_apart()) == 4  # warm start never trained
-    assert sorted(g["round"] for g in new.groups.values() if g["state"] == "trained") == [1, 2, 3]
-    assert (after["policy_version"], after["updates"]) == (3, 3)
+    assert sorted(g["round"] for g in new.groups.values() if g["state"] == "trained") == list(range(1, k + 2))
+    assert (after["policy_version"], after["updates"]) == (k + 1, k + 1)
 
     payload = torch.load(latest / rl_host.TRAINER_FILE, weights_only=True)
     steps = {float(s["step"]) for s in payload["optimizer"]["state"].values()}
-    assert steps == {3.0}  # AdamW went on from its two steps; a fresh one would count 1
+    assert steps == {float(k + 1)}  # AdamW went on from its k steps; a fresh one would count 1
     critic_steps = {float(s["step"]) for s in payload["critic"]["optimizer"]["state"].values()}
     warm_steps = payload["critic"]["config"]["warm_start_epochs"]  # one minibatch an epoch for 4 episodes
-    assert critic_steps == {warm_steps + 3 * payload["critic"]["config"]["co_train_steps"]}  # warm once, 3 rounds
+    assert critic_steps == {warm_steps + (k + 1) * payload["critic"]["config"]["co_train_steps"]}  # warm once
     assert set(payload["used"]) >= set(trained) | set(new.held_apart())
 
     metrics = read_jsonl(second / rl_host.METRICS_FILE)
-    assert [(m["update"], m["policy_version"]) for m in metrics] == [(0, 0), (1, 1), (2, 2)]
+    assert [(m["update"], m["policy_version"]) for m in metrics] == [(i, i) for i in range(k + 1)]
     for key in (
         "success_rate",
         "strict_success_rate",
