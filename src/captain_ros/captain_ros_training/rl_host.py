@@ -14,7 +14,8 @@
      Flow control: the next group goes to the workers only while fewer than `--max-open-groups-n` groups wait to be
      trained, so rollouts run while the trainer trains and never run far ahead of it (staleness);
   3. warm-starts the critic (CaPtain App. A.2) on the first `--warm-start-waves-n` waves, rolled out by the SFT policy
-     (version 0) and never trained on, then runs a round whenever `--groups-per-round-n` groups have all their G
+     (version 0) and never trained on (fitted once `--warm-start-fraction` of their groups ended whole, on all of
+     their episodes ended by then), then runs a round whenever `--groups-per-round-n` groups have all their G
      attempts ended: captain_ros_training.rounds (staleness at most 2 versions; stale or invalid attempts dropped and
      reported), RLTrainer.update with the CaPtain objective (Eq. 5, 8-10: critic credit per request, the k3 KL to the
      SFT model, one AdamW step per round) and the critic co-trained on the round;
