@@ -122,6 +122,33 @@ def test_libero_phrasings_name_the_look_alike_by_what_it_is_next_to_or_on():
             compile(cell, "<cell>", "exec")
 
 
+def test_both_objects_into_one_container_is_one_goal_per_object():
+    """libero_10's "put both the X and the Y in the basket": parsed as one object named "both the X and the Y",
+    the segmenter's best region for that query was the basket itself, judged already in place: a false finish."""
+    assert parse_instruction("put both the alphabet soup and the tomato sauce in the basket") == [
+        expert.Goal("place", "alphabet soup", "basket", "in"),
+        expert.Goal("place", "tomato sauce", "basket", "in"),
+    ]
+    for cell in every_cell("put both the cream cheese box and the butter in the basket"):
+        compile(cell, "<cell>", "exec")
+
+
+def test_the_destination_s_own_region_is_not_taken_for_the_target(capsys):
+    """A target query that names nothing better can return the destination's region (the same pixels and centre):
+    the survey drops it instead of judging the destination to be the target already in place."""
+    snippet = expert._fill(expert._NOT_DEST, k=2, target_name="butter")
+    basket = {"detection_id": "det-5", "bbox_px": [10, 20, 90, 80], "position_m": [0.519, 0.244, 0.089]}
+    same = {**basket, "detection_id": "det-6"}
+    butter = {"detection_id": "det-7", "bbox_px": [40, 30, 60, 50], "position_m": [0.519, 0.244, 0.05]}
+    scope = {"D": basket, "cands": [same, butter], "sizes": {}}
+    exec(snippet, scope)
+    assert scope["cands"] == [butter]  # inside the basket, centred like it, but its own region: kept
+    assert "det-5's region answered for the butter too" in capsys.readouterr().out
+    for scope in ({"D": None, "cands": [same], "sizes": {}}, {"D": basket, "cands": [same], "sizes": {2: [0.1] * 3}}):
+        exec(snippet, scope)  # no destination seen; or the target measured alone before: verdict()'s rim fit judges
+        assert scope["cands"] == [same]
+
+
 # ------------------------------------------------------------------------------------------------ the cells
 
 

@@ -130,7 +130,10 @@ def parse_instruction(text: str) -> list[Goal]:
         elif m := re.match(
             rf"^(?:(?:put|place|move|stack|set|drop) )?{_ARTICLE}(?P<obj>.+) {_PREP} (?P<d>[a-z ]+)$", clause
         ):
-            goals.append(_place_goal(m.group("obj"), m.group("prep"), m.group("d"), goals))
+            # "both the alphabet soup and the tomato sauce in the basket": one goal per object, in order
+            both = re.match(rf"^both {_ARTICLE}(?P<a>.+?) and {_ARTICLE}(?P<b>.+)$", m.group("obj"))
+            for obj in (both.group("a"), both.group("b")) if both else (m.group("obj"),):
+                goals.append(_place_goal(obj, m.group("prep"), m.group("d"), goals))
         else:
             return []
     return [] if picked is not None else goals
@@ -427,6 +430,7 @@ $dest_before
             look_from_above()
 $dest_in_view
         cands = distinct(find_target($target, d["center_m"] if d is not None and $k in placed_at else None, camera=cam))
+$not_dest
         print(f"$target_name: {len(cands)} candidate(s) in the {cam} camera")
         if $k in placed_at and d is not None and len(cands) > 1:
             # moved in an earlier attempt, so the relation no longer tells: it is the one nearest the $dest_name
@@ -491,6 +495,17 @@ if d is not None:
     others.append({"position_m": d["center_m"], "extents_m": d["extents_m"]})
 """
 
+# a query that names nothing better can return the destination's own region (the same pixels, the same centre):
+# that is no evidence of the target, and judged as one it reads as "already in place". Once the target's size is
+# known (measured alone before it was moved) one region for both is judged by verdict()'s rim fit instead
+_NOT_DEST = """
+same = [c for c in cands if D is not None and $k not in sizes
+        and (c.get("bbox_px"), c["position_m"]) == (D.get("bbox_px"), D["position_m"])]
+if same:
+    print(f"  {D['detection_id']}'s region answered for the $target_name too: not counted as the $target_name")
+    cands = [c for c in cands if c not in same]
+"""
+
 _JUDGE_OBJECT = """
 g = geom(T["detection_id"], D["detection_id"]) if D is not None else geom(T["detection_id"])
 done, why = verdict(g, d, $mode, sizes.get($k), T)
@@ -544,6 +559,7 @@ def _survey_place(
         dest_name=goal.dest,
         dest_before=_indent(_fill(_DEST_DRAWER) + "others = []", 4) if drawer else "",
         dest_in_view=_indent("pass" if drawer else _fill(_DEST_OBJECT, **keys), 8),
+        not_dest="" if drawer else _indent(_fill(_NOT_DEST, k=k, target_name=goal.target), 8),
         relation=_indent(_relation_block(goal), 12),
         judge=_indent(_fill(_JUDGE_DRAWER if drawer else _JUDGE_OBJECT, **keys), 8),
     )
