@@ -375,7 +375,7 @@ LIBERO = (
             f"{{{suite}_strict:.2f}} / {{{suite}_host:.2f}}",
             "",
         )
-        for suite in ("libero_spatial", "libero_object", "libero_goal")
+        for suite in ("libero_spatial", "libero_object", "libero_goal", "libero_10")
     ),
     *(
         (
