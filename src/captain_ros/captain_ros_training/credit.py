@@ -129,6 +129,12 @@ def cut_request(
     for the control slice and for hard tasks."""
     if hard or in_control_slice(episode_id, config.control_fraction):
         return None
+    return rule_cut_request(values, config)
+
+
+def rule_cut_request(values: Sequence[float], config: EarlyStopConfig = EarlyStopConfig()) -> int | None:
+    """`cut_request` without its exemptions: where the rule alone would cut (for the control slice, the request at
+    which it would have been cut had it not been in the slice: App. E's false-stop measurement)."""
     run = 0
     for k, value in enumerate(values):
         request = k + 1

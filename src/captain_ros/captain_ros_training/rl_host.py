@@ -68,6 +68,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from captain_ros_training.early_stop import early_stop_counts, publish
 from captain_ros_training.student_eval import EvalPlan
 
 CHECKPOINTS = "checkpoints"
@@ -154,6 +155,14 @@ class HostRLConfig:
         },
     )
     device: str = field(default="auto", metadata={"help": "the trainer's device: auto, cpu, cuda, cuda:N"})
+    early_stop: bool = field(
+        default=True,
+        metadata={
+            "help": "CaPtain App. E: the critic cuts an episode (settled as budget-exhausted, trained on) when V < "
+            "0.02 for 5 consecutive requests after request 5; a deterministic 5%% control slice and the hard tasks "
+            "are never cut (captain_ros_training.early_stop); --no-early-stop: no episode is cut"
+        },
+    )
 
     def __post_init__(self) -> None:
         positive = [
@@ -363,6 +372,11 @@ class HostRL:
         self.fingerprint = ""
 
     # ---------------------------------------------------------------------------------- checkpoints
+    @property
+    def early_stop_path(self) -> Path:
+        """The critic published for the workers' early stop (captain_ros_training.early_stop)."""
+        return self.out / "early_stop" / "critic.pt"
+
     @property
     def checkpoints(self) -> Path:
         return self.out / CHECKPOINTS
@@ -716,7 +730,12 @@ class HostRL:
                 max_new_tokens=c.max_new_tokens_n,
                 requests_budget=c.requests_budget_n,
                 context_limit_tokens=c.context_limit_tokens,
+                early_stop_critic=self.early_stop_path if c.early_stop else None,
             )
+            if c.early_stop and self.ledger.groups:  # resumed: the restored critic cuts from the first episode on
+                publish(trainer.critic, self.early_stop_path)
+            elif not self.ledger.groups:  # a new run: nothing is cut before the warm start publishes the critic
+                self.early_stop_path.unlink(missing_ok=True)
             with (
                 RolloutHost(options) as host,
                 WeightSync(server.base_url, served, proxy_url=host.policy_url) as sync,
@@ -729,6 +748,8 @@ class HostRL:
                 if not self.ledger.groups:  # a new run: warm-start the critic first
                     self.warm_start(trainer, reader, rollouts)
                     self.save_checkpoint(trainer)
+                    if c.early_stop:
+                        publish(trainer.critic, self.early_stop_path)
                 round_config = RoundConfig(
                     group_size_n=c.group_size_n,
                     max_groups_n=c.groups_per_round_n,
@@ -816,7 +837,10 @@ class HostRL:
             "update_s": t_update - t_ready,
             "sync_s": t_sync - t_update,
         }
+        drive.update(early_stop_counts([e.episode.end for group in round_.groups for e in group.episodes]))
         append_metrics(self.out / ROUNDS_FILE, drive)
+        if c.early_stop:  # the co-trained critic cuts from the next episode a worker starts
+            publish(trainer.critic, self.early_stop_path)
         path = self.save_checkpoint(trainer)
         say(
             f"round {self.ledger.rounds}: {len(round_.groups)} groups, {row['episodes']} episodes (success "

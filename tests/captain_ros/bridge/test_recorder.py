@@ -38,7 +38,7 @@ class FailingStore(EpisodeStore):
         return super().append(record, digest)
 
 
-def _run(store, policy, tmp_path, episode_id, on_link=None, *, config=None):
+def _run(store, policy, tmp_path, episode_id, on_link=None, *, config=None, early_stop=None):
     from captain_ros.agent.episode import EpisodeRunner
     from captain_ros.agent.sandbox import Sandbox
     from captain_ros.core.config import load_config
@@ -54,7 +54,9 @@ def _run(store, policy, tmp_path, episode_id, on_link=None, *, config=None):
     if on_link is not None:
         on_link(link)
     meta = EpisodeMeta(attempt=2, group_id="g7", policy_version=5, policy="expert", worker="w1", split="eval")
-    recorder = EpisodeRecorder(store, episode_id, TwinPrivileged(lambda: link.twin), meta, expect_model_calls=False)
+    recorder = EpisodeRecorder(
+        store, episode_id, TwinPrivileged(lambda: link.twin), meta, expect_model_calls=False, early_stop=early_stop
+    )
     runner = EpisodeRunner(link, policy, config, sandbox_factory=sandbox, runs_dir=tmp_path, recorder=recorder)
     try:
         return runner.run("put_red_cube_in_bowl", START, "eval", episode_id)
@@ -92,6 +94,34 @@ def test_an_expert_episode_is_recorded_with_snapshots_the_policy_never_sees(tmp_
     assert all(c["receipt"] for c in calls)
     images = [i for r in episode.requests for i in r.step["images"]]
     assert images and all(EpisodeStore(tmp_path / "s.sqlite").has_blob(i["sha256"]) for i in images)
+
+
+def test_the_critics_early_stop_cuts_an_episode_before_a_request_and_settles_it_as_budget_exhausted(tmp_path):
+    """CaPtain App. E through the real loop: the stopper sees the privileged snapshot before each request (x(s_t):
+    the critic's 36 features); with the rule shortened to 2 low values after request 1 it cuts before request 3."""
+    from captain_ros_training.credit import EarlyStopConfig
+    from captain_ros_training.critic import features_of
+    from captain_ros_training.early_stop import EpisodeStop
+
+    seen = []
+
+    def value_of(snapshot, t, task):
+        seen.append((t, task, len(features_of({"snapshot": snapshot}))))
+        return 0.01, "v1"
+
+    stop = EpisodeStop("ep-cut", value_of, EarlyStopConfig(consecutive_n=2, after_request_n=1, control_fraction=0.0))
+    policy = WatchedExpert()
+    with EpisodeStore(tmp_path / "s.sqlite") as store:
+        result = _run(store, policy, tmp_path, "ep-cut", early_stop=stop)
+    assert seen == [(1, "put_red_cube_in_bowl", 36), (2, "put_red_cube_in_bowl", 36), (3, "put_red_cube_in_bowl", 36)]
+    assert (result.outcome.value, result.requests, len(policy.sent)) == ("budget_exhausted", 2, 2)
+    assert "stopped early before request 3" in result.reason
+    episode = EpisodeReader(tmp_path / "s.sqlite").load("ep-cut")
+    end = episode.end
+    assert [r.index for r in episode.requests] == [1, 2]
+    assert (end["outcome"], end["valid"], end["reward"], end["host_success"]) == ("budget_exhausted", True, -0.1, False)
+    assert end["early_stop"]["stopped"] and end["early_stop"]["stopped_before_request"] == 3
+    assert end["early_stop"]["values"] == [0.01, 0.01, 0.01] and not end["early_stop"]["control_slice"]
 
 
 def test_a_store_that_fails_mid_episode_makes_it_an_invalid_infrastructure_failure(tmp_path):

@@ -70,6 +70,10 @@ class Recorder(Protocol):
 
     def ended(self, result: EpisodeResult) -> None: ...
 
+    # Optional: `stop_early(index) -> str | None`, asked right after `before_request(index)`. A reason ends the
+    # episode before request `index` is sent, settled as budget-exhausted (CaPtain App. E: the critic's early stop
+    # of an RL rollout; captain_ros_training.early_stop). A recorder without it never stops an episode.
+
 
 def error_line(error: str, limit: int = 200) -> str:
     """The last line of a traceback (`NameError: name 'x' is not defined`), or the first of another message."""
@@ -283,6 +287,11 @@ class _Episode:
             index = self.requests + 1
             if not self._record("before_request", index):
                 return self._end(Outcome.INFRASTRUCTURE, self.infrastructure)
+            stop = self._stop_early(index)
+            if self.infrastructure:
+                return self._end(Outcome.INFRASTRUCTURE, self.infrastructure)
+            if stop:
+                return self._end(Outcome.BUDGET_EXHAUSTED, f"stopped early before request {index}: {stop}")
             t_request = time.perf_counter()
             physical0 = self.link.physical_s
             if context.compact_if_needed():
@@ -573,6 +582,18 @@ class _Episode:
         self._record("ended", result)
         self.event("end", result=result)
         return result
+
+    def _stop_early(self, index: int) -> str | None:
+        """The recorder's early-stop verdict before request `index` (None: go on); a failing hook is an
+        infrastructure failure, as any recorder hook's."""
+        hook = getattr(self.r.recorder, "stop_early", None)
+        if hook is None:
+            return None
+        try:
+            return hook(index)
+        except Exception as exc:
+            self.infrastructure = f"recording failed (stop_early): {type(exc).__name__}: {exc}"
+            return None
 
     def _record(self, hook: str, *args: Any) -> bool:
         """Call the recorder's hook; a failure makes the episode an infrastructure failure (False)."""

@@ -143,6 +143,12 @@ def load_rows(store_path: str | Path, policy: str | None = None) -> list[EvalRow
             start, end = store.record(eid, "episode_start"), store.record(eid, "episode_end")
             if end is None:  # the index says complete, so this is a damaged store: say so, do not guess
                 raise EvaluationError(f"{store_path}: episode {eid} is indexed as complete but has no episode_end")
+            if (end.payload.get("early_stop") or {}).get("stopped"):  # CaPtain §4: evaluation never stops early
+                raise EvaluationError(
+                    f"{store_path}: episode {eid} was cut by the critic's early stop (an RL rollout's rule): it is "
+                    "neither a success nor a failure of an evaluation; evaluate from a store whose rollouts ran "
+                    "without early_stop_critic"
+                )
             rows.append(_row(eid, start.payload if start else None, end.payload, policy))
     return rows
 

@@ -40,6 +40,7 @@ class HostOptions:
     max_new_tokens: int = 0  # 0: the harness's
     requests_budget: int = 0  # 0: the harness's
     context_limit_tokens: int = 0  # 0: the harness's
+    early_stop_critic: Path | None = None  # RL only: the trainer's published critic cuts hopeless episodes (App. E)
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
 
@@ -120,6 +121,7 @@ class RolloutHost:
             max_new_tokens=self.o.max_new_tokens,
             requests_budget=self.o.requests_budget,
             context_limit_tokens=self.o.context_limit_tokens,
+            early_stop_critic=self.o.early_stop_critic,
         )
 
     # ------------------------------------------------------------------------------------------ rollout

@@ -61,9 +61,13 @@ class EpisodeRecorder:
         *,
         rewards: RewardConfig = RewardConfig(),
         expect_model_calls: bool = True,
+        early_stop: Any = None,
     ):
         self.store, self.episode_id, self.source, self.meta = store, episode_id, source, meta
         self.rewards, self.expect_model_calls = rewards, expect_model_calls
+        # CaPtain App. E (RL rollouts only; None never stops): an object with begin(task, hard),
+        # check(index, snapshot) -> str | None and record() -> dict (captain_ros_training.early_stop.EpisodeStop)
+        self.early_stop = early_stop
         self.costs: CostTracker | None = None
         self._snapshot: dict[str, Any] | None = None
         self._snapshot_s = 0.0
@@ -78,6 +82,8 @@ class EpisodeRecorder:
     def started(self, start: Any) -> None:
         t0 = time.perf_counter()
         self.costs = CostTracker(start.task, self.rewards)
+        if self.early_stop is not None:
+            self.early_stop.begin(start.task, self.source.ladder()[1])
         self._append(
             "episode_start",
             0,
@@ -107,6 +113,13 @@ class EpisodeRecorder:
         if self._snapshot["success"] and self.first_solved is None:
             self.first_solved = index
         self.record_s += self._snapshot_s
+
+    def stop_early(self, index: int) -> str | None:
+        """The episode loop asks after `before_request(index)`: the early-stop rule's verdict on the state just
+        snapshotted (the privileged x(s_t) the critic reads; it never reaches the policy). None: go on."""
+        if self.early_stop is None or self._snapshot is None:
+            return None
+        return self.early_stop.check(index, self._snapshot)
 
     def after_request(
         self, index: int, timing: Any, calls: list[dict], images: list[tuple], cells: list[dict] | None = None
@@ -191,6 +204,7 @@ class EpisodeRecorder:
                 "first_solved_request": self.first_solved,
                 "rungs_reached": reached,
                 "rungs": rungs,
+                "early_stop": None if self.early_stop is None else self.early_stop.record(),
                 "ended_unix_s": time.time(),
             },
         )

@@ -64,6 +64,8 @@ class RolloutConfig:
     max_new_tokens: int = 0  # sampled tokens per request at most (0: the harness's agent.max_new_tokens)
     requests_budget: int = 0  # requests per episode (0: the harness's budgets.requests)
     context_limit_tokens: int = 0  # the policy model's context (0: the harness's); history is compacted before it
+    early_stop_critic: Path | None = None  # RL only: the critic a trainer publishes; its App. E rule cuts hopeless
+    # episodes (captain_ros_training.early_stop). None (evaluation, data collection): nothing is ever cut
 
     @property
     def world_options(self) -> Any:
@@ -194,6 +196,11 @@ class RolloutWorker:
             runs_dir=config.runs_dir,
             clock=episode_clock(config, self.link),
         )
+        self.stopper = None
+        if config.early_stop_critic is not None:
+            from captain_ros_training.early_stop import CriticEarlyStop
+
+            self.stopper = CriticEarlyStop(config.early_stop_critic)
 
     def run(self, job: Job) -> dict[str, Any]:
         from captain_ros.bridge.recorder import EpisodeMeta, EpisodeRecorder
@@ -208,7 +215,8 @@ class RolloutWorker:
             job.split,
             backend=self.config.backend_label,
         )
-        recorder = EpisodeRecorder(self.store, job.episode_id, self.source, meta)
+        stop = None if self.stopper is None else self.stopper.episode(job.episode_id)
+        recorder = EpisodeRecorder(self.store, job.episode_id, self.source, meta, early_stop=stop)
         self.runner.recorder = recorder
         t0 = time.perf_counter()
         result = self.runner.run(job.task, job.start_id, job.split, job.episode_id)
@@ -225,6 +233,7 @@ class RolloutWorker:
             "seconds": time.perf_counter() - t0,
             "record_s": recorder.record_s,
             "request_s": sum(t.total_s for t in result.timings),
+            "early_stopped": bool(stop is not None and stop.cut is not None),
         }
 
     def run_safely(self, job: Job) -> dict[str, Any]:
