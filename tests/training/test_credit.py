@@ -377,3 +377,33 @@ def test_vectorised_equals_reference_loop_on_random_inputs():
         for i, expected in enumerate(loop):
             np.testing.assert_allclose(credit.advantages[i, : len(expected)], expected, atol=1e-5)
         assert credit.std > 0.1  # the values really spread
+
+
+def test_the_staged_subgoal_reward_enters_the_return_of_eq_10_by_hand():
+    """CaPtain App. A.2: a failed hard-task episode at rung d of n gets 0.15 d / (n + 1) in R_i, so in G_i = R_i +
+    sum_t c_t and in the group term of Eq. 10. stack_three_blocks has n = 6 rungs (grasp, lift, place, twice)."""
+    from captain_ros.bridge.rewards import RewardConfig, subgoal_reward, terminal_reward
+
+    def reward(outcome, d):
+        return terminal_reward(outcome) + subgoal_reward(outcome, True, d, 6, RewardConfig())
+
+    # X: failure at rung 4 (green placed and still on blue, red grasped): R = 0 + 0.15 * 4 / 7 = 0.6 / 7
+    # Y: failure at rung 2 (its place did not hold at the end): R = 0.15 * 2 / 7 = 0.3 / 7
+    # Z: budget exhausted at rung 0: R = -0.1;  W: success: R = 1 (no staged reward on a success)
+    assert reward("failure", 4) == pytest.approx(0.6 / 7)
+    assert reward("false_finish", 4) == -0.3  # a false finish earns no rung: it stays the worst class
+    episodes = [
+        _stored_episode("X", "g", "t0", [0.1, 0.1], [-0.02, 0.0], reward=reward("failure", 4), host_success=False),
+        _stored_episode("Y", "g", "t0", [0.1, 0.1], [0.0, 0.0], reward=reward("failure", 2), host_success=False),
+        _stored_episode("Z", "g", "t0", [0.1], [-0.008], reward=reward("budget_exhausted", 0), host_success=False),
+        _stored_episode("W", "g", "t0", [0.1, 0.1], [0.0, -0.005], reward=reward("success", 6)),
+    ]
+    batch = batch_from_episodes(episodes, ["t0"])
+    v_cur, v_next = critic_values(TimeFreeValue(), batch)
+    credit = advantages(batch, v_cur, v_next, RunningStd(), CreditConfig())
+    # G = R + sum c: X 0.6/7 - 0.02 = 0.0657143; Y 0.3/7 = 0.0428571; Z -0.108; W 0.995
+    returns = [0.6 / 7 - 0.02, 0.3 / 7, -0.108, 0.995]
+    np.testing.assert_allclose(credit.returns, returns, atol=1e-9)
+    mean = (0.6 / 7 - 0.02 + 0.3 / 7 - 0.108 + 0.995) / 4  # 0.2488929
+    np.testing.assert_allclose(credit.outcome, [g - mean for g in returns], atol=1e-9)
+    assert credit.returns[0] > credit.returns[1] > 0 > credit.returns[2]  # partial progress > 0 > budget exhausted

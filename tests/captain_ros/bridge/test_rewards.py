@@ -44,3 +44,22 @@ def test_the_subgoal_ladder_pays_failed_hard_episodes_below_a_missed_finish():
     assert subgoal_reward("failure", False, 3, 3, config) == 0.0  # not a hard task
     assert subgoal_reward("false_finish", True, 3, 3, config) == 0.0  # stays the worst class
     assert subgoal_reward("failure", True, 99, 6, config) < terminal_reward("missed_finish")
+
+
+def test_place_and_move_rungs_earn_the_staged_reward_only_while_they_still_hold_at_the_end():
+    from captain_ros.twin.tasks import credited_rungs, get_task, rungs_held_at_end
+
+    stack = get_task("stack_three_blocks")  # hard: green on blue, then red on green
+    assert stack.hard and len(stack.ladder()) == 6
+    assert rungs_held_at_end(stack) == [False, False, True, False, False, True]  # the two place rungs
+    reached = [True, True, True, True, False, False]  # green placed, red grasped
+    assert credited_rungs(reached, [False, False, True, True, False, False], rungs_held_at_end(stack)) == 4
+    # green knocked off blue again by the end: its grasp and lift count, the place and everything after it do not
+    assert credited_rungs(reached, [False, False, False, True, False, False], rungs_held_at_end(stack)) == 2
+    assert credited_rungs([False] * 6, [True] * 6, rungs_held_at_end(stack)) == 0  # never reached: nothing
+    drawer = get_task("put_cube_in_drawer")  # hard: open the drawer, then the cube in it
+    assert drawer.hard and rungs_held_at_end(drawer) == [False, True, True, False, False, True]
+    # handle reached, drawer moved and opened, cube grasped; the drawer slid shut again by the end
+    assert credited_rungs([True] * 4 + [False] * 2, [False] * 6, rungs_held_at_end(drawer)) == 1
+    with pytest.raises(ValueError, match="lengths differ"):
+        credited_rungs([True], [True, True], [False])

@@ -157,3 +157,15 @@ def test_ladder_is_monotone_and_ordered(bowl_twin):
     assert ladder.update([True, False, False]) == ["grasp red_cube"]
     assert ladder.update([False, True, False]) == ["grasp red_cube", "lift red_cube"]
     assert ladder.update([False, False, False]) == ["grasp red_cube", "lift red_cube"]  # one-shot
+
+
+def test_the_staged_reward_counts_a_place_rung_only_while_it_holds_at_the_end(bowl_twin):
+    """Twin.subgoals_credited (what the recorder's staged reward reads at an episode's end): the one-shot ladder's
+    rungs, with the place rung checked on the state now (CaPtain App. A.2)."""
+    twin = bowl_twin
+    assert twin.subgoals_credited() == 0
+    twin.ladder.reached = [True, True, True]  # grasped, lifted and placed earlier in the episode
+    assert not success(twin.task, twin.reader)  # ... and no longer in the bowl
+    assert twin.subgoals_credited() == 2
+    _place(twin, "red_cube", twin.reader.position("black_bowl") + [0.0, 0.0, 0.009])
+    assert twin.subgoals_credited() == 3

@@ -23,7 +23,16 @@ from captain_ros.twin.privileged_state import EpisodeMemory, PrivilegedState, co
 from captain_ros.twin.scene import TABLE_CENTER_XY_M, TABLE_HALF_M, PhysicsConfig, compile_model
 from captain_ros.twin.start_states import Layout, StartId, check_split, make_layout, sample_start_id
 from captain_ros.twin.state import SceneReader
-from captain_ros.twin.tasks import LadderTracker, TaskError, TaskSpec, get_task, rungs_now, success
+from captain_ros.twin.tasks import (
+    LadderTracker,
+    TaskError,
+    TaskSpec,
+    credited_rungs,
+    get_task,
+    rungs_held_at_end,
+    rungs_now,
+    success,
+)
 
 SETTLE_S = 0.3
 MAX_CONTACT_FORCE_N = 1.0e4
@@ -358,6 +367,15 @@ class Twin:
 
     def success(self) -> bool:
         return success(self.task, self.reader)
+
+    def subgoals_credited(self) -> int:
+        """TRAINING ONLY: d of the staged sub-goal reward on the state now, the episode's end (tasks.credited_rungs:
+        the ladder's rungs reached, with place and move rungs still holding)."""
+        if self.memory is None or self.start_id is None:
+            raise RuntimeError("reset the twin before scoring its sub-goals")
+        now = rungs_now(self.task, self.reader, self.memory.as_start())
+        self.ladder.update(now)
+        return credited_rungs(self.ladder.reached, now, rungs_held_at_end(self.task))
 
     def snapshot(self) -> PrivilegedState:
         """TRAINING ONLY: the hidden state and its 36 features (updates the sub-goal ladder)."""

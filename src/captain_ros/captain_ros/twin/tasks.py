@@ -437,6 +437,30 @@ def rungs_now(task: TaskSpec, reader: SceneReader, start: dict[str, Any]) -> lis
     return out
 
 
+def rungs_held_at_end(task: TaskSpec) -> list[bool]:
+    """Which ladder rungs must still hold on the final state to earn the staged reward (CaPtain App. A.2: "place
+    rungs and rungs for moving an object toward its goal must still hold at the end"): an object goal's place rung,
+    a joint goal's move and open/close rungs. Grasp, lift and reach rungs count once reached."""
+    out = []
+    for goal in task.goals:
+        out += [False, True, True] if goal.is_joint else [False, False, True]
+    return out
+
+
+def credited_rungs(reached: list[bool], holds_now: list[bool], must_hold: list[bool]) -> int:
+    """d of the staged reward 0.15 d / (n + 1): the leading rungs that were reached (the monotone ladder) and, where
+    they must hold at the end, hold on the final state. The count stops at the first rung that fails either: a
+    block placed and knocked off again earns its grasp and lift, not its place nor anything after it."""
+    if not len(reached) == len(holds_now) == len(must_hold):
+        raise ValueError(f"ladder lengths differ: {len(reached)}, {len(holds_now)}, {len(must_hold)}")
+    d = 0
+    for was, now, hold in zip(reached, holds_now, must_hold, strict=True):
+        if not was or (hold and not now):
+            break
+        d += 1
+    return d
+
+
 class LadderTracker:
     """One-shot, monotone staged sub-goal ladder: rung d counts once rungs 1..d have been reached."""
 

@@ -19,7 +19,8 @@ class PrivilegedSource(Protocol):
         """(sub-goals of the task, whether the task is hard), without reading the simulator; (0, False) without one."""
 
     def reached(self) -> int:
-        """Sub-goals reached now (reads the simulator)."""
+        """d of the staged sub-goal reward on the state now (read at the episode's end): the rungs reached, with
+        place and move rungs still holding (CaPtain App. A.2; reads the simulator)."""
 
 
 def robot_payload(profile: Any, arm_q_rad: Any, jaw_opening_m: float) -> dict[str, Any]:

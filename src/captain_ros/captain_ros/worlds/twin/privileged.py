@@ -33,4 +33,5 @@ class TwinPrivileged:
         return (0, False) if twin is None else (len(twin.task.ladder()), bool(twin.task.hard))
 
     def reached(self) -> int:
-        return len(self.twin_of().snapshot().subgoals_reached)
+        """d of the staged reward at the episode's end: rungs reached, place and move rungs still holding."""
+        return self.twin_of().subgoals_credited()
