@@ -12,11 +12,17 @@ Stages, each resumable and skipped when its output is complete (captain_ros_trai
              (`python -m captain_ros_training.student merge`); its run record runs/student/sft/sft_run.json says where
              it ran and at what speed. Not made here: without it the SFT figures are reported missing, with the command.
   sft-eval   the fine-tuned student on the same episodes (runs/student/sft_eval/); about an hour on 2 cores
+  rl-eval    the RL student runs/student/rl/model (an rl_host checkpoint exported and merged into the SFT student,
+             docs/student.md section 6) on the same episodes (runs/student/rl_eval/); not made here without it
 
 Writes bench/results/student.json (student_zero_shot_strict, student_sft_strict, student_sft_host, student_episodes,
 95% intervals, sft_vs_zero_shot_mcnemar_p on the paired starts, prompt_gate_pass_rate over every recorded request,
 requests and output tokens per episode, SFT tokens/s and where SFT ran) and bench/results/student.png (success by
-family, zero-shot vs SFT, Wilson 95% bars). The headline rates are the twin's host and strict success on held-out
+family, zero-shot vs SFT, Wilson 95% bars). With an RL student's evaluation: student_rl_strict, student_rl_host,
+rl_vs_sft_mcnemar_p (exact, on the starts both ran), false- and missed-finish rates before (sft_*) and after (rl_*),
+and from the RL run's records under runs/student/rl/ (rl_rounds.jsonl) rl_rounds, rl_episodes and
+rl_gpu_seconds_per_episode; without them those keys are null and rl_missing says why
+(captain_ros_training.student_eval.rl_report). The headline rates are the twin's host and strict success on held-out
 starts the student never trained on; nothing in the student's path reads simulator state.
 """
 
@@ -69,6 +75,41 @@ def _where(runs: list[dict]) -> str:
     return " and ".join(f"{w} ({n} episode{'s' * (n != 1)})" for w, n in sorted(ended.items(), key=lambda x: -x[1]))
 
 
+def _rl_metrics(evals: dict, summaries: dict, rl_dir: Path) -> dict:
+    """The RL keys (captain_ros_training.student_eval.rl_report) and `rl_summary`, the README's words for them. The
+    plan's episodes the RL evaluation has not ended count as failures in its rates (with_unfinished), as for SFT."""
+    from captain_ros.bridge.evaluation import summarize
+    from captain_ros_training import student_eval as ev
+
+    if "rl" in evals and {r.key for r in evals["zero_shot"] if r.valid} - {r.key for r in evals["rl"] if r.valid}:
+        evals["rl"] = ev.with_unfinished(evals["rl"], evals["zero_shot"])
+        summaries["rl"]["success"] = summarize(evals["rl"])
+    rl = ev.rl_report(evals.get("sft"), evals.get("rl"), rl_dir)
+    if rl["student_rl_strict"] is None:
+        rl["rl_summary"] = "the RL figures are not measured yet: " + rl["rl_missing"]
+    else:
+        parts = [f"after RL {rl['student_rl_strict']:.1%} strict, {rl['student_rl_host']:.1%} host"]
+        if rl["rl_vs_sft_mcnemar_p"] is not None:
+            parts.append(
+                f"exact McNemar p = {rl['rl_vs_sft_mcnemar_p']:.2g} against SFT on {rl['rl_paired_starts']} paired "
+                "starts"
+            )
+        if rl["sft_false_finish_rate"] is not None:
+            parts.append(
+                f"false finishes {rl['sft_false_finish_rate']:.1%} -> {rl['rl_false_finish_rate']:.1%}, missed "
+                f"finishes {rl['sft_missed_finish_rate']:.1%} -> {rl['rl_missed_finish_rate']:.1%}"
+            )
+        if rl["rl_gpu_seconds_per_episode"] is not None:
+            parts.append(
+                f"{rl['rl_rounds']} rounds, {rl['rl_episodes']} trained episodes, "
+                f"{rl['rl_gpu_seconds_per_episode']:.1f} GPU-seconds per episode"
+            )
+        rl["rl_summary"] = "; ".join(parts)
+    if rl["rl_missing"]:
+        print(f"RL student: {rl['rl_missing']}", file=sys.stderr)
+    return rl
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=Path, default=RUNS, help="where the evaluations and the SFT model live")
@@ -82,11 +123,18 @@ def main(argv: list[str] | None = None) -> int:
     base = default_folder()
     sft_dir = args.runs / "sft"
     sft_model = sft_dir / "model"
-    folders = {"zero_shot": (base, args.runs / "zero_shot"), "sft": (sft_model, args.runs / "sft_eval")}
+    rl_model = args.runs / "rl" / "model"
+    folders = {
+        "zero_shot": (base, args.runs / "zero_shot"),
+        "sft": (sft_model, args.runs / "sft_eval"),
+        "rl": (rl_model, args.runs / "rl_eval"),
+    }
     if not args.report_only:
         ev.evaluate(base, "student-zero-shot", folders["zero_shot"][1], plan)
-        if (sft_model / "config.json").is_file():
-            ev.evaluate(sft_model, "student-sft", folders["sft"][1], plan)
+        for name in ("sft", "rl"):  # the fine-tuned students there are
+            model, out = folders[name]
+            if (model / "config.json").is_file():
+                ev.evaluate(model, f"student-{name}", out, plan)
     tokenizer = check_model_folder(base)  # the fine-tuned folder carries the same tokenizer and template
     summaries = {
         name: ev.summary(out, tokenizer) for name, (_, out) in folders.items() if ev.stores(out) and ev.rows_of(out)
@@ -192,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics["sft_summary"] = (
             "the SFT figures are not measured yet: no fine-tuned student has come back from a GPU host"
         )
+    metrics.update(_rl_metrics(evals, summaries, args.runs / "rl"))
     missing = None
     if not sft:
         missing = (

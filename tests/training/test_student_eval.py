@@ -229,3 +229,62 @@ def test_sigterm_unwinds_the_run_command_so_its_servers_are_stopped(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1 and "stopped by signal 15: rerun the same command to resume" in err
     assert (out / "cleaned_up").read_text() == "yes"
+
+
+def _outcome_row(task, outcome, attempt=0, policy="p", valid=True):
+    host = outcome in ("success", "missed_finish")
+    return EvalRow(policy, task, "fam", f"{task}/eval/0", attempt, outcome, host, outcome == "success",
+                   outcome in ("success", "false_finish"), 5, 2, 1.0, valid, episode_id=f"{policy}-{task}")  # fmt: skip
+
+
+# SFT vs RL on the same 8 starts, by hand:
+#   t0..t3: SFT fails (failure, false_finish, missed_finish, budget_exhausted), RL succeeds (4 RL-only strict wins)
+#   t4: both succeed; t5: SFT succeeds, RL false-finishes (1 SFT-only win); t6: both fail; t7: RL's row is invalid
+SFT = ["failure", "false_finish", "missed_finish", "budget_exhausted", "success", "success", "failure", "success"]
+RL = ["success", "success", "success", "success", "success", "false_finish", "failure", "success"]
+
+
+def _rl_run(folder, rounds):
+    """An rl_host run's driver rows: round k trained 8 episodes in 10 + 20 + 2 seconds."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [{"round": k, "episodes": 8, "wait_s": 10.0, "update_s": 20.0, "sync_s": 2.0, "early_stopped": 1}
+            for k in range(1, rounds + 1)]  # fmt: skip
+    (folder / "rl_rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_the_rl_report_pairs_the_rl_student_with_sft_by_hand(tmp_path):
+    sft = [_outcome_row(f"t{i}", o, policy="sft") for i, o in enumerate(SFT)]
+    rl = [_outcome_row(f"t{i}", o, policy="rl", valid=i != 7) for i, o in enumerate(RL)]
+    _rl_run(tmp_path / "rl" / "round-00002", 2)  # a carried checkpoint's copy of the logs, older ...
+    _rl_run(tmp_path / "rl" / "checkpoints" / "round-00003", 3)  # ... and the furthest one
+    report = ev.rl_report(sft, rl, tmp_path / "rl")
+    # RL over its 7 valid rows: 5 strict successes (t0-t4), host also 5 (t5's false finish is not solved)
+    assert report["student_rl_strict"] == pytest.approx(5 / 7) and report["student_rl_host"] == pytest.approx(5 / 7)
+    # pairs: t0..t6 (t7 invalid for RL); discordant 4 RL-only, 1 SFT-only: p = 2 * P(X <= 1 | n=5) = 2 * 6/32
+    assert report["rl_paired_starts"] == 7 and report["rl_vs_sft_mcnemar_p"] == pytest.approx(12 / 32)
+    assert report["sft_false_finish_rate"] == pytest.approx(1 / 8)
+    assert report["sft_missed_finish_rate"] == pytest.approx(1 / 8)
+    assert report["rl_false_finish_rate"] == pytest.approx(1 / 7) and report["rl_missed_finish_rate"] == 0.0
+    # the furthest run records: 3 rounds x 8 episodes, 3 x 32 s on the GPU
+    assert (report["rl_rounds"], report["rl_episodes"], report["rl_gpu_seconds"]) == (3, 24, 96.0)
+    assert report["rl_gpu_seconds_per_episode"] == pytest.approx(4.0) and report["rl_early_stopped"] == 3
+    assert report["rl_missing"] is None
+
+
+def test_without_an_rl_evaluation_the_rl_keys_are_null_and_say_why(tmp_path):
+    sft = [_outcome_row(f"t{i}", o, policy="sft") for i, o in enumerate(SFT)]
+    report = ev.rl_report(sft, None, tmp_path / "rl")
+    for key in ("student_rl_strict", "student_rl_host", "rl_vs_sft_mcnemar_p", "rl_rounds", "rl_episodes",
+                "rl_gpu_seconds_per_episode", "rl_false_finish_rate", "rl_missed_finish_rate"):  # fmt: skip
+        assert report[key] is None, key
+    assert report["sft_false_finish_rate"] == pytest.approx(1 / 8)  # the "before" side is measured
+    assert "no evaluation of an RL student" in report["rl_missing"]
+    assert "no RL run records" in report["rl_missing"]
+    # an RL evaluation without its run's records: the rates, and the run's figures null with the reason
+    rl = [_outcome_row(f"t{i}", o, policy="rl") for i, o in enumerate(RL)]
+    report = ev.rl_report(sft, rl, tmp_path / "nowhere")
+    assert report["student_rl_strict"] == pytest.approx(6 / 8) and report["rl_rounds"] is None
+    assert report["rl_missing"].startswith("no RL run records")
+    # and an RL evaluation with no SFT one to pair with: no McNemar p
+    report = ev.rl_report(None, rl, tmp_path / "nowhere")
+    assert report["rl_vs_sft_mcnemar_p"] is None and "no SFT evaluation" in report["rl_missing"]

@@ -320,6 +320,105 @@ def compare(a: Sequence[EvalRow], b: Sequence[EvalRow], metric: str = "strict") 
     }
 
 
+def finish_rates(rows: Sequence[EvalRow]) -> dict[str, float | None]:
+    """False finishes (finish() on a failed scene) and missed finishes (solved, never finished) as shares of the
+    valid episodes (CaPtain §4.1 reports both before and after RL)."""
+    valid = [r for r in rows if r.valid]
+    n = len(valid)
+    return {
+        "false_finish_rate": sum(r.outcome == "false_finish" for r in valid) / n if n else None,
+        "missed_finish_rate": sum(r.outcome == "missed_finish" for r in valid) / n if n else None,
+    }
+
+
+def rl_run_records(rl_dir: Path) -> dict[str, Any] | None:
+    """The RL run's own account (captain_ros_training.rl_host's `rl_rounds.jsonl`, the driver's per-round rows, in
+    the run folder or a carried checkpoint): rounds, trained episodes, the rounds' seconds on the run's one GPU (the
+    policy server and the trainer share it: waiting for rollouts, the update, the weight sync; the critic's warm
+    start before round 1 not included) and those per trained episode. None when no such file is there. The most
+    advanced file wins (a carried checkpoint holds copies of the logs up to its round)."""
+    best: list[dict[str, Any]] = []
+    for path in sorted(Path(rl_dir).rglob("rl_rounds.jsonl")):
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if rows and (not best or rows[-1].get("round", 0) > best[-1].get("round", 0)):
+            best = rows
+    if not best:
+        return None
+    episodes = sum(int(r.get("episodes") or 0) for r in best)
+    seconds = sum(
+        float(r.get("wait_s") or 0) + float(r.get("update_s") or 0) + float(r.get("sync_s") or 0) for r in best
+    )
+    return {
+        "rl_rounds": int(best[-1]["round"]),
+        "rl_episodes": episodes,
+        "rl_gpu_seconds": seconds,
+        "rl_gpu_seconds_per_episode": seconds / episodes if episodes else None,
+        "rl_early_stopped": sum(int(r.get("early_stopped") or 0) for r in best)
+        if any("early_stopped" in r for r in best)
+        else None,
+    }
+
+
+RL_KEYS = (
+    "student_rl_strict",
+    "student_rl_host",
+    "rl_rounds",
+    "rl_episodes",
+    "rl_vs_sft_mcnemar_p",
+    "rl_paired_starts",
+    "rl_gpu_seconds",
+    "rl_gpu_seconds_per_episode",
+    "rl_early_stopped",
+    "sft_false_finish_rate",
+    "sft_missed_finish_rate",
+    "rl_false_finish_rate",
+    "rl_missed_finish_rate",
+)
+
+
+def rl_report(sft_rows: Sequence[EvalRow] | None, rl_rows: Sequence[EvalRow] | None, rl_dir: Path) -> dict[str, Any]:
+    """The RL student against the SFT student on the same held-out starts (bench/student.py's RL keys): strict and
+    host success of the RL evaluation, the exact McNemar p on the (task, start, attempt) pairs both ran validly, the
+    false- and missed-finish rates before (SFT) and after (RL), and the RL run's rounds, trained episodes and GPU
+    seconds (`rl_run_records`). Where a part is missing every key it feeds is None and `rl_missing` says why: no
+    value is made up. `rl_rows` should already hold the plan's unfinished episodes as failures (`with_unfinished`)."""
+    out: dict[str, Any] = dict.fromkeys(RL_KEYS)
+    missing = []
+    if not rl_rows or not any(r.valid for r in rl_rows):
+        missing.append(
+            "no evaluation of an RL student (runs/student/rl_eval/): bring an RL checkpoint back, export and merge it "
+            "into runs/student/rl/model (docs/student.md section 6), then run bench/student.py"
+        )
+    else:
+        valid = [r for r in rl_rows if r.valid]
+        out["student_rl_strict"] = sum(r.strict_success for r in valid) / len(valid)
+        out["student_rl_host"] = sum(r.host_success for r in valid) / len(valid)
+        after = finish_rates(rl_rows)
+        out["rl_false_finish_rate"], out["rl_missed_finish_rate"] = (
+            after["false_finish_rate"],
+            after["missed_finish_rate"],
+        )
+        if not sft_rows or not any(r.valid for r in sft_rows):
+            missing.append("no SFT evaluation to pair the RL student with (runs/student/sft_eval/)")
+        else:
+            pair = compare(sft_rows, rl_rows, "strict")
+            out["rl_vs_sft_mcnemar_p"] = pair["mcnemar_p"] if pair["pairs"] else None
+            out["rl_paired_starts"] = pair["pairs"]
+    if sft_rows and any(r.valid for r in sft_rows):
+        before = finish_rates(sft_rows)
+        out["sft_false_finish_rate"], out["sft_missed_finish_rate"] = (
+            before["false_finish_rate"],
+            before["missed_finish_rate"],
+        )
+    run = rl_run_records(rl_dir)
+    if run is None:
+        missing.append(f"no RL run records (rl_rounds.jsonl) under {rl_dir}: rounds, episodes and GPU seconds unknown")
+    else:
+        out.update(run)
+    out["rl_missing"] = "; ".join(missing) or None
+    return out
+
+
 def _stop_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(f"[eval] stopped by signal {signum}: rerun the same command to resume")
 
