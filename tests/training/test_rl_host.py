@@ -404,3 +404,24 @@ def test_a_resume_with_other_settings_is_refused_with_them(runs, capsys):
     assert "was written with other settings: --lora-rank 2 (now 4)" in err
     assert rl_host.main(["run", "--model", str(runs["model"]), "--out", str(runs["second"]), *SMALL]) == 1
     assert "pass --resume to continue it" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_workers_read_the_published_critic_for_the_early_stop(runs):
+    """CaPtain App. E on the host (on by default): the driver publishes its critic, every trained episode's end
+    record carries the early stop's verdict, the resumed run's workers evaluated the critic on their snapshots, and
+    no episode failed in the stopper."""
+    from captain_ros.bridge.store import EpisodeStore
+
+    second = runs["second"]
+    assert (second / "early_stop" / "critic.pt").is_file()
+    for row in read_jsonl(second / rl_host.ROUNDS_FILE):
+        assert row["early_stop_watched"] == row["episodes"], row
+        assert row["early_stop_control_would_stop"] <= row["early_stop_control"] <= row["episodes"]
+    (store_path,) = (second / "sessions").glob("*/rollout.sqlite")
+    with EpisodeStore(store_path) as store:
+        ends = [store.record(e["episode_id"], "episode_end") for e in store.episodes(status="complete")]
+    records = [end.payload.get("early_stop") for end in ends if end is not None]
+    assert records and all(r is not None for r in records)
+    assert any(v is not None for r in records for v in r["values"])  # the resumed run's critic was read at once
+    assert not [end.payload["reason"] for end in ends if end and "stop_early" in end.payload["reason"]]

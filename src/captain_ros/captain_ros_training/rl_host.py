@@ -19,6 +19,11 @@
      attempts ended: captain_ros_training.rounds (staleness at most 2 versions; stale or invalid attempts dropped and
      reported), RLTrainer.update with the CaPtain objective (Eq. 5, 8-10: critic credit per request, the k3 KL to the
      SFT model, one AdamW step per round) and the critic co-trained on the round;
+  3b. publishes the critic to `RUN/early_stop/critic.pt` after the warm start and after each round: the workers cut
+     hopeless episodes with it (CaPtain App. E; captain_ros_training.early_stop: V < 0.02 for 5 consecutive requests
+     after request 5, settled budget-exhausted and trained on; a 5% control slice and the hard tasks never cut), and
+     each round's row in rl_rounds.jsonl counts the cuts and the control slice's would-have-been cuts
+     (`--no-early-stop`: nothing is cut);
   4. pushes the new weights into the running server after each step (captain_ros_training.weight_sync: written to
      the served folder, /pause, reload in place, /resume; the recording proxy's policy version bumped), never
      restarting the server or the proxy;
