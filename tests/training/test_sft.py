@@ -280,3 +280,23 @@ def test_the_learning_rate_warms_up_then_holds_or_follows_a_cosine_worked_by_han
     assert lr_factor(10, cosine) == pytest.approx(0.1)  # past the last step: stays at the floor
     with pytest.raises(ValueError, match="lr_schedule"):
         lr_factor(3, SFTConfig(lr_schedule="linear"))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_rng_state_comes_back_exactly_from_a_checkpoint_loaded_onto_any_device(tmp_path, device):
+    """A checkpoint loaded with map_location=<the model's device> brings the RNG tensors back on that device (on the
+    GPU host an RL resume failed so: "can't convert cuda:0 device type tensor to numpy"); set_rng_state takes them
+    wherever they are and the generators continue exactly as they would have."""
+    import random
+
+    import numpy as np
+    import torch
+
+    from captain_ros_training.sft import rng_state, set_rng_state
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    torch.save({"rng": rng_state()}, tmp_path / "rng.pt")
+    expected = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    set_rng_state(torch.load(tmp_path / "rng.pt", map_location=device, weights_only=True)["rng"])
+    assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == expected

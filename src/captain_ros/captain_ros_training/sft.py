@@ -245,12 +245,14 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
+    """Restore `rng_state()`. Its tensors may come back on the GPU (a checkpoint loaded with map_location="cuda");
+    the generators take them on the CPU."""
     random.setstate(state["python"])
     name, keys, *rest = state["numpy"]
-    np.random.set_state((name, keys.numpy(), *rest))
-    torch.set_rng_state(state["torch"])
+    np.random.set_state((name, keys.cpu().numpy(), *rest))
+    torch.set_rng_state(state["torch"].cpu())
     if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
 def save_checkpoint(
