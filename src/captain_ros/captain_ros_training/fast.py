@@ -277,6 +277,9 @@ def _bucketed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan:
     return _Permute.apply(slots, plan.inverse, plan.gather, plan.real)
 
 
+_FLASH_DTYPES = (torch.float16, torch.bfloat16)  # what flash attention (varlen_attn) takes
+
+
 def packed_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -293,7 +296,7 @@ def packed_attention(
     "bucketed": one batched causal SDPA call per length bucket (`plan`, computed from cu_seqlens if None)."""
     groups = q.shape[1] // k.shape[1]
     if backend == "auto":
-        backend = "varlen" if q.is_cuda and _varlen() is not None else "sdpa"
+        backend = "varlen" if q.is_cuda and q.dtype in _FLASH_DTYPES and _varlen() is not None else "sdpa"
     if backend == "bucketed":
         if plan is None:
             plan = bucket_plan(cu_seqlens.tolist(), device=q.device)
@@ -336,7 +339,7 @@ def cached_attention(  # noqa: PLR0917 (varlen_attn's argument order)
     varlen call on CUDA, work proportional to each request's own context; "sdpa": one SDPA call per request, the
     reference (any device); "auto": varlen where available, else sdpa."""
     if backend == "auto":
-        backend = "varlen" if q.is_cuda and _varlen() is not None else "sdpa"
+        backend = "varlen" if q.is_cuda and q.dtype in _FLASH_DTYPES and _varlen() is not None else "sdpa"
     groups = q.shape[1] // k.shape[1]
     if backend == "varlen":
         found = _varlen()

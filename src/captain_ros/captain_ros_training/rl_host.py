@@ -475,7 +475,11 @@ class HostRL:
         except StudentError as exc:
             raise HostRLError(str(exc)) from None
         device = resolve_device(self.config.device)
-        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+        # on the GPU the folder's own dtype (bf16 for the student): a float32 folder trained in bf16 would be served
+        # with every frozen weight rounded; on the CPU float32
+        from captain_ros_training.weight_sync import served_dtype
+
+        dtype = getattr(torch, served_dtype(self.model_dir)) if device.startswith("cuda") else torch.float32
 
         def load() -> Any:
             return AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype, local_files_only=True).to(device)
