@@ -142,3 +142,15 @@ def test_an_evaluation_refuses_an_episode_the_critic_cut(tmp_path):
     with pytest.raises(EvaluationError, match="episode b was cut by the critic's early stop"):
         load_rows(path)
     assert math.isfinite(EarlyStopConfig().value_threshold)
+
+
+def test_reading_the_critic_leaves_the_processes_torch_threads_as_they_were(tmp_path):
+    """The stopper evaluates on one thread, and only around its own call: set process-wide it changed the
+    reduction order of every later computation in the process (a test of the fast SFT path that compares two
+    paths' Adam steps failed after this module's tests ran in the same pytest worker)."""
+    path = tmp_path / "critic.pt"
+    publish(_critic(), path)
+    before = torch.get_num_threads()
+    snapshot = {"features": dict.fromkeys(FEATURE_NAMES, 0.0)}
+    assert CriticEarlyStop(path).value(snapshot, 3, "open_drawer") is not None
+    assert torch.get_num_threads() == before

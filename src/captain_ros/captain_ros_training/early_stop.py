@@ -123,11 +123,8 @@ class CriticEarlyStop:
             return None
         stamp = (st.st_mtime_ns, st.st_size)
         if stamp != self._stamp:
-            import torch
-
             from captain_ros_training.critic import Critic
 
-            torch.set_num_threads(1)  # one of many workers on the host's cores
             self._critic, self._stamp = Critic.load(self.path), stamp
         return self._critic, f"{self._stamp[0]}-{self._stamp[1]}"
 
@@ -143,11 +140,18 @@ class CriticEarlyStop:
 
         if task not in critic.tasks:
             raise KeyError(f"task {task!r} is not in the published critic's vocabulary")
-        v = critic.value_of(
-            torch.tensor([features_of({"snapshot": snapshot})], dtype=torch.float32),
-            torch.tensor([float(t)]),
-            torch.tensor([critic.tasks.index(task)]),
-        )
+        # one thread: this worker is one of many on the host's cores. Set around the call only: a process-wide
+        # setting would change the reduction order, and so the low bits, of every later torch computation here
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            v = critic.value_of(
+                torch.tensor([features_of({"snapshot": snapshot})], dtype=torch.float32),
+                torch.tensor([float(t)]),
+                torch.tensor([critic.tasks.index(task)]),
+            )
+        finally:
+            torch.set_num_threads(threads)
         return float(v[0]), version
 
     def episode(self, episode_id: str) -> EpisodeStop:
