@@ -169,6 +169,30 @@ def test_the_request_budget_ends_the_episode(link, tmp_path):
     assert result.outcome is Outcome.BUDGET_EXHAUSTED and result.requests == 3 and "requests" in result.reason
 
 
+class _Stopper(CellLog):
+    """A recorder with the RL rollouts' early-stop hook: a verdict before request `at`, or a hook that raises."""
+
+    def __init__(self, at, verdict=None, error=None):
+        super().__init__()
+        self.at, self.verdict, self.error = at, verdict, error
+
+    def stop_early(self, index):
+        if index == self.at and self.error is not None:
+            raise self.error
+        return self.verdict if index == self.at else None
+
+
+def test_an_early_stop_ends_the_episode_before_its_request_and_a_broken_hook_is_infrastructure(link, tmp_path):
+    policy = Scripted([cell("print(robot.get_robot_state()['success'])")])
+    result = run(link, policy, tmp_path, recorder=_Stopper(3, "V < 0.02 five times"), requests=10)
+    assert result.outcome is Outcome.BUDGET_EXHAUSTED and result.requests == 2
+    assert "stopped early before request 3: V < 0.02 five times" in result.reason
+    policy = Scripted([cell("print(robot.get_robot_state()['success'])")])
+    result = run(link, policy, tmp_path, recorder=_Stopper(2, error=ValueError("critic file truncated")), requests=10)
+    assert result.outcome is Outcome.INFRASTRUCTURE and not result.valid
+    assert "recording failed (stop_early): ValueError: critic file truncated" in result.reason
+
+
 def test_the_action_budget_refuses_motions_and_ends_the_episode(link, tmp_path):
     moves = (
         "for z in (0.30, 0.32, 0.34):\n"
