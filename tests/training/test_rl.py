@@ -232,11 +232,12 @@ def test_a_full_round_from_twin_episodes_to_the_policy_server(student, recorded,
 @pytest.mark.slow
 def test_sft_data_file_trains_as_the_store_does_and_refuses_other_options(recorded, tmp_path, capsys):
     """`sft-data` renders a store's examples once (on a CPU); `sft --examples` trains on exactly those, and a file
-    built with other data options or another tokenizer is refused, naming why."""
+    built with other data options or another tokenizer is refused, naming why. `--out` may name a folder not made
+    yet (the file was lost after the whole build, once)."""
     from captain_ros_training.data import DataConfig, SFTDataMismatch, load_sft_data, tokenizer_fingerprint
     from captain_ros_training.tiny import tiny_tokenizer
 
-    store, data = str(recorded.trainer_store), tmp_path / "sft_data.pkl.xz"
+    store, data = str(recorded.trainer_store), tmp_path / "not_made_yet" / "sft_data.pkl.xz"  # its folder is made
     options = ["--tiny", "--max-tokens", "8192"]
     assert main(["sft-data", "--store", store, "--out", str(data), *options]) == 0
     assert "SFT data:" in capsys.readouterr().out and not data.with_name(data.name + ".tmp").exists()

@@ -933,7 +933,7 @@ def save_sft_data(
 ) -> Path:
     """Write the examples `sft_examples` built (with the gate's summary and the stats) as one file, lzma-compressed,
     so a GPU host trains on them without re-rendering the store (`python -m captain_ros_training.rl sft-data`). Written
-    under a temporary name and renamed: an interrupted write leaves no file."""
+    under a temporary name and renamed: an interrupted write leaves no file. Missing folders of `path` are made."""
     path = Path(path)
     record = {
         "format": SFT_DATA_FORMAT,
@@ -944,6 +944,7 @@ def save_sft_data(
         "stats": stats,
         "examples": examples,
     }
+    path.parent.mkdir(parents=True, exist_ok=True)  # `--out` may name a folder not made yet
     tmp = path.with_name(path.name + ".tmp")
     with lzma.open(tmp, "wb", preset=6) as f:
         pickle.dump(record, f, protocol=pickle.HIGHEST_PROTOCOL)
