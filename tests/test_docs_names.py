@@ -146,7 +146,7 @@ def problems(names: Names) -> list[str]:
     ]
     found += [f"interface type {t} is not used by the code or profiles" for t in names.types if not type_known(t)]
     found += [f"controller {c} is in no profile" for c in names.controllers if not re.search(rf"\b{c}\b", PROFILE_TEXT)]
-    cli = (PACKAGE / "captain_ros" / "cli.py").read_text()
+    cli = (PACKAGE / "captain_ros" / "cli" / "__init__.py").read_text()
     found += [
         f"captain-ros has no subcommand '{s}'"
         for s in names.subcommands

@@ -175,7 +175,7 @@ def test_the_smoke_rollout_arguments_are_what_the_cli_takes():
     args = build_parser().parse_args([*hb.SMOKE_ROLLOUT, "--runs-dir", "/tmp/runs"])
     assert (args.tasks, args.split, args.starts_per_task, args.attempts) == ("put_red_cube_in_bowl", "train", 1, 1)
     assert args.no_images and args.no_ship and args.workers == 1 and args.engine == "local"
-    cli = (ROOT / "src" / "captain_ros" / "captain_ros" / "cli.py").read_text()
+    cli = (ROOT / "src" / "captain_ros" / "captain_ros" / "cli" / "__main__.py").read_text()
     assert 'if __name__ == "__main__":\n    sys.exit(main())' in cli, "smoke.sh runs `python3 -m captain_ros.cli`"
 
 

@@ -172,7 +172,3 @@ def main(argv: list[str] | None = None) -> int:
         return import_module(MODULES[argv[0]]).main(argv[1:])
     args = build_parser().parse_args(argv)
     return args.fn(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
