@@ -73,7 +73,8 @@ BUNDLE_LIMIT_MIB = 56.0  # what one device call carries (64 MiB) less the workin
 # loop, sandbox and its child, proxy, expert server, transport, store) and the trainer-side evaluation and server.
 ROLLOUT_MODULES = (
     "captain_ros.cli",
-    "captain_ros.bridge.commands",
+    "captain_ros.cli.rollout",
+    "captain_ros.cli.evaluation",
     "captain_ros.bridge.host",
     "captain_ros.bridge.rollout",
     "captain_ros.bridge.services",

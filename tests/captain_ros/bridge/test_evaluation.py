@@ -20,7 +20,6 @@ from captain_ros.bridge.evaluation import (
     EvaluationError,
     compare,
     load_rows,
-    main,
     mcnemar_exact,
     pair_rows,
     summarize,
@@ -30,6 +29,7 @@ from captain_ros.bridge.evaluation import (
 )
 from captain_ros.bridge.schema import Record
 from captain_ros.bridge.store import EpisodeStore
+from captain_ros.cli.evaluation import main
 
 HOST = {"success": True, "missed_finish": True, "false_finish": False, "budget_exhausted": False, "failure": False}
 
@@ -498,7 +498,7 @@ def test_cli_as_a_module(suite_store: Path, tmp_path: Path):
         [
             sys.executable,
             "-m",
-            "captain_ros.bridge.evaluation",
+            "captain_ros.cli.evaluation",
             "report",
             str(suite_store),
             "--out",

@@ -21,10 +21,8 @@ plotting (Agg backend, no display needed).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -542,7 +540,7 @@ def _markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str
     return "\n".join(lines)
 
 
-def _text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
 
     def fmt(cells: Sequence[str]) -> str:
@@ -616,7 +614,7 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
 
-def _unique_labels(rows_a: Sequence[EvalRow], rows_b: Sequence[EvalRow] | None, labels) -> list[str]:
+def unique_labels(rows_a: Sequence[EvalRow], rows_b: Sequence[EvalRow] | None, labels) -> list[str]:
     if labels is not None:
         out = [str(x) for x in labels]
     else:
@@ -644,7 +642,7 @@ def write_report(
         raise EvaluationError("no complete episodes to report on: run rollouts into the store first")
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
-    names = _unique_labels(rows_a, rows_b, labels)
+    names = unique_labels(rows_a, rows_b, labels)
     if len(names) != (1 if rows_b is None else 2):
         raise ValueError(f"need {1 if rows_b is None else 2} labels, got {names}")
     sets = [rows_a] if rows_b is None else [rows_a, rows_b]
@@ -738,87 +736,11 @@ def write_report(
     return report_md
 
 
-# --------------------------------------------------------------------------------------------- CLI
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="captain-ros eval",
-        description="Evaluation statistics and reports from episode stores (CaPtain §4 conventions).",
-    )
-    sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("report", help="rates for one store, per family and task; report.md, report.json, PNGs")
-    r.add_argument("store", help="episode store (.sqlite) the rollouts wrote")
-    r.add_argument("--label", help="policy name to show (default: the episodes' `policy` field)")
-    r.add_argument("--out", required=True, help="output directory")
-    c = sub.add_parser("compare", help="paired comparison of B against A (the baseline) on identical start states")
-    c.add_argument("store_a", help="baseline policy's store")
-    c.add_argument("store_b", help="the other policy's store")
-    c.add_argument("--labels", nargs=2, metavar=("A", "B"), help="names for the two policies")
-    c.add_argument("--metric", choices=METRICS, default="strict", help="primary metric (both are reported)")
-    c.add_argument("--out", required=True, help="output directory")
-    for q in (r, c):
-        q.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, help="bootstrap resamples")
-        q.add_argument("--seed", type=int, default=DEFAULT_SEED, help="bootstrap seed")
-    return p
-
-
-def _load_nonempty(path: str, label: str | None) -> list[EvalRow]:
+def load_nonempty(path: str, label: str | None) -> list[EvalRow]:
+    """`load_rows`, or an EvaluationError naming the store (and how many episodes have not ended) when it has none."""
     rows = load_rows(path, label)
     if not rows:
         still_open = open_episodes(path)
         hint = f" ({still_open} episodes have not ended)" if still_open else ""
         raise EvaluationError(f"{path} has no complete episodes{hint}: run rollouts into it first")
     return rows
-
-
-def _print_summary(name: str, summary: dict[str, Any], still_open: int) -> None:
-    o = summary["overall"]
-    print(
-        f"\n{name}: {o['episodes']} complete episodes, {o['valid']} valid, {o['excluded']} excluded "
-        f"({o['infrastructure_failures']} infrastructure failures)"
-        + (f", {still_open} not ended" if still_open else "")
-    )
-    if len(summary["policies"]) > 1:
-        print(f"  note: this store mixes policies {', '.join(summary['policies'])}; they are pooled here")
-    if o["valid"] == 0:
-        print("  no valid episodes: every rate is undefined")
-    print(_text_table(SUMMARY_COLUMNS, summary_rows(summary)))
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        if args.command == "report":
-            rows = _load_nonempty(args.store, args.label)
-            path = write_report(args.out, rows, resamples=args.resamples, seed=args.seed, sources=[args.store])
-            name = _unique_labels(rows, None, [args.label] if args.label else None)[0]
-            _print_summary(name, summarize(rows), open_episodes(args.store))
-        else:
-            rows_a = _load_nonempty(args.store_a, args.labels[0] if args.labels else None)
-            rows_b = _load_nonempty(args.store_b, args.labels[1] if args.labels else None)
-            path = write_report(
-                args.out,
-                rows_a,
-                rows_b,
-                labels=args.labels,
-                metric=args.metric,
-                resamples=args.resamples,
-                seed=args.seed,
-                sources=[args.store_a, args.store_b],
-            )
-            report = json.loads((Path(args.out) / "report.json").read_text())
-            for name, store in zip(report["labels"], (args.store_a, args.store_b), strict=True):
-                _print_summary(name, report["summaries"][name], open_episodes(store))
-            comp = report["comparisons"][args.metric]
-            print(f"\n{comp['labels'][1]} vs {comp['labels'][0]}, {args.metric} success:")
-            print(pairing_text(comp["pairing"], *comp["labels"]))
-            print(_text_table(compare_columns(comp["labels"]), comparison_rows(comp)))
-            print(interpret(comp))
-    except EvaluationError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(f"\nreport: {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

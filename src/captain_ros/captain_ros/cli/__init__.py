@@ -78,7 +78,7 @@ def _approve(args: argparse.Namespace) -> int:
 
 
 def _rollout(args: argparse.Namespace) -> int:
-    from captain_ros.bridge.commands import run_rollout
+    from captain_ros.cli.rollout import run_rollout
 
     return run_rollout(args)
 
@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--no-images", action="store_true", help="do not attach camera images (text-only models)")
     run.set_defaults(fn=_run)
-    from captain_ros.bridge.commands import add_rollout_arguments
+    from captain_ros.cli.rollout import add_rollout_arguments
 
     rollout = sub.add_parser(
         "rollout",
@@ -157,7 +157,7 @@ DELEGATED = {
     "gap": "the sim-to-real gap report of an episode: shadow predictions beside outcomes (gap --help)",
 }
 MODULES = {
-    "eval": "captain_ros.bridge.commands",
+    "eval": "captain_ros.cli.evaluation",
     "export": "captain_ros.bridge.export",
     "transport": "captain_ros.bridge.transport",
     "gap": "captain_ros.bridge.gap",

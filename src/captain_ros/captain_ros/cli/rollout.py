@@ -1,17 +1,12 @@
-"""`captain-ros rollout` and `captain-ros eval`: episodes in a world (the twin, or LIBERO: `captain_ros.worlds`)
-recorded through the sim bridge.
+"""`captain-ros rollout`: episodes in a world (the twin, or LIBERO: `captain_ros.worlds`) recorded through the sim
+bridge (captain_ros.bridge.host), and the options `captain-ros eval run` shares (captain_ros.cli.evaluation).
 
 captain-ros rollout --starts-per-task 2 --group-size 4          # 13 tasks x 2 starts x 4 attempts, train split
-captain-ros eval run --starts-per-task 8 --attempts 1 --out eval/expert
-captain-ros eval --backend libero --suite libero_spatial,libero_object,libero_goal   # held-out states 11-16
-captain-ros eval report runs/<run>/rollout.sqlite --out eval/expert
-captain-ros eval compare A.sqlite B.sqlite --labels sft rl --out eval/sft-vs-rl
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -170,34 +165,3 @@ def _print_report(report: RolloutReport, host: RolloutHost, unshipped: int) -> N
 def run_rollout(args: argparse.Namespace) -> int:
     _, report = rollout(args)
     return 0 if report.episodes and not report.errors else 1
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`captain-ros eval`: run (episodes, then a report), report (one store) or compare (two stores)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
-        argv = ["run", *argv]  # `captain-ros eval --backend libero ...` is `eval run ...`
-    if argv and argv[0] in ("report", "compare"):
-        from captain_ros.bridge import evaluation
-
-        return evaluation.main(argv)
-    parser = argparse.ArgumentParser(
-        prog="captain-ros eval",
-        description="Evaluation over suites x start states x attempts. `run` records episodes (evaluation split by "
-        "default) and writes a report; `report STORE --out DIR` and `compare STORE_A STORE_B --out DIR` work on "
-        "existing stores (see `captain-ros eval report --help`).",
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="run|report|compare")
-    run = sub.add_parser("run", help="run episodes and write a report")
-    add_rollout_arguments(run, split="eval", attempts_name="--attempts")
-    run.add_argument("--out", default="", help="report folder (default: <run dir>/report)")
-    sub.add_parser("report", help="report on one store (report --help)")
-    sub.add_parser("compare", help="paired comparison of two stores (compare --help)")
-    args = parser.parse_args(argv)
-    host, report = rollout(args, kind="eval", ship=False)
-    from captain_ros.bridge import evaluation
-
-    out = Path(args.out) if args.out else host.run_dir / "report"
-    label = args.policy or ("expert" if not args.policy_url else args.policy_url)
-    code = evaluation.main(["report", str(host.store_path), "--label", label, "--out", str(out)])
-    return code or (0 if report.episodes and not report.errors else 1)
