@@ -79,7 +79,7 @@ ROLLOUT_MODULES = (
     "captain_ros.bridge.rollout",
     "captain_ros.bridge.services",
     "captain_ros.bridge.proxy",
-    "captain_ros.bridge.transport",
+    "captain_ros.cli.transport",
     "captain_ros.bridge.store",
     "captain_ros.bridge.recorder",
     "captain_ros.worlds",
@@ -827,7 +827,7 @@ for name in ("mujoco", "open3d", "zmq", "OpenGL", "cv2", "numpy", "scipy", "http
     mod = importlib.import_module(name)
     where = "bundle" if os.path.realpath(getattr(mod, "__file__", "") or "").startswith(site) else "host"
     print(f"  {name:<8} {getattr(mod, '__version__', '?'):<12} ({where})")
-import captain_ros.bridge.host, captain_ros.bridge.transport, captain_ros.perception.perception
+import captain_ros.bridge.host, captain_ros.cli.transport, captain_ros.perception.perception
 import captain_ros_training.student_eval
 print("  rollout modules import")
 """

@@ -18,6 +18,7 @@ from PIL import Image
 from captain_ros.bridge import export
 from captain_ros.bridge.schema import Record
 from captain_ros.bridge.store import EpisodeStore
+from captain_ros.cli import export as export_cli
 from captain_ros.core import robot
 from captain_ros.twin.privileged_state import FEATURE_NAMES
 
@@ -465,23 +466,23 @@ def test_image_without_blob_is_skipped_and_counted(tmp_path):
 
 def test_command_line(store, tmp_path, capsys):
     path, _ = store
-    assert export.main(["mcap", "--store", str(path), "--out", str(tmp_path / "b"), "--episode", "ep-a"]) == 0
+    assert export_cli.main(["mcap", "--store", str(path), "--out", str(tmp_path / "b"), "--episode", "ep-a"]) == 0
     assert (tmp_path / "b" / "ep-a" / "metadata.yaml").is_file()
 
-    assert export.main(["mcap", "--store", str(path), "--out", str(tmp_path / "b"), "--episode", "nope"]) == 1
+    assert export_cli.main(["mcap", "--store", str(path), "--out", str(tmp_path / "b"), "--episode", "nope"]) == 1
     err = capsys.readouterr().err
     assert "episode 'nope' is not in" in err and "ep-a" in err
 
-    assert export.main(["mcap", "--store", str(path), "--out", str(tmp_path / "c"), "--all"]) == 0
+    assert export_cli.main(["mcap", "--store", str(path), "--out", str(tmp_path / "c"), "--all"]) == 0
     assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["ep-a", "ep-b", "ep-open"]
     assert "bags" in capsys.readouterr().err  # the progress bar
 
-    assert export.main(["parquet", "--store", str(path), "--out", str(tmp_path / "t")]) == 0
+    assert export_cli.main(["parquet", "--store", str(path), "--out", str(tmp_path / "t")]) == 0
     assert "requests" in capsys.readouterr().out
 
     EpisodeStore(tmp_path / "empty.sqlite").close()
     for command in (["mcap", "--all"], ["parquet"]):
-        assert export.main([*command, "--store", str(tmp_path / "empty.sqlite"), "--out", str(tmp_path / "e")]) == 1
+        assert export_cli.main([*command, "--store", str(tmp_path / "empty.sqlite"), "--out", str(tmp_path / "e")]) == 1
         assert "holds no episodes" in capsys.readouterr().err
-    assert export.main(["parquet", "--store", str(tmp_path / "missing.sqlite"), "--out", str(tmp_path / "e")]) == 1
+    assert export_cli.main(["parquet", "--store", str(tmp_path / "missing.sqlite"), "--out", str(tmp_path / "e")]) == 1
     assert "no episode store at" in capsys.readouterr().err and not (tmp_path / "missing.sqlite").exists()

@@ -7,6 +7,7 @@ import json
 
 from captain_ros.bridge import gap
 from captain_ros.bridge.store import EpisodeStore
+from captain_ros.cli import gap as gap_cli
 
 PREDICTED = {"outcome": "contact", "executed_distance_m": 0.05, "peak_force_n": 4.0, "jaw_after_m": 0.08}
 ACTUAL = {"outcome": "target_reached", "executed_distance_m": 0.08, "peak_force_n": 1.0, "jaw_after_m": 0.08}
@@ -31,16 +32,16 @@ def test_the_report_counts_refusals_agreement_and_errors():
 
 
 def test_bad_inputs_are_refused_with_the_reason(tmp_path, capsys):
-    assert gap.main([str(tmp_path / "nowhere.jsonl")]) == 2
+    assert gap_cli.main([str(tmp_path / "nowhere.jsonl")]) == 2
     assert "no transcript or store at" in capsys.readouterr().err
     empty = tmp_path / "empty.sqlite"
     EpisodeStore(empty).close()
-    assert gap.main([str(empty)]) == 2
+    assert gap_cli.main([str(empty)]) == 2
     assert "holds no complete episode" in capsys.readouterr().err
     transcript = tmp_path / "ep" / "transcript.jsonl"
     transcript.parent.mkdir()
     call = {"type": "call", "capability": "observe", "result": {"value": {"observation_handle": "obs-1"}}}
     transcript.write_text(json.dumps(call) + "\n{not json, cut by a kill\n")
-    assert gap.main([str(transcript.parent)]) == 0  # a cut last line is skipped; nothing was checked
+    assert gap_cli.main([str(transcript.parent)]) == 0  # a cut last line is skipped; nothing was checked
     assert "No action of this episode was shadow-checked" in (transcript.parent / "gap.md").read_text()
     assert not (transcript.parent / "gap.png").exists()

@@ -11,7 +11,6 @@ import pytest
 from captain_ros.bridge.receiver import Receiver
 from captain_ros.bridge.schema import Record, sha256
 from captain_ros.bridge.store import EpisodeStore
-from captain_ros.bridge.transport import main
 from captain_ros.bridge.wire import (
     ACK,
     BLOB,
@@ -21,6 +20,7 @@ from captain_ros.bridge.wire import (
     TransportConfig,
     blob_frames,
 )
+from captain_ros.cli.transport import main
 from tests.captain_ros.bridge.transport_helpers import (
     Client,
     ReceiverThread,

@@ -13,7 +13,7 @@ import pytest
 
 from captain_ros.agent.link import call_dict
 from captain_ros.agent.transcript import Transcript
-from captain_ros.bridge import gap
+from captain_ros.cli import gap
 from captain_ros.core.config import ConfigError, load_config
 from captain_ros.core.contract import CallResult, FailureCategory
 from captain_ros.core.robot import load_profile

@@ -34,19 +34,17 @@ Parquet: `episodes.parquet` (one row per episode, status "complete" or "open"), 
 per request, with the 36 critic features as `f_<name>`), `calls.parquet` (one row per robot call). The
 schemas are explicit, so an empty or partial store exports the same columns with the same types.
 
-    python -m captain_ros.bridge.export mcap --store runs/episodes.sqlite --out bags --all
-    python -m captain_ros.bridge.export parquet --store runs/episodes.sqlite --out tables
+    captain-ros export mcap --store runs/episodes.sqlite --out bags --all
+    captain-ros export parquet --store runs/episodes.sqlite --out tables
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
 import re
 import shutil
-import sys
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -56,7 +54,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from captain_ros.bridge.store import EpisodeStore, StoreError
+from captain_ros.bridge.store import EpisodeStore
 from captain_ros.core import robot
 from captain_ros.twin.features import FEATURE_NAMES
 
@@ -727,56 +725,11 @@ def export_parquet(store_path: str | Path, out_dir: str | Path) -> dict[str, Pat
     return paths
 
 
-# -------------------------------------------------------------------------------------------- command line
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="captain-ros export",
-        description="Export the episode store: rosbag2 (MCAP) bags for ROS tools, Parquet tables for analysis.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    mcap = sub.add_parser("mcap", help="write episodes as rosbag2 bags (metadata.yaml + .mcap), one per episode")
-    mcap.add_argument("--store", required=True, type=Path, help="the episode store (SQLite file)")
-    mcap.add_argument("--out", required=True, type=Path, help="folder the bags go under, one folder per episode")
-    which = mcap.add_mutually_exclusive_group(required=True)
-    which.add_argument("--episode", help="the episode id to export")
-    which.add_argument("--all", action="store_true", help="export every episode in the store")
-    mcap.add_argument("--valid-only", action="store_true", help="with --all: only complete, valid episodes")
-    mcap.add_argument("--overwrite", action="store_true", help="replace bags that exist already")
-    table = sub.add_parser("parquet", help="write episodes/requests/calls .parquet tables")
-    table.add_argument("--store", required=True, type=Path, help="the episode store (SQLite file)")
-    table.add_argument("--out", required=True, type=Path, help="folder the three .parquet files go in")
-    return parser
-
-
-def _require_episodes(store_path: Path) -> None:
+def require_episodes(store_path: Path) -> None:
+    """An ExportError unless the store at `store_path` holds at least one episode."""
     store = _open_store(store_path)
     try:
         if not store.counts()["episodes"]:
             raise ExportError(f"{store_path} holds no episodes: nothing to export (is this the store rollouts wrote?)")
     finally:
         store.close()
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        _require_episodes(args.store)
-        if args.command == "parquet":
-            for name, path in export_parquet(args.store, args.out).items():
-                print(f"{name:<9} {pq.read_metadata(path).num_rows:>7} rows  {path}")
-            return 0
-        if args.all:
-            paths = export_mcap_all(args.store, args.out, args.valid_only, args.overwrite, progress=True)
-            if not paths:
-                raise ExportError(f"{args.store} has no complete, valid episodes to export (drop --valid-only)")
-            print(f"wrote {len(paths)} bags under {args.out}")
-        else:
-            print(f"wrote {export_mcap(args.store, args.episode, args.out, args.overwrite)}")
-        return 0
-    except (ExportError, StoreError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

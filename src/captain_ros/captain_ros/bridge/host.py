@@ -86,7 +86,7 @@ class RolloutHost:
                 self.endpoint = f"tcp://127.0.0.1:{port}"
                 receiver = Service(
                     "receiver",
-                    "captain_ros.bridge.transport",
+                    "captain_ros.cli.transport",
                     ["receive", "--store", str(self.trainer_store), "--bind", self.endpoint],
                     self.logs,
                     ready=False,
@@ -97,7 +97,7 @@ class RolloutHost:
                 self.services["receiver"] = receiver
             shipper = Service(
                 "shipper",
-                "captain_ros.bridge.transport",
+                "captain_ros.cli.transport",
                 ["ship", "--store", str(self.store_path), "--connect", self.endpoint],
                 self.logs,
                 ready=False,

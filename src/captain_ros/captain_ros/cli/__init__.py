@@ -158,9 +158,9 @@ DELEGATED = {
 }
 MODULES = {
     "eval": "captain_ros.cli.evaluation",
-    "export": "captain_ros.bridge.export",
-    "transport": "captain_ros.bridge.transport",
-    "gap": "captain_ros.bridge.gap",
+    "export": "captain_ros.cli.export",
+    "transport": "captain_ros.cli.transport",
+    "gap": "captain_ros.cli.gap",
 }
 
 
