@@ -9,14 +9,13 @@ which ends the episode. It is not a language model: `usage`
 counts are approximate (about 4 characters per token) and `prompt_token_ids` / `token_ids` are null. Requests are
 independent (the expert is stateless), so one server serves any number of episodes at once.
 
-  python -m captain_ros.agent.expert_server --host 127.0.0.1 --port 8001   # prints "READY <url>" when listening
+  python -m captain_ros.cli.expert_server --host 127.0.0.1 --port 8001   # prints "READY <url>" when listening
+  expert_server --port 8001                                                 # the same, as the package's script
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
 import uuid
 from http import HTTPStatus
@@ -170,24 +169,3 @@ def serve(host: str = "127.0.0.1", port: int = 8001) -> ThreadingHTTPServer:
     server = ThreadingHTTPServer((host, port), ExpertHandler)
     server.daemon_threads = True
     return server
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Serve the scripted expert as an OpenAI-compatible policy.")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--port", type=int, default=8001, help="port to listen on (0: any free port)")
-    args = parser.parse_args(argv)
-    server = serve(args.host, args.port)
-    host, port = server.server_address[:2]
-    print(f"READY http://{host}:{port}/v1", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

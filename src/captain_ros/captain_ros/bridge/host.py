@@ -62,7 +62,7 @@ class RolloutHost:
         env = {**self.o.env, "PYTHONUNBUFFERED": "1"}
         upstream = self.o.policy_url
         if not upstream:
-            expert = Service("expert", "captain_ros.agent.expert_server", ["--port", "0"], self.logs, env=env)
+            expert = Service("expert", "captain_ros.cli.expert_server", ["--port", "0"], self.logs, env=env)
             upstream = expert.start().removesuffix("/v1") + "/v1"
             self.services["expert"] = expert
         proxy_port = free_port()
@@ -71,7 +71,7 @@ class RolloutHost:
             proxy_args.append("--allow-missing-token-ids")
         proxy = Service(
             "proxy",
-            "captain_ros.bridge.proxy",
+            "captain_ros.cli.proxy",
             [*proxy_args, "--policy-version", str(self.o.policy_version)],
             self.logs,
             env=env,
