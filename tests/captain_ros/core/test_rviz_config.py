@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from captain_ros.cli import rviz_config as rviz_config_cli
 from captain_ros.core import robot, rviz_config
 from captain_ros.paths import config_path
 
@@ -75,4 +76,4 @@ def test_check_mode_reports_an_out_of_date_file_and_writes_nothing(tmp_path: Pat
     assert rviz_config.write_all(check=True) == []
     with pytest.raises(SystemExit):
         (tmp_path / "ur5e.rviz").write_text("stale")
-        rviz_config.main(["--check"])
+        rviz_config_cli.main(["--check"])

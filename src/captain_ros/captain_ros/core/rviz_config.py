@@ -16,8 +16,6 @@ monitor.launch.py picks the file of its `robot_profile`, and writes one for a pr
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -163,16 +161,9 @@ def write_all(check: bool = False) -> list[str]:
     return stale
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="only report out-of-date files (exit 1 if any)")
-    args = parser.parse_args(argv)
-    stale = write_all(check=args.check)
-    verb = "out of date" if args.check else "written"
-    print(f"{verb}: {', '.join(stale)}" if stale else "every profile's rviz configuration is up to date")
-    if args.check and stale:
-        sys.exit(1)
-
-
+# `python -m captain_ros.core.rviz_config`, as the docs and the generated files' header give it: the command line is
+# captain_ros.cli.rviz_config
 if __name__ == "__main__":
+    from captain_ros.cli.rviz_config import main
+
     main()

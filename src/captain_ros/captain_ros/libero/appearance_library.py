@@ -10,7 +10,6 @@ the simulator: the library knows what each model looks like, never where it is.
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 from pathlib import Path
 
@@ -62,17 +61,9 @@ def library(path: Path = CACHE, force: bool = False, progress: bool = True) -> A
     return built
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], prog="python -m captain_ros.libero.appearance_library"
-    )
-    parser.add_argument("--force", action="store_true", help="render again even if the cached library exists")
-    parser.add_argument("--path", type=Path, default=CACHE, help=f"where the library is kept (default {CACHE})")
-    args = parser.parse_args(argv)
-    lib = library(args.path, force=args.force)
-    print(f"{len(lib.names)} models ({lib.source}, {assets_dir()}), kept in {args.path}:")
-    print(", ".join(n.replace("_", " ") for n in lib.names))
-
-
+# `python -m captain_ros.libero.appearance_library`, as docs/libero.md and its --help give it: the command line is
+# captain_ros.cli.appearance_library
 if __name__ == "__main__":
+    from captain_ros.cli.appearance_library import main
+
     main()
