@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from captain_ros_training import distributed, sft
+from captain_ros_training.cli.rl import main as rl_main
 from captain_ros_training.metrics_log import read_metrics
-from captain_ros_training.rl import main as rl_main
 from captain_ros_training.tiny import tiny_model
 from tests.training import fsdp_check
 from tests.training.test_data import build_store

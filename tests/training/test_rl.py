@@ -29,10 +29,10 @@ import torch
 
 from captain_ros.bridge.store import Episode, RequestData
 from captain_ros_training import serve
+from captain_ros_training.cli.rl import main
 from captain_ros_training.critic import Critic, CriticConfig, states_from_episodes
 from captain_ros_training.metrics_log import read_metrics
 from captain_ros_training.policy_loss import ObjectiveConfig
-from captain_ros_training.rl import main
 from captain_ros_training.rl_trainer import RLConfig, RLTrainer
 from captain_ros_training.rounds import RoundConfig
 from captain_ros_training.tiny import TinyModelConfig, tiny_model, tiny_tokenizer
