@@ -103,8 +103,10 @@ ROLLOUT_MODULES = (
     "captain_ros.harness.twin_backend",
     "captain_ros.perception.perception",
     "captain_ros_training.student_eval",
+    "captain_ros_training.cli.student_eval",
     "captain_ros_training.serve",
     "captain_ros_training.hf_serve",
+    "captain_ros_training.cli.hf_serve",
 )
 # Modules that may not exist yet (being written elsewhere); their absence is reported, not an error.
 OPTIONAL_MODULES: frozenset[str] = frozenset()

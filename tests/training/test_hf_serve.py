@@ -17,6 +17,7 @@ import pytest
 from captain_ros.agent.policy_client import PolicyClient, PolicyConfig, PolicyError
 from captain_ros.agent.prompt import TOOLS  # the stack's one tool, as every request offers it
 from captain_ros_training import hf_serve
+from captain_ros_training.cli import hf_serve as hf_serve_cli
 from captain_ros_training.gate import render_prompt_ids
 from captain_ros_training.hf_serve import SamplingParams, parse_hermes, sample_rows, template_ready
 
@@ -578,12 +579,12 @@ def test_cuda_graphs_asked_for_on_a_cpu_decode_eagerly_and_say_so(folder, caplog
     engine.close()
     assert engine._graphs is None and "--cuda-graphs is for CUDA devices" in caplog.text
     assert "decode eager" in caplog.text
-    assert hf_serve.parse_args(["--model", str(folder), "--cuda-graphs"]).cuda_graphs
+    assert hf_serve_cli.parse_args(["--model", str(folder), "--cuda-graphs"]).cuda_graphs
 
 
 def test_an_unknown_engine_is_refused_with_the_choices(folder, capsys):
     with pytest.raises(SystemExit):
-        hf_serve.parse_args(["--model", str(folder), "--engine", "paged"])
+        hf_serve_cli.parse_args(["--model", str(folder), "--engine", "paged"])
     err = capsys.readouterr().err
     assert "--engine" in err and "'slots'" in err and "'cb'" in err
     with pytest.raises(SystemExit, match="--engine must be one of slots, cb, not 'paged'"):

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from captain_ros_training import rl_host
+from captain_ros_training.cli import rl_host as rl_host_cli
 from captain_ros_training.rl_host import HostRL, HostRLConfig, Ledger, WavePlan, merged_state_dict
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -178,13 +179,13 @@ def test_bad_settings_are_refused_with_the_flag(changes, message):
 
 def test_the_command_line_explains_and_refuses_an_unknown_task(tmp_path, capsys):
     with pytest.raises(SystemExit) as done:
-        rl_host.main(["run", "--help"])
+        rl_host_cli.main(["run", "--help"])
     out = capsys.readouterr().out
     assert done.value.code == 0
     for flag in ("--resume-from", "--groups-per-round-n", "--max-open-groups-n", "--warm-start-waves-n", "--lora-rank"):
         assert flag in out, flag
     with pytest.raises(SystemExit, match="unknown or no task"):
-        rl_host.main(["run", "--model", str(tmp_path), "--out", str(tmp_path / "r"), "--tasks", "fly_to_moon"])
+        rl_host_cli.main(["run", "--model", str(tmp_path), "--out", str(tmp_path / "r"), "--tasks", "fly_to_moon"])
 
 
 # ------------------------------------------------------------------------------------------------ the driver
@@ -399,10 +400,10 @@ def test_the_resumed_run_continues_the_same_ledger_with_its_optimizer_and_critic
 def test_a_resume_with_other_settings_is_refused_with_them(runs, capsys):
     argv = ["run", "--model", str(runs["model"]), "--out", str(runs["second"]), "--resume", *SMALL]
     argv[argv.index("--lora-rank") + 1] = "4"
-    assert rl_host.main(argv) == 1
+    assert rl_host_cli.main(argv) == 1
     err = capsys.readouterr().err
     assert "was written with other settings: --lora-rank 2 (now 4)" in err
-    assert rl_host.main(["run", "--model", str(runs["model"]), "--out", str(runs["second"]), *SMALL]) == 1
+    assert rl_host_cli.main(["run", "--model", str(runs["model"]), "--out", str(runs["second"]), *SMALL]) == 1
     assert "pass --resume to continue it" in capsys.readouterr().err
 
 

@@ -18,11 +18,12 @@ import json
 import pytest
 
 from captain_ros_training import sft_then_rl as tool
+from captain_ros_training.cli import sft_then_rl as tool_cli
 
 
 def test_help_lists_every_setting(capsys):
     with pytest.raises(SystemExit) as done:
-        tool.main(["--help"])
+        tool_cli.main(["--help"])
     assert done.value.code == 0
     out = capsys.readouterr().out
     for flag in ("--quick", "--out", "--runs-dir", "--tasks", "--rl-rounds-n", "--group-size-n", "--max-new-tokens"):
@@ -40,11 +41,13 @@ def test_help_lists_every_setting(capsys):
 )
 def test_bad_settings_are_refused_before_anything_starts(argv, message):
     with pytest.raises(SystemExit, match=message):
-        tool.config_from(tool.parser().parse_args(argv))
+        tool_cli.config_from(tool_cli.parser().parse_args(argv))
 
 
 def test_quick_is_small_and_flags_override_it():
-    config = tool.config_from(tool.parser().parse_args(["--quick", "--rl-rounds-n", "3", "--tasks", "close_drawer"]))
+    config = tool_cli.config_from(
+        tool_cli.parser().parse_args(["--quick", "--rl-rounds-n", "3", "--tasks", "close_drawer"])
+    )
     assert config.rl_rounds_n == 3 and config.tasks == ("close_drawer",)
     assert config.group_size_n == tool.QUICK.group_size_n < tool.RunConfig().group_size_n
 
@@ -69,7 +72,7 @@ def quick(tmp_path_factory):
         pytest.skip(f"{vllm_python()} does not exist: `make setup` builds .venv-vllm (step 'vllm')")
     root = tmp_path_factory.mktemp("sft_then_rl")
     out = root / "results" / "sft_then_rl.json"
-    assert tool.main(["--quick", "--no-progress", "--out", str(out), "--runs-dir", str(root / "runs")]) == 0
+    assert tool_cli.main(["--quick", "--no-progress", "--out", str(out), "--runs-dir", str(root / "runs")]) == 0
     return out
 
 

@@ -12,6 +12,7 @@ from captain_ros.bridge.evaluation import EvalRow, summarize
 from captain_ros.bridge.store import Episode, RequestData
 from captain_ros.twin.tasks import default_suite
 from captain_ros_training import student_eval as ev
+from captain_ros_training.cli import student_eval as ev_cli
 
 
 def _call(tool_calls=None, content="", tokens=10):
@@ -185,7 +186,7 @@ def test_where_each_run_generated_is_read_from_its_run_file_or_summary(tmp_path)
 )
 def test_the_run_command_refuses_bad_arguments_before_anything_starts(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit):
-        ev.main(["run", "--model", str(tmp_path), "--label", "x", "--out", str(tmp_path / "out"), *args])
+        ev_cli.main(["run", "--model", str(tmp_path), "--label", "x", "--out", str(tmp_path / "out"), *args])
     assert message in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
@@ -214,8 +215,9 @@ def test_sigterm_unwinds_the_run_command_so_its_servers_are_stopped(tmp_path):
         "    finally:\n"
         "        Path(out).mkdir(parents=True, exist_ok=True)\n"
         "        (Path(out) / 'cleaned_up').write_text('yes')\n"
+        "from captain_ros_training.cli import student_eval as ev_cli\n"
         "ev.evaluate = stand_in\n"
-        "ev.main(sys.argv[1:])\n"
+        "ev_cli.main(sys.argv[1:])\n"
     )
     out = tmp_path / "out"
     proc = subprocess.Popen(
