@@ -37,6 +37,11 @@ from captain_ros.core.kinematics import Kinematics
 from captain_ros.core.moveit_scene import SceneBox
 from captain_ros.core.robot import RobotProfile, load_profile
 
+try:
+    from .helpers import spin_in_background, stop_spinning
+except ImportError:  # run as a script (bench/real_arm.py): this folder is sys.path[0]
+    from helpers import spin_in_background, stop_spinning
+
 PLAN_POINTS = 25
 
 
@@ -70,15 +75,13 @@ class FakeMoveGroup:
         self.node.create_service(GetMotionPlan, "/plan_kinematic_path", self._plan)
         self.executor = SingleThreadedExecutor(context=context)
         self.executor.add_node(self.node)
-        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
 
     def start(self) -> FakeMoveGroup:
-        self.thread.start()
+        self.thread = spin_in_background(self.executor)
         return self
 
     def close(self) -> None:
-        self.executor.shutdown()
-        self.thread.join(timeout=5)
+        stop_spinning(self.executor, self.thread)  # no service callback runs any more: the node may go
         self.node.destroy_node()
 
     def add(self, box: SceneBox) -> None:

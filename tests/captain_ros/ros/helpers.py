@@ -1,7 +1,8 @@
 """Small waiting helpers for DDS tests (tests never judge timing; these only bound waits), and node start-up written
 once: node processes (`launch_node`, `launch_module`, `launch_twin`, `launch_motion_node`, `launch_perception_node`,
 stopped together by `node_processes`) and a node of the test's own process spun in a background thread
-(`spinning`; conftest's `client_node` is one)."""
+(`spinning`; conftest's `client_node` is one; the fakes of a vendor's bring-up and of move_group start and stop their
+executors with its `spin_in_background` and `stop_spinning`)."""
 
 from __future__ import annotations
 
@@ -161,6 +162,31 @@ def node_processes() -> Iterator[dict[str, tuple[subprocess.Popen, list[str]]]]:
             stop(proc)
 
 
+def spin_in_background(executor) -> threading.Thread:
+    """Spin `executor` (its nodes added) in a daemon thread of its own, started; stop it with `stop_spinning`."""
+    # stop_spinning's module (it imports rclpy) is loaded now: a stop must not wait for an import, or the context of
+    # a script's fake that Ctrl-C shuts down (rclpy's handler) ends the spin first, with ExternalShutdownException
+    import captain_ros.ros.spin  # noqa: F401
+
+    thread = threading.Thread(target=executor.spin, daemon=True)
+    thread.start()
+    return thread
+
+
+def stop_spinning(executor, thread: threading.Thread) -> None:
+    """Shut `executor` down and wait until its spin in `thread` has ended and none of its callbacks still runs: only
+    then may its nodes be destroyed. A callback that runs until told to stop (an action being executed) must be told
+    first, or this waits for it."""
+    from captain_ros.ros.spin import shutdown_executor
+
+    shutdown_executor(executor)
+    # the spin ends once its running callbacks return (a service response may wait up to config/fastdds.xml's
+    # 15 s for a client): destroying the node while they still use it spun in rclpy's destroy_node for good
+    thread.join(timeout=120)
+    if thread.is_alive():
+        raise RuntimeError("the executor's spin did not end within 120 s of its shutdown")
+
+
 @contextmanager
 def spinning(make_node: Callable) -> Iterator[tuple]:
     """A node of this process (`make_node(context)`) in an rclpy context of its own, spun by a two-thread executor
@@ -169,24 +195,16 @@ def spinning(make_node: Callable) -> Iterator[tuple]:
     import rclpy
     from rclpy.executors import MultiThreadedExecutor
 
-    from captain_ros.ros.spin import shutdown_executor
-
     context = rclpy.Context()
     rclpy.init(context=context)
     node = make_node(context)
     executor = MultiThreadedExecutor(num_threads=2, context=context)
     executor.add_node(node)
-    thread = threading.Thread(target=executor.spin, daemon=True)
-    thread.start()
+    thread = spin_in_background(executor)
     try:
         yield node, thread
     finally:
-        shutdown_executor(executor)
-        # the spin ends once its running callbacks return (a service response may wait up to config/fastdds.xml's
-        # 15 s for a client): destroying the node while they still use it spun in rclpy's destroy_node for good
-        thread.join(timeout=120)
-        if thread.is_alive():
-            raise RuntimeError("the executor's spin did not end within 120 s of its shutdown")
+        stop_spinning(executor, thread)
         node.destroy_node()
         rclpy.shutdown(context=context)
 
