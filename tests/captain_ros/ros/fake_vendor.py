@@ -70,6 +70,7 @@ from ur_dashboard_msgs.msg import RobotMode, SafetyMode
 
 from captain_ros.core.trajectory import JointTrajectory, TrajectoryError, TrajectoryFollower, duration_to_s
 
+from .helpers import spin_in_background, stop_spinning
 from .test_grippers import FakeGripper
 
 URDF_DIR = Path(__file__).with_name("urdf")
@@ -387,6 +388,11 @@ class FakeTrajectoryController:
         if topic:
             node.create_subscription(JointTrajectoryMsg, topic, self._on_topic, 10, callback_group=group)
         self._context = node.context
+        self._stopping = threading.Event()  # the bring-up stops: a goal being followed ends
+
+    def stop_work(self) -> None:
+        """End the goal being followed (aborted), so that the executor running it can stop before the node goes."""
+        self._stopping.set()
 
     def now_s(self) -> float:
         return self._clock.now().nanoseconds * 1e-9
@@ -464,7 +470,7 @@ class FakeTrajectoryController:
             result.error_string = str(exc)
             goal_handle.abort()
             return result
-        while self._context.ok():
+        while self._context.ok() and not self._stopping.is_set():
             with self._switch:
                 token = following[0]
                 replaced = self._following is not following or self.follower.active_token() != token
@@ -571,8 +577,7 @@ class VendorGraph:
         self._timer = node.create_timer(1.0 / self.rate_hz, self._tick, callback_group=MutuallyExclusiveCallbackGroup())
         self.executor = MultiThreadedExecutor(num_threads=4, context=self.context)
         self.executor.add_node(node)
-        self._thread = threading.Thread(target=self.executor.spin, daemon=True)
-        self._thread.start()
+        self._thread = spin_in_background(self.executor)
         return self
 
     def stop(self) -> None:
@@ -585,8 +590,8 @@ class VendorGraph:
         # destroyed guard condition (rclpy prints "exception was never retrieved")
         self._timer.cancel()
         time.sleep(2.0 / self.rate_hz)
-        self.executor.shutdown()
-        self._thread.join(timeout=5)
+        self.controller.stop_work()
+        stop_spinning(self.executor, self._thread)  # every callback has returned: the servers and node may go
         self.controller.destroy()
         if self._recovery_server is not None:
             self._recovery_server.destroy()

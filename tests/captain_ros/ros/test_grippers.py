@@ -34,7 +34,7 @@ from captain_ros.core import robot  # noqa: E402
 from captain_ros.harness.backend import BackendError  # noqa: E402
 from captain_ros.ros.grippers import FingerStates, make_gripper  # noqa: E402
 
-from .helpers import wait_for  # noqa: E402
+from .helpers import spin_in_background, stop_spinning, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.ros
 
@@ -71,6 +71,7 @@ class FakeGripper:
     def start(self) -> FakeGripper:
         self._target = self.opening_m
         self._lock = threading.Lock()
+        self._stopping = threading.Event()  # stop(): a goal being executed ends (aborted)
         self.context = rclpy.Context()
         rclpy.init(context=self.context)
         self.node = rclpy.create_node("fake_vendor_gripper", context=self.context)
@@ -101,13 +102,12 @@ class FakeGripper:
             )
         self.executor = MultiThreadedExecutor(num_threads=4, context=self.context)
         self.executor.add_node(self.node)
-        self._thread = threading.Thread(target=self.executor.spin, daemon=True)
-        self._thread.start()
+        self._thread = spin_in_background(self.executor)
         return self
 
     def stop(self) -> None:
-        self.executor.shutdown()
-        self._thread.join(timeout=5)
+        self._stopping.set()
+        stop_spinning(self.executor, self._thread)  # every callback has returned: the servers and node may go
         for server in self._servers:
             server.destroy()
         self.node.destroy_node()
@@ -136,10 +136,13 @@ class FakeGripper:
             self._target = opening_m
 
     def _settle(self, goal_handle) -> tuple[str, float]:
-        """Move until the jaw is at the target ('reached'), stopped on the object ('stalled') or canceled."""
+        """Move until the jaw is at the target ('reached'), stopped on the object ('stalled'), canceled, or the fake
+        stops ('stopped')."""
         with self._lock:
             target = self._target
         while True:
+            if self._stopping.is_set():
+                return "stopped", self.opening_m
             if goal_handle.is_cancel_requested:
                 with self._lock:
                     self._target = self.opening_m  # hold where it is
@@ -153,7 +156,7 @@ class FakeGripper:
             time.sleep(0.01)
 
     def _hang(self, goal_handle) -> None:
-        while not goal_handle.is_cancel_requested and self.context.ok():
+        while not goal_handle.is_cancel_requested and self.context.ok() and not self._stopping.is_set():
             time.sleep(0.01)
 
     # ------------------------------------------------------------------ the vendors' servers
@@ -177,7 +180,8 @@ class FakeGripper:
         self._command(2 * goal_handle.request.command.position)
         how, opening = self._settle(goal_handle)
         result.position, result.reached_goal, result.stalled = opening / 2, how == "reached", how == "stalled"
-        {"reached": goal_handle.succeed, "stalled": goal_handle.abort, "canceled": goal_handle.canceled}[how]()
+        end = {"reached": goal_handle.succeed, "stalled": goal_handle.abort, "canceled": goal_handle.canceled}
+        end.get(how, goal_handle.abort)()  # "stopped" (the fake stops under the goal): aborted
         return result
 
     def _execute_parallel(self, goal_handle):
@@ -195,7 +199,8 @@ class FakeGripper:
         else:
             result.state.name, result.state.position = [self.joints[0]], [opening / 2]
         result.reached_goal, result.stalled = how == "reached", how == "stalled"
-        {"reached": goal_handle.succeed, "stalled": goal_handle.abort, "canceled": goal_handle.canceled}[how]()
+        end = {"reached": goal_handle.succeed, "stalled": goal_handle.abort, "canceled": goal_handle.canceled}
+        end.get(how, goal_handle.abort)()  # "stopped" (the fake stops under the goal): aborted
         return result
 
     def _franka(self, goal_handle, result, target_m: float, succeeded) -> object:
@@ -207,7 +212,7 @@ class FakeGripper:
             self._hang(goal_handle)
         self._command(target_m)
         how, opening = self._settle(goal_handle)
-        result.success = how != "canceled" and succeeded(how, opening)
+        result.success = how not in ("canceled", "stopped") and succeeded(how, opening)
         if how == "canceled":
             goal_handle.canceled()
         elif result.success:
