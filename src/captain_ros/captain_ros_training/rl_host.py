@@ -71,7 +71,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from captain_ros_training.early_stop import early_stop_counts, publish
+from captain_ros_training.early_stop import CriticEarlyStop, early_stop_counts, publish
 from captain_ros_training.student_eval import EvalPlan
 
 CHECKPOINTS = "checkpoints"
@@ -738,6 +738,7 @@ class HostRL:
                 requests_budget=c.requests_budget_n,
                 context_limit_tokens=c.context_limit_tokens,
                 early_stop_critic=self.early_stop_path if c.early_stop else None,
+                early_stop_factory=f"{CriticEarlyStop.__module__}:{CriticEarlyStop.__name__}",
             )
             if c.early_stop and self.ledger.groups:  # resumed: the restored critic cuts from the first episode on
                 publish(trainer.critic, self.early_stop_path)

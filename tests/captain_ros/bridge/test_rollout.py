@@ -258,3 +258,38 @@ def test_the_episode_budget_runs_on_the_twins_simulated_time():
         episode_clock(RolloutConfig(Path("unused.sqlite"), "http://unused/v1", backend="libero"), link)
         is time.monotonic
     )
+
+
+def test_a_plugin_is_named_and_a_bad_name_says_what_it_must_be():
+    """The trainer hands the workers its early stop by name (`early_stop_factory`): the bridge imports no trainer."""
+    import re
+
+    from captain_ros.bridge.rollout import plugin
+
+    assert plugin("pathlib:PurePosixPath", "early_stop_factory")("a/b").name == "b"
+    with pytest.raises(ValueError, match=re.escape("early_stop_factory must be 'package.module:name', got 'pathlib'")):
+        plugin("pathlib", "early_stop_factory")
+    with pytest.raises(ValueError, match="'pathlib:Nope' names nothing importable here"):
+        plugin("pathlib:Nope", "early_stop_factory")
+    with pytest.raises(ValueError, match="'no_such_module_x:f' names nothing importable here"):
+        plugin("no_such_module_x:f", "early_stop_factory")
+
+
+def test_nothing_in_captain_ros_imports_the_trainer():
+    """docs/architecture.md: torch and transformers stay off the robot. Every import, at the top of a file or inside
+    a function, of every module under captain_ros/."""
+    import ast
+
+    package = Path(__file__).resolve().parents[3] / "src" / "captain_ros" / "captain_ros"
+    wrong = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            wrong += [
+                f"{path.relative_to(package)}:{node.lineno} {n}"
+                for n in names
+                if n.split(".")[0] == "captain_ros_training"
+            ]
+    assert not wrong, wrong

@@ -41,6 +41,7 @@ class HostOptions:
     requests_budget: int = 0  # 0: the harness's
     context_limit_tokens: int = 0  # 0: the harness's
     early_stop_critic: Path | None = None  # RL only: the trainer's published critic cuts hopeless episodes (App. E)
+    early_stop_factory: str = ""  # RL only: "module:name" of the trainer's stopper (RolloutConfig.early_stop_factory)
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
 
@@ -122,6 +123,7 @@ class RolloutHost:
             requests_budget=self.o.requests_budget,
             context_limit_tokens=self.o.context_limit_tokens,
             early_stop_critic=self.o.early_stop_critic,
+            early_stop_factory=self.o.early_stop_factory,
         )
 
     # ------------------------------------------------------------------------------------------ rollout

@@ -65,7 +65,9 @@ class RolloutConfig:
     requests_budget: int = 0  # requests per episode (0: the harness's budgets.requests)
     context_limit_tokens: int = 0  # the policy model's context (0: the harness's); history is compacted before it
     early_stop_critic: Path | None = None  # RL only: the critic a trainer publishes; its App. E rule cuts hopeless
-    # episodes (captain_ros_training.early_stop). None (evaluation, data collection): nothing is ever cut
+    # episodes. None (evaluation, data collection): nothing is ever cut
+    early_stop_factory: str = ""  # "module:name", called with early_stop_critic, gives the worker's stopper
+    # (begin/check/record, bridge/recorder.py): a plug-in by name, so the bridge imports no trainer
 
     @property
     def world_options(self) -> Any:
@@ -149,6 +151,20 @@ def make_link(config: RolloutConfig, harness: Any, name: str) -> tuple[Any, Any]
     return link, place.privileged(link)
 
 
+def plugin(spec: str, what: str) -> Any:
+    """The object `spec` ("package.module:name") names, imported when asked for: how a trainer hands the workers
+    code of its own (the RL early stop) without the bridge importing the trainer."""
+    module, _, name = spec.partition(":")
+    if not module or not name:
+        raise ValueError(f"{what} must be 'package.module:name', got {spec!r}")
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"{what} {spec!r} names nothing importable here: {exc}") from exc
+
+
 def episode_clock(config: RolloutConfig, link: Any) -> Callable[[], float]:
     """The clock the episode's wall-time budget runs on, the world's: the twin's simulated time, as in the agent node
     on the twin (its ROS clock), so a slow model server (vLLM on 2 CPU cores writes 8 tokens/s per request) spends no
@@ -198,9 +214,7 @@ class RolloutWorker:
         )
         self.stopper = None
         if config.early_stop_critic is not None:
-            from captain_ros_training.early_stop import CriticEarlyStop
-
-            self.stopper = CriticEarlyStop(config.early_stop_critic)
+            self.stopper = plugin(config.early_stop_factory, "early_stop_factory")(config.early_stop_critic)
 
     def run(self, job: Job) -> dict[str, Any]:
         from captain_ros.bridge.recorder import EpisodeMeta, EpisodeRecorder
