@@ -122,6 +122,29 @@ def test_libero_phrasings_name_the_look_alike_by_what_it_is_next_to_or_on():
             compile(cell, "<cell>", "exec")
 
 
+def test_libero_goal_names_one_drawer_of_three_and_puts_the_bowl_inside_the_one_it_opened():
+    """libero_goal's "open the middle drawer of the cabinet" and "open the top drawer and put the bowl inside" were
+    declined (no drawer word after the article but "top", no destination after "inside"). The twin's phrasings
+    keep the cabinet of one drawer: its cells call the drawer helpers as before."""
+    assert parse_instruction("open the middle drawer of the cabinet") == [
+        expert.Goal("open", dest="drawer", level="middle")
+    ]
+    assert parse_instruction("open the top drawer and put the bowl inside") == [
+        expert.Goal("open", dest="drawer", level="top"),
+        expert.Goal("place", "bowl", "drawer", "in", level="top"),
+    ]
+    assert parse_instruction("put the bowl inside") == []  # inside what: no drawer was opened
+    libero = "\n".join(every_cell("open the top drawer and put the bowl inside"))
+    assert "drawer_opening(cab, 'top')" in libero and "drawer_at(cab, 'top')" in libero
+    twin = parse_instruction("open the drawer of the cabinet and put the yellow cube in it")
+    assert [g.level for g in twin] == ["", ""] and twin[1].describe() == "put the yellow cube in the drawer"
+    cells = "\n".join(every_cell("open the drawer of the cabinet and put the yellow cube in it"))
+    assert "drawer_opening(cab)" in cells and "'top'" not in cells and "drawer_at(cab)[0]" in cells
+    for instruction in ("open the middle drawer of the cabinet", "open the top drawer and put the bowl inside"):
+        for cell in every_cell(instruction):
+            compile(cell, "<cell>", "exec")
+
+
 def test_both_objects_into_one_container_is_one_goal_per_object():
     """libero_10's "put both the X and the Y in the basket": parsed as one object named "both the X and the Y",
     the segmenter's best region for that query was the basket itself, judged already in place: a false finish."""

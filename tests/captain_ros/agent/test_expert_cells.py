@@ -121,3 +121,35 @@ def test_a_grasp_is_judged_clear_of_neighbours_that_reach_up_to_its_pads_only():
     on_table = {**bowl, "center_m": [0.5, 0.2, 0.025], "top_z_m": 0.05, "bottom_z_m": 0.0}
     low = session["grasp_options"](on_table)[0]
     assert session["clear_of"](low, [box]) < 0  # a box as tall as the bowl beside it: in the pads' way
+
+
+def _session() -> dict:
+    session: dict = {"robot": fake_robot()}
+    for part in expert.HELPER_ORDER:
+        exec(compile(expert.HELPERS[part], f"<{part}>", "exec"), session)
+    return session
+
+
+def test_the_drawer_of_a_cabinet_of_three_is_found_at_its_own_height():
+    """LIBERO's wooden cabinet (22.3 cm tall) has three drawers, their handle bars at 4.1, 11.0 and 18.4 cm (its
+    MJCF); the twin's cabinet has one, its bar at 66% of its height. A region in front of the face counts for the
+    drawer whose band its top lies in: the middle drawer pulled out is not the top drawer's closed handle."""
+    session = _session()
+    cab = {"mid": [0.6, -0.1], "n": [0.0, 1.0], "t": [1.0, 0.0], "width": 0.23, "height": 0.223}
+    for level, bar in (("bottom", 0.0411), ("middle", 0.1104), ("top", 0.1839)):
+        assert abs(session["drawer_at"](cab, level)[0] - bar) < 0.005, level
+    assert session["drawer_at"](cab)[:2] == (0.66 * 0.223, 0.49 * 0.223)  # one drawer: the twin's model, unchanged
+    session["np"] = __import__("numpy")
+    cab = {k: session["np"].array(v) if isinstance(v, list) else v for k, v in cab.items()}
+    top_handle = {"detection_id": "det-1", "position_m": [0.6, -0.08, 0.184], "extents_m": [0.09, 0.02, 0.016]}
+    middle_out = {"detection_id": "det-2", "position_m": [0.6, -0.02, 0.114], "extents_m": [0.22, 0.19, 0.065]}
+    footprints = {
+        "det-1": [[0.555, -0.09], [0.645, -0.09], [0.645, -0.07], [0.555, -0.07]],
+        "det-2": [[0.49, -0.1], [0.71, -0.1], [0.71, 0.09], [0.49, 0.09]],
+    }
+    session["find"] = lambda text, camera="head": [top_handle, middle_out] if text == "brown drawer" else []
+    session["geom"] = lambda det, dest=None: {"footprint_xy_m": footprints[det]}
+    opening, parts = session["drawer_opening"](cab, "middle")
+    assert parts == 1 and abs(opening - (0.19 - session["HANDLE_OUT"])) < 1e-9  # the drawer, not the top handle
+    opening, parts = session["drawer_opening"](cab, "top")
+    assert (opening, parts) == (0.0, 1)  # the closed top drawer's handle: shut

@@ -55,10 +55,14 @@ class Goal:
     mode: str = ""  # in | on
     relation: str = ""  # "" | between | left_of | right_of | nearest | farthest | center
     refs: tuple[str, ...] = ()  # the relation's reference objects
+    level: str = ""  # which drawer of a cabinet of three: top | middle | bottom ("": a cabinet of one drawer)
 
     def describe(self) -> str:
+        drawer = f"the {self.level} drawer" if self.level else "the drawer"
         if self.action in ("open", "close"):
-            return f"{self.action} the drawer"
+            return f"{self.action} {drawer}"
+        if self.dest == "drawer":
+            return f"put the {self.target} {self.mode} {drawer}"
         ref = " and the ".join(self.refs)
         rel = {
             "between": f" between the {ref}",
@@ -104,10 +108,13 @@ def _place_goal(phrase: str, prep: str, dest: str, earlier: list[Goal]) -> Goal:
             target, relation = _noun(m.group("o")), kind
             refs = tuple(_noun(m.group(k)) for k in ("a", "b") if m.groupdict().get(k))
             break
-    dest = _noun(dest)
-    if "drawer" in dest or (dest in ("it", "them") and any(g.action in ("open", "close") for g in earlier)):
+    dest, level = _noun(dest), ""
+    drawers = [g for g in earlier if g.action in ("open", "close")]
+    if "drawer" in dest or (dest in ("it", "them", "") and drawers):
+        m = re.search(r"\b(top|middle|bottom) drawer", dest)
+        level = m.group(1) if m else (drawers[-1].level if drawers else "")
         dest = "drawer"
-    return Goal("place", target, dest, _PREPS[prep], relation, refs)
+    return Goal("place", target, dest, _PREPS[prep], relation, refs, level)
 
 
 def parse_instruction(text: str) -> list[Goal]:
@@ -120,13 +127,25 @@ def parse_instruction(text: str) -> list[Goal]:
         clause = raw.strip(" ,")
         if re.match(_UNSCRIPTED_VERBS, clause):
             return []
-        if m := re.match(rf"^(?:please )?(?P<verb>open|close|shut) {_ARTICLE}(?:top )?drawer\b", clause):
-            goals.append(Goal("open" if m.group("verb") == "open" else "close", dest="drawer"))
+        if m := re.match(
+            rf"^(?:please )?(?P<verb>open|close|shut) {_ARTICLE}(?:(?P<level>top|middle|bottom) )?drawer\b", clause
+        ):
+            # "the top drawer", "the middle drawer of the cabinet": one of a cabinet of three (LIBERO's)
+            verb = "open" if m.group("verb") == "open" else "close"
+            goals.append(Goal(verb, dest="drawer", level=m.group("level") or ""))
         elif m := re.match(rf"^(?:pick up|pick|grab|take|lift) {_ARTICLE}(?P<obj>.+)$", clause):
             picked = m.group("obj")
         elif picked is not None and (m := re.match(rf"^(?:place|put|set|drop) (?:it|them) {_PREP} (?P<d>.+)$", clause)):
             goals.append(_place_goal(picked, m.group("prep"), m.group("d"), goals))
             picked = None
+        elif (
+            m := re.match(
+                rf"^(?:put|place|move|set|drop) {_ARTICLE}(?P<obj>.+) (?P<prep>inside|into it|in it)$", clause
+            )
+        ) and any(
+            g.action in ("open", "close") for g in goals
+        ):  # "open the top drawer and put the bowl inside": into the drawer just opened
+            goals.append(_place_goal(m.group("obj"), "in", "", goals))
         elif m := re.match(
             rf"^(?:(?:put|place|move|stack|set|drop) )?{_ARTICLE}(?P<obj>.+) {_PREP} (?P<d>[a-z ]+)$", clause
         ):
@@ -317,6 +336,11 @@ for name in $names:
 print("result: in view: " + ", ".join(f"{c} {name}" for name, c in counts.items()))
 print("status: ready")
 """
+
+
+def _lv(goal: Goal) -> str:
+    """The drawer argument of the drawer helpers' calls: none for a cabinet of one drawer."""
+    return f", {goal.level!r}" if goal.level else ""
 
 
 def _needs(goal: Goal) -> set[str]:
@@ -521,12 +545,12 @@ print(f"destination {D['detection_id'] if D else '(as measured earlier)'}: {d['k
 
 _DEST_DRAWER = """
 cab = cabinet()
-opening, seen = drawer_opening(cab) if cab else (None, 0)
+opening, seen = drawer_opening(cab$lv) if cab else (None, 0)
 d = None
 if cab is not None and opening is not None and opening >= 0.08:
     # model knowledge: the drawer's floor is 49% of the cabinet's height up; aim between its face and its front
     along = float(np.clip((opening - 0.012) / 2 + 0.005, 0.045, 0.075))
-    d = {"center_m": [*(cab["mid"] + cab["n"] * along), 0.49 * cab["height"]], "top_z_m": cab["height"]}
+    d = {"center_m": [*(cab["mid"] + cab["n"] * along), drawer_at(cab$lv)[1]], "top_z_m": cab["height"]}
     print(f"drawer: {opening * 100:.1f} cm open; release point {fmt(d['center_m'])}")
 else:
     print("drawer: not open far enough to take the object" if cab else "drawer: no cabinet in view")
@@ -557,7 +581,7 @@ def _survey_place(
         target=repr(goal.target),
         target_name=goal.target,
         dest_name=goal.dest,
-        dest_before=_indent(_fill(_DEST_DRAWER) + "others = []", 4) if drawer else "",
+        dest_before=_indent(_fill(_DEST_DRAWER, lv=_lv(goal)) + "others = []", 4) if drawer else "",
         dest_in_view=_indent("pass" if drawer else _fill(_DEST_OBJECT, **keys), 8),
         not_dest="" if drawer else _indent(_fill(_NOT_DEST, k=k, target_name=goal.target), 8),
         relation=_indent(_relation_block(goal), 12),
@@ -659,13 +683,13 @@ else:
 
 _REMEASURE_DRAWER = """
 cab = cabinet()
-opening, seen = drawer_opening(cab) if cab else (None, 0)
+opening, seen = drawer_opening(cab$lv) if cab else (None, 0)
 if cab is not None and opening is not None and opening >= 0.08:
     along = float(np.clip((opening - 0.012) / 2 + 0.005, 0.045, 0.075))
     fresh = cab["mid"] + cab["n"] * along
     print(f"drawer re-measured: {opening * 100:.1f} cm open, release point {fmt(fresh)} "
           f"({float(np.linalg.norm(fresh - plan['dest_xy'])) * 100:.1f} cm from the survey's)")
-    plan["dest_xy"], plan["rest"] = fresh, 0.49 * cab["height"]
+    plan["dest_xy"], plan["rest"] = fresh, drawer_at(cab$lv)[1]
 else:
     print("the drawer is not measurable from here; keeping the survey's release point")
 """
@@ -754,7 +778,7 @@ def _grasp(goal: Goal, k: int, attempt: int, n: int) -> str:
 
 def _transfer(goal: Goal, k: int, attempt: int, n: int) -> str:
     if goal.dest == "drawer":
-        remeasure = _REMEASURE_DRAWER
+        remeasure = _fill(_REMEASURE_DRAWER, lv=_lv(goal))
     else:
         remeasure = _fill(_REMEASURE_OBJECT, dest=repr(goal.dest), dest_name=goal.dest, mode=repr(goal.mode))
     body = _fill(_TRANSFER, remeasure=remeasure.strip())
@@ -780,7 +804,7 @@ if cab is None:
     print("result: no cabinet found in the head camera")
     print("status: not_found")
 else:
-    opening, seen = drawer_opening(cab)
+    opening, seen = drawer_opening(cab$lv)
     print(f"cabinet {cab['id']}: front face centre {fmt(cab['mid'])}, facing ({cab['n'][0]:+.2f}, "
           f"{cab['n'][1]:+.2f}), {cab['width'] * 100:.0f} cm wide, {cab['height'] * 100:.1f} cm tall")
     print(f"drawer: {'not measurable' if opening is None else f'{opening * 100:.1f} cm out'} "
@@ -795,7 +819,7 @@ if opening is not None and opening >= 0.125:
 else:
     opening = opening or 0.0
     handle = cab["mid"] + cab["n"] * (HANDLE_BAR + opening)
-    hz = 0.66 * cab["height"]  # model knowledge: the handle bar sits at 66% of the cabinet's height
+    hz = drawer_at(cab$lv)[0]  # model knowledge: the handle bar's height on the cabinet
     # fingers level, pointing into the drawer face, the jaw vertical around the bar
     rpy = [90.0, 0.0, math.degrees(math.atan2(-cab["n"][0], cab["n"][1]))]
     plan = {"goal": $k, "rpy": rpy, "n": cab["n"], "pre": [*(handle + cab["n"] * 0.10), hz],
@@ -818,7 +842,7 @@ else:
     out = opening if opening is not None else TRAVEL
     # push the handle bar (3.8 cm proud of the face: the fingers never reach the cabinet) with the closed
     # fingers, whose pads, 2 cm thick along the push, span the bar's height
-    zp = 0.66 * cab["height"] - 0.02  # the TCP 2 cm below the bar's centre, the fingertips 2.8 cm below it
+    zp = drawer_at(cab$lv)[0] - 0.02  # the TCP 2 cm below the bar's centre, the fingertips 2.8 cm below it
     yaw = math.degrees(math.atan2(cab["n"][1], cab["n"][0]))
     start = cab["mid"] + cab["n"] * (out + HANDLE_OUT + 0.06)
     plan = {"goal": $k, "yaw": yaw, "n": cab["n"], "mid": cab["mid"], "high": [*start, cab["height"] + 0.08],
@@ -905,8 +929,8 @@ else:
 
 
 def _survey_drawer(goal: Goal, k: int, attempt: int, helpers: tuple[str, ...], n: int) -> str:
-    decide = _fill(_DECIDE_OPEN if goal.action == "open" else _DECIDE_CLOSE, k=k)
-    body = _fill(_SURVEY_DRAWER, k=k, decide=_indent(decide, 4))
+    decide = _fill(_DECIDE_OPEN if goal.action == "open" else _DECIDE_CLOSE, k=k, lv=_lv(goal))
+    body = _fill(_SURVEY_DRAWER, k=k, decide=_indent(decide, 4), lv=_lv(goal))
     return _cell("survey", k, attempt, f"goal {k} of {n}: {goal.describe()}", body, helpers=helpers)
 
 
@@ -935,7 +959,7 @@ failed = []
 
 _VERIFY_CABINET = """
 cab = cabinet()
-opening, seen = drawer_opening(cab) if cab else (None, 0)
+opening, seen = drawer_opening(cab$lv) if cab else (None, 0)
 print(f"drawer: {'not measurable' if opening is None else f'{opening * 100:.1f} cm out'}")
 """
 
@@ -960,7 +984,7 @@ if cab is not None and opening is not None:
     g = geom(t["detection_id"]) if t is not None else None
     if g is not None:
         p = xy(g["center_m"]) - cab["mid"]
-        along, side, floor = float(p @ cab["n"]), float(p @ cab["t"]), 0.49 * cab["height"]
+        along, side, floor = float(p @ cab["n"]), float(p @ cab["t"]), drawer_at(cab$lv)[1]
         inner = 0.01 < along < opening - 0.02 and abs(side) < cab["width"] / 2 - 0.03
         ok = inner and abs(g["bottom_z_m"] - floor) < 0.015
         print(f"$target_name: {along * 100:.1f} cm into the open drawer, {side * 100:+.1f} cm off its middle, "
@@ -1022,13 +1046,16 @@ def _verify(goals: list[Goal], upto: int, attempt: int) -> str:
     """Fresh measurements of goals 1..upto against TASK.md; prints a line per goal and the first that fails."""
     parts = [_VERIFY_HEAD]
     if any(g.action in ("open", "close") or g.dest == "drawer" for g in goals[:upto]):
-        parts.append(_VERIFY_CABINET)
+        drawers = [g for g in goals[:upto] if g.action in ("open", "close") or g.dest == "drawer"]
+        parts.append(_fill(_VERIFY_CABINET, lv=_lv(drawers[0])))
     for j, goal in enumerate(goals[:upto], start=1):
         keys = {"j": j, "what": goal.describe()}
         if goal.action in ("open", "close"):
             parts.append(_fill(_VERIFY_OPEN if goal.action == "open" else _VERIFY_CLOSE, **keys))
         elif goal.dest == "drawer":
-            parts.append(_fill(_VERIFY_IN_DRAWER, target=repr(goal.target), target_name=goal.target, **keys))
+            parts.append(
+                _fill(_VERIFY_IN_DRAWER, target=repr(goal.target), target_name=goal.target, lv=_lv(goal), **keys)
+            )
         else:
             later = "".join(  # later goals that put something on this goal's object
                 _fill(_VERIFY_LATER, i=i, upper_name=goals[i - 1].target)

@@ -48,19 +48,29 @@ def cabinet():
     }
 
 
-def drawer_opening(cab):
+def drawer_at(cab, level=""):
+    """(the handle bar's height, the drawer floor's, and the lowest and highest top of a region that is this drawer
+    or its handle) for the drawer `level` of the cabinet. "": a cabinet of one drawer (the bar at 66% of its height,
+    the floor at 49%); "top", "middle" or "bottom": one of three drawers stacked evenly, its bar at the middle of its
+    third and its floor 5% of its third above the third's lower edge (LIBERO's wooden cabinet: bars at 18, 50 and
+    82% of its height)."""
+    h = cab["height"]
+    if not level:
+        return 0.66 * h, 0.49 * h, 0.5 * h, h + 0.02
+    i = ("bottom", "middle", "top").index(level)
+    return (i + 0.5) / 3 * h, (i + 0.15) / 3 * h, (i + 0.3) / 3 * h, (i + 1) / 3 * h + 0.02
+
+
+def drawer_opening(cab, level=""):
     """How far the drawer stands out of the front face (m), and from how many regions: the furthest region in front
     of the face at drawer height (the handle, 3.8 cm proud of the drawer) among the brown, black, white, grey ones."""
     reach, parts = None, 0
+    low, high = drawer_at(cab, level)[2:]
     for colour in ("brown", "black", "white", "grey"):
         for d in find(colour + " drawer"):
             p = xy(d["position_m"]) - cab["mid"]
             top = d["position_m"][2] + d["extents_m"][2] / 2
-            if (
-                p @ cab["n"] <= 0.005
-                or abs(p @ cab["t"]) > cab["width"] / 2
-                or not 0.5 * cab["height"] < top < cab["height"] + 0.02
-            ):
+            if p @ cab["n"] <= 0.005 or abs(p @ cab["t"]) > cab["width"] / 2 or not low < top < high:
                 continue  # not in front of the face at drawer height (above the cabinet: the arm)
             g = geom(d["detection_id"])
             far = float(((np.array(g["footprint_xy_m"]) - cab["mid"]) @ cab["n"]).max()) if g else 1.0
