@@ -70,6 +70,8 @@ def every_cell(instruction: str) -> list[str]:
             cells += [
                 make(goal, k, 1, n) for make in (expert._approach, expert._grasp, expert._transfer, expert._place)
             ]
+        elif goal.action == "turn_on":
+            cells += [expert._survey_knob(goal, k, 1, everything, n), expert._knob_turn(goal, k, 1, n)]
         else:
             cells.append(expert._survey_drawer(goal, k, 1, everything, n))
             makers = (expert._drawer_approach, expert._drawer_pull, expert._drawer_push)
@@ -115,7 +117,7 @@ def test_libero_phrasings_name_the_look_alike_by_what_it_is_next_to_or_on():
     assert parse_instruction("pick up the alphabet soup and place it in the basket") == [
         expert.Goal("place", "alphabet soup", "basket", "in")
     ]
-    for unscripted in ("turn on the stove", "push the plate to the front of the stove"):
+    for unscripted in ("turn on the microwave", "push the plate to the front of the stove"):
         assert parse_instruction(unscripted) == [], unscripted  # no pick and place: the expert does not pretend
     for where in ("next to the ramekin", "from table center"):
         for cell in every_cell(f"pick up the black bowl {where} and place it on the plate"):
@@ -143,6 +145,38 @@ def test_libero_goal_names_one_drawer_of_three_and_puts_the_bowl_inside_the_one_
     for instruction in ("open the middle drawer of the cabinet", "open the top drawer and put the bowl inside"):
         for cell in every_cell(instruction):
             compile(cell, "<cell>", "exec")
+
+
+def test_turn_on_the_stove_turns_its_knob_and_verifies_the_ridge_turned():
+    """libero_goal's "turn on the stove" was declined. Now: a survey that finds the knob beside the burner, a turn
+    that straddles the ridge with the open jaw and goes round the axis (a jaw closed on the ridge turned about the
+    TCP, a centimetre off the axis, and stopped at the force limit at once), then a verification of the ridge's new
+    direction. Other switches are still declined; "put the moka pot on it" after it is the stove."""
+    assert parse_instruction("turn on the stove") == [expert.Goal("turn_on", dest="stove")]
+    assert parse_instruction("turn on the microwave") == []
+    pot = parse_instruction("turn on the stove and put the moka pot on it")
+    assert pot == [expert.Goal("turn_on", dest="stove"), expert.Goal("place", "moka pot", "stove", "on")]
+    for cell in every_cell("turn on the stove"):
+        compile(cell, "<cell>", "exec")
+    instruction = "turn on the stove"
+    first = expert._setup(parse_instruction(instruction), 1, 1, frozenset())
+    assert "def knob_points(" in first and "def cabinet(" not in first
+    survey = expert._survey_knob(parse_instruction(instruction)[0], 1, 1, (), 1)
+    history = conversation(
+        instruction,
+        (first, tool_output("result: in view: 1 stove\nstatus: ready")),
+        (survey, tool_output("result: straddle the ridge's arm at 178 deg\nstatus: ready")),
+    )
+    _, code = ScriptedExpert().reply(history)
+    assert code.startswith("# step: turn goal=1") and "KNOB_SWEEP" in code
+    history = conversation(
+        instruction,
+        (first, tool_output("status: ready")),
+        (survey, tool_output("status: ready")),
+        (code, tool_output("result: turned the knob's ridge 75 deg round its axis; parked\nstatus: turned")),
+    )
+    _, verify = ScriptedExpert().reply(history)
+    assert verify.startswith("# step: verify goal=1") and "knobs[1]" in verify
 
 
 def test_both_objects_into_one_container_is_one_goal_per_object():

@@ -17,7 +17,7 @@ import pytest
 
 from captain_ros.agent import expert
 
-PARTS = ("core", "judging", "placing", "drawer")
+PARTS = ("core", "judging", "placing", "drawer", "knob")
 PACKAGE = "captain_ros.agent.expert_cells"
 
 
@@ -153,3 +153,34 @@ def test_the_drawer_of_a_cabinet_of_three_is_found_at_its_own_height():
     assert parts == 1 and abs(opening - (0.19 - session["HANDLE_OUT"])) < 1e-9  # the drawer, not the top handle
     opening, parts = session["drawer_opening"](cab, "top")
     assert (opening, parts) == (0.0, 1)  # the closed top drawer's handle: shut
+
+
+def test_a_stove_knob_is_the_narrow_end_of_the_stove_s_region_and_its_ridge_the_top_of_it():
+    """LIBERO's flat stove reads as one region: a 19 cm square burner and, at one end, the knob (a 9 cm disc with a
+    ridge 5 cm high across it). Hand-made depth points: the knob's axis, the ridge's top and its direction come from
+    the narrow end of the region, the burner's centre from the rest."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    burner = [[0.40 + x, 0.21 + y, 0.045, 0.045] for x, y in rng.uniform(-0.095, 0.095, (300, 2))]
+    disc = [[0.25 + x, 0.21 + y, 0.01, 0.01] for x, y in rng.uniform(-0.03, 0.03, (60, 2)) if x * x + y * y < 9e-4]
+    ridge = [
+        [0.25 + x, 0.21 + y, 0.05, 0.05]
+        for x, y in zip(rng.uniform(-0.05, 0.05, 60), rng.uniform(-0.01, 0.01, 60), strict=True)
+    ]
+    points = [{"point_m": p[:3], "height_above_table_m": p[3]} for p in burner + disc + ridge]
+    points += [{"point_m": [0.3, -0.2, 0.0], "height_above_table_m": 0.0}] * 50  # the table round it
+    det = {"detection_id": "det-1", "bbox_px": [300, 150, 430, 280], "observation_handle": "obs-1", "camera": "head"}
+    region = {"center_m": [0.35, 0.21, 0.02], "extents_m": [0.29, 0.19, 0.05], "yaw_deg": 0.0}
+    session = _session()
+    session["geom"] = lambda det, dest=None: region
+    session["robot"] = SimpleNamespace(
+        measure_image_points=lambda **kw: {"success": True, "value": {"points": points}},
+    )
+    knob = session["stove_knob"](det)
+    assert np.linalg.norm(knob["center"] - [0.25, 0.21]) < 0.01
+    assert abs(knob["ridge_deg"]) < 10 and abs(knob["top"] - 0.05) < 0.005
+    assert np.linalg.norm(knob["burner"] - [0.40, 0.21]) < 0.03
+    square = {**region, "center_m": [0.40, 0.21, 0.02], "extents_m": [0.19, 0.19, 0.05]}
+    session["geom"] = lambda det, dest=None: square
+    assert session["stove_knob"](det) is None  # a square region: a burner without a knob beside it

@@ -47,7 +47,7 @@ RESERVE_REQUESTS = 3  # requests kept back for a last verification and finish()
 
 @dataclass(frozen=True)
 class Goal:
-    """One sub-goal of an instruction. `action`: place | open | close."""
+    """One sub-goal of an instruction. `action`: place | open | close | turn_on."""
 
     action: str
     target: str = ""  # segmenter query for the object to move ("red cube")
@@ -61,6 +61,8 @@ class Goal:
         drawer = f"the {self.level} drawer" if self.level else "the drawer"
         if self.action in ("open", "close"):
             return f"{self.action} {drawer}"
+        if self.action == "turn_on":
+            return f"turn on the {self.dest}"
         if self.dest == "drawer":
             return f"put the {self.target} {self.mode} {drawer}"
         ref = " and the ".join(self.refs)
@@ -109,6 +111,9 @@ def _place_goal(phrase: str, prep: str, dest: str, earlier: list[Goal]) -> Goal:
             refs = tuple(_noun(m.group(k)) for k in ("a", "b") if m.groupdict().get(k))
             break
     dest, level = _noun(dest), ""
+    turned = [g for g in earlier if g.action == "turn_on"]
+    if dest in ("it", "them") and turned:  # "turn on the stove and put the moka pot on it"
+        dest = turned[-1].dest
     drawers = [g for g in earlier if g.action in ("open", "close")]
     if "drawer" in dest or (dest in ("it", "them", "") and drawers):
         m = re.search(r"\b(top|middle|bottom) drawer", dest)
@@ -125,6 +130,12 @@ def parse_instruction(text: str) -> list[Goal]:
     picked: str | None = None  # "pick up the X ..." waits for its "... and place it on the Y"
     for raw in clauses:
         clause = raw.strip(" ,")
+        if m := re.match(rf"^(?:turn|switch) on {_ARTICLE}(?P<d>.+)$|^(?:turn|switch) {_ARTICLE}(?P<e>.+) on$", clause):
+            dest = _noun(m.group("d") or m.group("e"))
+            if not re.search(r"\b(?:stove|burner|cooktop)$", dest):
+                return []  # a knob of a stove is scripted; other switches are not
+            goals.append(Goal("turn_on", dest=dest))
+            continue
         if re.match(_UNSCRIPTED_VERBS, clause):
             return []
         if m := re.match(
@@ -285,14 +296,15 @@ def helper_source(part: str) -> str:
     return body.strip()
 
 
-HELPERS = {part: helper_source(part) for part in ("core", "judging", "placing", "drawer")}
+HELPERS = {part: helper_source(part) for part in ("core", "judging", "placing", "drawer", "knob")}
 HELPER_MARKERS = {
     "core": "def go(",
     "judging": "def verdict(",
     "placing": "def grasp_options(",
     "drawer": "def cabinet(",
+    "knob": "def knob_points(",
 }
-HELPER_ORDER = ("core", "judging", "drawer", "placing")
+HELPER_ORDER = ("core", "judging", "drawer", "knob", "placing")
 
 
 def _cell(step: str, goal: int, attempt: int, title: str, body: str, *, helpers: tuple[str, ...] = ()) -> str:
@@ -345,6 +357,8 @@ def _lv(goal: Goal) -> str:
 
 def _needs(goal: Goal) -> set[str]:
     """The helper parts a goal's survey uses."""
+    if goal.action == "turn_on":
+        return {"core", "knob"}
     if goal.action != "place":
         return {"core", "drawer"}
     return {"core", "placing", "drawer" if goal.dest == "drawer" else "judging"}
@@ -355,7 +369,7 @@ def _setup(goals: list[Goal], k: int, attempt: int, defined: frozenset[str]) -> 
     names (each object once, look-alikes separately)."""
     names = []
     for goal in goals:
-        wanted = ["cabinet"] if goal.action != "place" else [goal.target, goal.dest, *goal.refs]
+        wanted = {"place": [goal.target, goal.dest, *goal.refs], "turn_on": [goal.dest]}.get(goal.action, ["cabinet"])
         names += [w for w in wanted if w != "drawer" and w not in names]
     if any(g.dest == "drawer" for g in goals) and "cabinet" not in names:
         names.append("cabinet")
@@ -947,6 +961,95 @@ def _drawer_push(goal: Goal, k: int, attempt: int, n: int) -> str:
     return _cell("push", k, attempt, f"goal {k} of {n}: push the drawer shut by its handle", _DRAWER_PUSH)
 
 
+# ---------------------------------------------------------------------------------------------- stove knob
+
+_FIND_KNOB = """
+knob = None
+for st in distinct(find($dest))[:3]:  # the stove's regions, best first: the one with a knob beside its burner
+    knob = stove_knob(st)
+    if knob is not None:
+        break
+"""
+
+_SURVEY_KNOB = """
+tries[$k] = tries.get($k, 0) + 1
+print(f"attempt {tries[$k]} at goal $k")
+if holding():
+    robot.release()
+park()
+obs = robot.observe()
+$find
+if knob is None:
+    print("result: no $dest_name with a knob beside its burner in the head camera")
+    print("status: not_found")
+else:
+    knobs.setdefault($k, knob["ridge_deg"])  # the ridge as it stood before any turn: the verification's reference
+    print(f"knob at {fmt(knob['center'])} ({knob['points']} points), its ridge's top {knob['top']:.3f} m, the ridge "
+          f"along {knob['ridge_deg']:.0f} deg")
+    # the open jaw straddles one arm of the ridge, 3.5 cm out from the axis, and goes round the axis with it, turning
+    # the wrist along (a fork: the ridge may slide along the fingers, so an axis a centimetre off does not bind; the
+    # jaw closed on the ridge turned about the TCP, not the axis, and stopped at the force limit)
+    away = math.degrees(math.atan2(*(knob["center"] - knob["burner"])[::-1]))  # from the burner to the knob
+    arms = sorted((knob["ridge_deg"], knob["ridge_deg"] + 180.0), key=lambda a: abs((a - away + 180.0) % 360.0 - 180.0))
+    plan = None
+    for arm in arms:  # the arm pointing away from the burner first: the fingers stay clear of it
+        arc = [arm + KNOB_ON * a for a in KNOB_SWEEP]
+        z = knob["top"] - 0.02 + TIPS
+        path = [[*(knob["center"] + KNOB_ARM * np.array([math.cos(math.radians(a)), math.sin(math.radians(a))])), z]
+                for a in arc]
+        yaws = [(arm + 90.0) % 180.0 - 90.0 + KNOB_ON * a for a in KNOB_SWEEP]  # the jaw is symmetric: from +-90
+        above = [*path[0][:2], knob["top"] + 0.08]  # checked from here: the arc's steps are short moves from it
+        if all(robot.check_motion(pose=pose(q, yaws[0]))["value"]["feasible"] for q in (above, path[0])):
+            plan = {"goal": $k, "path": path, "yaw": yaws, "above": above, "arm": arm}
+            break
+    if plan is None:
+        print("result: no reachable arc round the knob's axis to turn its ridge along")
+        print("status: no_grasp")
+    else:
+        print(f"result: straddle the ridge's arm at {plan['arm']:.0f} deg and turn it {KNOB_SWEEP[-1]:.0f} deg round "
+              f"the axis, {KNOB_ARM * 100:.1f} cm out, from {fmt(plan['path'][0])}")
+        print("status: ready")
+"""
+
+_KNOB_TURN = """
+robot.move_to(gripper=KNOB_JAW)  # open a little wider than the ridge
+a = go(plan["above"], plan["yaw"][0], check=True)
+down = go(plan["path"][0], plan["yaw"][0], speed=0.03) if a["success"] else a  # guarded: straddling the ridge
+end = ended_at(down)
+if not down["success"]:
+    where = fmt(end) if end is not None else "-"
+    print(f"result: could not straddle the ridge ({down['failure_category']}) at {where}: {down['message']}")
+    if down["executed"]:
+        robot.recover(distance_m=0.05)
+    print("status: contact_stop")
+else:
+    swept, why, m = 0, "the whole arc", down
+    for q, yaw in zip(plan["path"][1:], plan["yaw"][1:]):
+        m = go(q, yaw, mode="manipulation", speed=0.005, force=40.0)  # slowly: the knob turns stiffly
+        if not m["success"]:
+            why = m["message"]
+            break
+        swept += 1
+    done = swept * (KNOB_SWEEP[1] - KNOB_SWEEP[0])
+    go([*ended_at(m)[:2], plan["above"][2]], plan["yaw"][swept], mode="manipulation", force=20.0)
+    park()
+    print(f"turn: {swept} of {len(plan['path']) - 1} steps round the axis ({done:.0f} deg): {why}")
+    print(f"result: turned the knob's ridge {done:.0f} deg round its axis; parked")
+    print("status: turned" if swept == len(plan["path"]) - 1 else "status: slipped")
+"""
+
+
+def _survey_knob(goal: Goal, k: int, attempt: int, helpers: tuple[str, ...], n: int) -> str:
+    find = _fill(_FIND_KNOB, dest=repr(goal.dest))
+    body = _fill(_SURVEY_KNOB, k=k, find=find.strip(), dest_name=goal.dest)
+    return _cell("survey", k, attempt, f"goal {k} of {n}: {goal.describe()}", body, helpers=helpers)
+
+
+def _knob_turn(goal: Goal, k: int, attempt: int, n: int) -> str:
+    title = f"goal {k} of {n}: straddle the knob's ridge with the open jaw and turn it round its axis"
+    return _cell("turn", k, attempt, title, _KNOB_TURN)
+
+
 # ---------------------------------------------------------------------------------------------- verify, finish
 
 _VERIFY_HEAD = """
@@ -1032,6 +1135,19 @@ if g is not None and $i in placed_at and np.linalg.norm(xy(g["center_m"]) - xy(p
     g = placed_at[$i]  # the $upper_name stands on it now: its measurement from before that is the unhidden one
 """
 
+_VERIFY_KNOB = """
+$find
+turned = None if knob is None or $j not in knobs else abs((knob["ridge_deg"] - knobs[$j] + 90.0) % 180.0 - 90.0)
+ok = turned is not None and turned >= 30.0  # TASK.md: on past 0.5 rad (29 deg)
+if turned is None:
+    print("the $dest_name's knob: not measurable" if knob is None else "the $dest_name's knob: no earlier measurement")
+else:
+    print(f"the $dest_name's knob: its ridge along {knob['ridge_deg']:.0f} deg, {turned:.0f} deg from where it stood")
+print(f"goal $j ($what): {'ok' if ok else 'NOT met'}")
+if not ok:
+    failed.append($j)
+"""
+
 _VERIFY_TAIL = """
 if failed:
     print(f"result: goal {failed[0]} is not met on a fresh observation")
@@ -1052,6 +1168,9 @@ def _verify(goals: list[Goal], upto: int, attempt: int) -> str:
         keys = {"j": j, "what": goal.describe()}
         if goal.action in ("open", "close"):
             parts.append(_fill(_VERIFY_OPEN if goal.action == "open" else _VERIFY_CLOSE, **keys))
+        elif goal.action == "turn_on":
+            find = _fill(_FIND_KNOB, dest=repr(goal.dest)).strip()
+            parts.append(_fill(_VERIFY_KNOB, find=find, dest_name=goal.dest, **keys))
         elif goal.dest == "drawer":
             parts.append(
                 _fill(_VERIFY_IN_DRAWER, target=repr(goal.target), target_name=goal.target, lv=_lv(goal), **keys)
@@ -1132,13 +1251,22 @@ NEXT: dict[tuple[str, str, str], tuple[Builder, str]] = {
         _drawer_pull,
         "Close on the bar, check the grasp, and pull along the drawer's axis in manipulation mode.",
     ),
+    ("turn_on", "survey", "ready"): (
+        _knob_turn,
+        "Straddle the knob's ridge with the open jaw and turn it round its axis in manipulation mode.",
+    ),
     ("close", "survey", "ready"): (
         _drawer_push,
         "Close the jaw, come in front of the handle and push the drawer "
         "shut: a guarded touch first, then a push in manipulation mode.",
     ),
 }
-VERIFY_AFTER = {("place", "released"), ("open", "pulled"), ("close", "pushed")}  # (kind, status): measure next
+VERIFY_AFTER = {
+    ("place", "released"),
+    ("open", "pulled"),
+    ("close", "pushed"),
+    ("turn_on", "turned"),
+}  # (kind, status): measure next
 RETRY_WHY = {
     "survey": "look again from a fresh observation",
     "approach": "the descent did not reach the grasp height and backed off: re-observe and plan the grasp again",
@@ -1147,6 +1275,7 @@ RETRY_WHY = {
     "place": "re-observe and start the goal again",
     "pull": "re-observe the cabinet and try again",
     "push": "re-observe the cabinet and try again",
+    "turn": "re-observe the knob and try again",
 }
 
 
@@ -1180,6 +1309,8 @@ class ScriptedExpert:
                     goals, k, setups + 1, history.helpers
                 )
             missing = tuple(_needs(goal) - history.helpers)
+            if goal.action == "turn_on":
+                return why, _survey_knob(goal, k, attempt, missing, n)
             if goal.action != "place":
                 return why, _survey_drawer(goal, k, attempt, missing, n)
             # no grasp from the head camera's oblique view: the object may read as one region with a neighbour

@@ -1,0 +1,89 @@
+"""The helper library's knob part: a stove's knob from depth points over the stove's detection (the burner and the
+knob beside it read as one region), its axis, the top of its ridge and the ridge's direction; the knob model an
+engineer would know (how far it turns on).
+
+The scripted expert (agent/expert.py) sends the text below the marker line as it stands, in the first cell that
+needs this part, and the agent's Python session defines it there. Above the line, not sent: what the part takes
+from that session (the core part, defined before it), named for the linter and type checkers only.
+"""
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the agent's session: the robot client and the core part
+    import math
+
+    import numpy as np
+
+    from captain_ros.agent.expert_cells.core import geom
+    from captain_ros.agent.expert_cells.session import robot
+
+
+# ---------------------------------------- sent to the policy from this line on
+# the jaw's path round the knob's axis: deg from the arm of the ridge it straddles, in the direction that turns the
+# knob on (LIBERO's stove: on past 0.5 rad, 29 deg, and its stop at 120 deg; counter-clockwise seen from above)
+KNOB_SWEEP = (0.0, 15.0, 30.0, 45.0, 60.0, 75.0)
+KNOB_ON = 1.0  # +1: counter-clockwise seen from above
+KNOB_ARM = 0.035  # m from the axis to the jaw's centre, on the ridge's arm (LIBERO's reaches 5-6 cm)
+KNOB_JAW = 0.045  # m: the jaw open round the ridge (LIBERO's is 2.4 cm thick, its visual 2.7)
+if "knobs" not in dir():
+    knobs = {}  # goal -> the knob's ridge direction (deg) before it was turned
+
+
+def knob_points(det):
+    """Depth points (x, y, z, height above the table) on a grid over a detection's box, inside its footprint and
+    above the table."""
+    g = geom(det["detection_id"])
+    u0, v0, u1, v1 = det["bbox_px"]
+    grid = [[(u0 + (u1 - u0) * i / 31) / 511, (v0 + (v1 - v0) * k / 31) / 511] for i in range(32) for k in range(32)]
+    r = robot.measure_image_points(observation_handle=det["observation_handle"], camera=det["camera"], points=grid)
+    if g is None or not r["success"]:
+        return None, g
+    c, a = np.array(g["center_m"][:2]), math.radians(g["yaw_deg"])
+    u, v = np.array([math.cos(a), math.sin(a)]), np.array([-math.sin(a), math.cos(a)])
+    pts = []
+    for p in r["value"]["points"]:
+        if p["point_m"] is None or p["height_above_table_m"] < 0.008:
+            continue
+        d = np.array(p["point_m"][:2]) - c
+        if abs(d @ u) <= g["extents_m"][0] / 2 + 0.01 and abs(d @ v) <= g["extents_m"][1] / 2 + 0.01:
+            pts.append([*p["point_m"], p["height_above_table_m"]])
+    return np.array(pts).reshape(-1, 4), g
+
+
+def stove_knob(det):
+    """The knob of a stove whose burner and knob read as one region: along the region's long side the burner is as
+    wide as the region, the knob the narrow part at one end (LIBERO's flat stove: a 19 cm square burner, a 7 cm knob
+    beside it). Returns {"center", "burner", "top", "ridge_deg", "points"} (the ridge: the knob's points within 2 cm
+    of its top) or None when the region has no narrow end."""
+    pts, g = knob_points(det)
+    if pts is None or len(pts) < 20 or g["extents_m"][0] < 1.25 * g["extents_m"][1]:
+        return None
+    a = math.radians(g["yaw_deg"])
+    u, v = np.array([math.cos(a), math.sin(a)]), np.array([-math.sin(a), math.cos(a)])
+    s, w = (pts[:, :2] - g["center_m"][:2]) @ u, (pts[:, :2] - g["center_m"][:2]) @ v
+    ends = []
+    for sign in (1.0, -1.0):  # the outer 6 cm of each end of the long side
+        at = sign * s > g["extents_m"][0] / 2 - 0.06
+        ends.append((float(np.ptp(w[at])) if at.sum() >= 5 else 1.0, sign))
+    (narrow, sign), (wide, _) = sorted(ends)
+    if narrow > 0.7 * wide:
+        return None
+    short = g["extents_m"][1]
+    knob = pts[sign * s > g["extents_m"][0] / 2 - (g["extents_m"][0] - short) + 0.01]  # beyond the burner's square
+    if len(knob) < 8:
+        return None
+    top = float(np.percentile(knob[:, 2], 95))  # in the robot's frame
+    ridge = knob[knob[:, 2] > top - 0.02]
+    centre = np.median(knob[:, :2], axis=0)
+    direction = 0.0
+    if len(ridge) >= 5:
+        q = ridge[:, :2] - ridge[:, :2].mean(axis=0)
+        _, vecs = np.linalg.eigh(q.T @ q)
+        direction = math.degrees(math.atan2(vecs[1, 1], vecs[0, 1]))
+    return {
+        "center": centre,
+        "burner": np.median(pts[sign * s <= g["extents_m"][0] / 2 - (g["extents_m"][0] - short) + 0.01][:, :2], axis=0),
+        "top": top,
+        "ridge_deg": (direction + 90.0) % 180.0 - 90.0,
+        "points": len(knob),
+    }
