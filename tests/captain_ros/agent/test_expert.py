@@ -160,7 +160,7 @@ def test_turn_on_the_stove_turns_its_knob_and_verifies_the_ridge_turned():
         compile(cell, "<cell>", "exec")
     instruction = "turn on the stove"
     first = expert._setup(parse_instruction(instruction), 1, 1, frozenset())
-    assert "def knob_points(" in first and "def cabinet(" not in first
+    assert "def knob_points(" in first and "def top_face(" in first and "def cabinet(" not in first
     survey = expert._survey_knob(parse_instruction(instruction)[0], 1, 1, (), 1)
     history = conversation(
         instruction,

@@ -17,7 +17,7 @@ import pytest
 
 from captain_ros.agent import expert
 
-PARTS = ("core", "judging", "placing", "drawer", "knob")
+PARTS = ("core", "judging", "placing", "drawer", "fixtures")
 PACKAGE = "captain_ros.agent.expert_cells"
 
 
@@ -184,3 +184,63 @@ def test_a_stove_knob_is_the_narrow_end_of_the_stove_s_region_and_its_ridge_the_
     square = {**region, "center_m": [0.40, 0.21, 0.02], "extents_m": [0.19, 0.19, 0.05]}
     session["geom"] = lambda det, dest=None: square
     assert session["stove_knob"](det) is None  # a square region: a burner without a knob beside it
+
+
+def test_a_cabinet_of_three_drawers_is_measured_from_its_top_face_and_its_handle_bar():
+    """LIBERO's wooden cabinet reads as one region with the wine rack standing against it (a footprint 50 cm long
+    for a 23 cm cabinet). Hand-made depth points: the top face gives the front face's centre and direction, the
+    points 1.5-4.5 cm out from it the handle bar's height (gripped 5 mm off its centre, the bar jammed the drawer in
+    its runners), and the points in front of the face at the drawer's height how far it is out."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    top = [[x, y, 0.216] for x, y in zip(rng.uniform(0.57, 0.79, 200), rng.uniform(-0.35, -0.17, 200), strict=True)]
+    rack = [
+        [x, y, z]
+        for x, y, z in zip(
+            rng.uniform(0.30, 0.45, 80), rng.uniform(-0.33, -0.18, 80), rng.uniform(0.05, 0.30, 80), strict=True
+        )
+    ]
+    bars = [
+        [x, -0.166 + dy, z + dz]
+        for z in (0.034, 0.1034, 0.177)
+        for x, dy, dz in zip(
+            rng.uniform(0.64, 0.72, 15), rng.uniform(0.019, 0.034, 15), rng.uniform(0.0, 0.008, 15), strict=True
+        )
+    ]
+    points = [{"point_m": p, "height_above_table_m": p[2] + 0.007} for p in top + rack + bars]
+    det = {
+        "detection_id": "det-4",
+        "bbox_px": [0, 180, 190, 420],
+        "observation_handle": "obs-1",
+        "camera": "head",
+        "mask_pixels": 36000,
+    }
+    region = {
+        "center_m": [0.555, -0.245, 0.11],
+        "extents_m": [0.50, 0.22, 0.213],
+        "yaw_deg": 0.3,
+        "top_z_m": 0.216,
+        "bottom_z_m": -0.007,
+        "footprint_xy_m": [[0.3, -0.36], [0.81, -0.36], [0.81, -0.13], [0.3, -0.13]],
+    }
+    session = _session()
+    session["find"] = lambda text, camera="head": [det] if text == "cabinet" else []
+    session["geom"] = lambda d, dest=None: region
+    session["robot"] = SimpleNamespace(
+        measure_image_points=lambda **kw: {"success": True, "value": {"points": points}},
+    )
+    cab = session["cabinet"]("middle")
+    assert np.linalg.norm(cab["mid"] - [0.68, -0.166]) < 0.015 and cab["n"] @ [0.0, 1.0] > 0.99
+    assert abs(cab["width"] - 0.22) < 0.02 and abs(cab["height"] - 0.223) < 0.002
+    for level, bar in (("middle", 0.1034), ("top", 0.177)):
+        assert abs(session["handle_height"](cab, session["drawer_at"](cab, level)[0]) - bar) < 0.004, level
+    opening, _ = session["drawer_opening"](cab, "middle")
+    assert opening is not None and opening < 0.01  # shut: only its handle stands out
+    drawer = [
+        [x, -0.166 + dy, 0.14] for x, dy in zip(rng.uniform(0.58, 0.78, 60), rng.uniform(0.0, 0.188, 60), strict=True)
+    ]
+    points += [{"point_m": p, "height_above_table_m": p[2] + 0.007} for p in drawer]
+    opening, _ = session["drawer_opening"](session["cabinet"]("middle"), "middle")
+    assert abs(opening - 0.15) < 0.01  # pulled out 15 cm; the cabinet kept as first measured
+    assert session["cabinet"]() is not None and "det" not in session["cabinet"]()  # one drawer: the twin's way

@@ -296,15 +296,15 @@ def helper_source(part: str) -> str:
     return body.strip()
 
 
-HELPERS = {part: helper_source(part) for part in ("core", "judging", "placing", "drawer", "knob")}
+HELPERS = {part: helper_source(part) for part in ("core", "judging", "placing", "drawer", "fixtures")}
 HELPER_MARKERS = {
     "core": "def go(",
     "judging": "def verdict(",
     "placing": "def grasp_options(",
     "drawer": "def cabinet(",
-    "knob": "def knob_points(",
+    "fixtures": "def top_face(",
 }
-HELPER_ORDER = ("core", "judging", "drawer", "knob", "placing")
+HELPER_ORDER = ("core", "judging", "fixtures", "drawer", "placing")
 
 
 def _cell(step: str, goal: int, attempt: int, title: str, body: str, *, helpers: tuple[str, ...] = ()) -> str:
@@ -355,10 +355,18 @@ def _lv(goal: Goal) -> str:
     return f", {goal.level!r}" if goal.level else ""
 
 
+def _lvs(goal: Goal) -> dict[str, str]:
+    """The drawer arguments of a drawer cell's template: after another (lv) and alone (lvarg)."""
+    hz = f"handle_height(cab, drawer_at(cab, {goal.level!r})[0])" if goal.level else "drawer_at(cab)[0]"
+    return {"lv": _lv(goal), "lvarg": repr(goal.level) if goal.level else "", "hz": hz}
+
+
 def _needs(goal: Goal) -> set[str]:
     """The helper parts a goal's survey uses."""
     if goal.action == "turn_on":
-        return {"core", "knob"}
+        return {"core", "fixtures"}
+    if goal.level:  # a cabinet of three drawers: measured from its top face
+        return {"core", "fixtures", "drawer"} | ({"placing"} if goal.action == "place" else set())
     if goal.action != "place":
         return {"core", "drawer"}
     return {"core", "placing", "drawer" if goal.dest == "drawer" else "judging"}
@@ -558,7 +566,7 @@ print(f"destination {D['detection_id'] if D else '(as measured earlier)'}: {d['k
 """
 
 _DEST_DRAWER = """
-cab = cabinet()
+cab = cabinet($lvarg)
 opening, seen = drawer_opening(cab$lv) if cab else (None, 0)
 d = None
 if cab is not None and opening is not None and opening >= 0.08:
@@ -595,7 +603,7 @@ def _survey_place(
         target=repr(goal.target),
         target_name=goal.target,
         dest_name=goal.dest,
-        dest_before=_indent(_fill(_DEST_DRAWER, lv=_lv(goal)) + "others = []", 4) if drawer else "",
+        dest_before=_indent(_fill(_DEST_DRAWER, **_lvs(goal)) + "others = []", 4) if drawer else "",
         dest_in_view=_indent("pass" if drawer else _fill(_DEST_OBJECT, **keys), 8),
         not_dest="" if drawer else _indent(_fill(_NOT_DEST, k=k, target_name=goal.target), 8),
         relation=_indent(_relation_block(goal), 12),
@@ -696,7 +704,7 @@ else:
 """
 
 _REMEASURE_DRAWER = """
-cab = cabinet()
+cab = cabinet($lvarg)
 opening, seen = drawer_opening(cab$lv) if cab else (None, 0)
 if cab is not None and opening is not None and opening >= 0.08:
     along = float(np.clip((opening - 0.012) / 2 + 0.005, 0.045, 0.075))
@@ -792,7 +800,7 @@ def _grasp(goal: Goal, k: int, attempt: int, n: int) -> str:
 
 def _transfer(goal: Goal, k: int, attempt: int, n: int) -> str:
     if goal.dest == "drawer":
-        remeasure = _fill(_REMEASURE_DRAWER, lv=_lv(goal))
+        remeasure = _fill(_REMEASURE_DRAWER, **_lvs(goal))
     else:
         remeasure = _fill(_REMEASURE_OBJECT, dest=repr(goal.dest), dest_name=goal.dest, mode=repr(goal.mode))
     body = _fill(_TRANSFER, remeasure=remeasure.strip())
@@ -813,7 +821,7 @@ if holding():
     robot.release()
 park()
 obs = robot.observe()
-cab = cabinet()
+cab = cabinet($lvarg)
 if cab is None:
     print("result: no cabinet found in the head camera")
     print("status: not_found")
@@ -833,7 +841,7 @@ if opening is not None and opening >= 0.125:
 else:
     opening = opening or 0.0
     handle = cab["mid"] + cab["n"] * (HANDLE_BAR + opening)
-    hz = drawer_at(cab$lv)[0]  # model knowledge: the handle bar's height on the cabinet
+    hz = $hz  # the handle bar's height on the cabinet
     # fingers level, pointing into the drawer face, the jaw vertical around the bar
     rpy = [90.0, 0.0, math.degrees(math.atan2(-cab["n"][0], cab["n"][1]))]
     plan = {"goal": $k, "rpy": rpy, "n": cab["n"], "pre": [*(handle + cab["n"] * 0.10), hz],
@@ -943,8 +951,8 @@ else:
 
 
 def _survey_drawer(goal: Goal, k: int, attempt: int, helpers: tuple[str, ...], n: int) -> str:
-    decide = _fill(_DECIDE_OPEN if goal.action == "open" else _DECIDE_CLOSE, k=k, lv=_lv(goal))
-    body = _fill(_SURVEY_DRAWER, k=k, decide=_indent(decide, 4), lv=_lv(goal))
+    decide = _fill(_DECIDE_OPEN if goal.action == "open" else _DECIDE_CLOSE, k=k, **_lvs(goal))
+    body = _fill(_SURVEY_DRAWER, k=k, decide=_indent(decide, 4), **_lvs(goal))
     return _cell("survey", k, attempt, f"goal {k} of {n}: {goal.describe()}", body, helpers=helpers)
 
 
@@ -1061,7 +1069,7 @@ failed = []
 """
 
 _VERIFY_CABINET = """
-cab = cabinet()
+cab = cabinet($lvarg)
 opening, seen = drawer_opening(cab$lv) if cab else (None, 0)
 print(f"drawer: {'not measurable' if opening is None else f'{opening * 100:.1f} cm out'}")
 """
@@ -1163,7 +1171,7 @@ def _verify(goals: list[Goal], upto: int, attempt: int) -> str:
     parts = [_VERIFY_HEAD]
     if any(g.action in ("open", "close") or g.dest == "drawer" for g in goals[:upto]):
         drawers = [g for g in goals[:upto] if g.action in ("open", "close") or g.dest == "drawer"]
-        parts.append(_fill(_VERIFY_CABINET, lv=_lv(drawers[0])))
+        parts.append(_fill(_VERIFY_CABINET, **_lvs(drawers[0])))
     for j, goal in enumerate(goals[:upto], start=1):
         keys = {"j": j, "what": goal.describe()}
         if goal.action in ("open", "close"):
@@ -1173,7 +1181,7 @@ def _verify(goals: list[Goal], upto: int, attempt: int) -> str:
             parts.append(_fill(_VERIFY_KNOB, find=find, dest_name=goal.dest, **keys))
         elif goal.dest == "drawer":
             parts.append(
-                _fill(_VERIFY_IN_DRAWER, target=repr(goal.target), target_name=goal.target, lv=_lv(goal), **keys)
+                _fill(_VERIFY_IN_DRAWER, target=repr(goal.target), target_name=goal.target, **_lvs(goal), **keys)
             )
         else:
             later = "".join(  # later goals that put something on this goal's object

@@ -14,6 +14,7 @@ if TYPE_CHECKING:  # the agent's session: the core part
     import numpy as np
 
     from captain_ros.agent.expert_cells.core import find, geom, xy
+    from captain_ros.agent.expert_cells.fixtures import cab_face, face_points, top_face
 
 
 # ---------------------------------------- sent to the policy from this line on
@@ -22,13 +23,21 @@ HANDLE_OUT = 0.038  # the front of the handle bar from the drawer face
 TRAVEL = 0.16  # the drawer's travel
 
 
-def cabinet():
+def cabinet(level=""):
     """The cabinet's carcass in the head camera: the centre of its front face (the drawer side, facing the robot),
-    the outward normal n and the direction t along the face, its width and height."""
+    the outward normal n and the direction t along the face, its width and height. With a drawer `level` (a cabinet
+    of three drawers) from its top face instead (top_face), and its height above its own bottom."""
     cabs = sorted(find("cabinet"), key=lambda d: -d["mask_pixels"])
     g = geom(cabs[0]["detection_id"]) if cabs else None
     if g is None:
         return None
+    if level:
+        top = top_face(cabs[0], g)
+        if top is not None and cab_face:  # it stands where it was first measured: an open drawer adds to its top
+            return {**cab_face, "id": top["id"], "det": top["det"]}
+        if top is not None:
+            cab_face.update(top)
+        return top
     c = xy(g["center_m"])
     a = math.radians(g["yaw_deg"])
     t = np.array([math.cos(a), math.sin(a)])  # the long side is the front (30 cm; the depth is partly hidden)
@@ -57,8 +66,8 @@ def drawer_at(cab, level=""):
     h = cab["height"]
     if not level:
         return 0.66 * h, 0.49 * h, 0.5 * h, h + 0.02
-    i = ("bottom", "middle", "top").index(level)
-    return (i + 0.5) / 3 * h, (i + 0.15) / 3 * h, (i + 0.3) / 3 * h, (i + 1) / 3 * h + 0.02
+    i, b = ("bottom", "middle", "top").index(level), cab.get("bottom", 0.0)
+    return b + (i + 0.5) / 3 * h, b + (i + 0.15) / 3 * h, b + (i + 0.3) / 3 * h, b + (i + 1) / 3 * h + 0.02
 
 
 def drawer_opening(cab, level=""):
@@ -66,6 +75,12 @@ def drawer_opening(cab, level=""):
     of the face at drawer height (the handle, 3.8 cm proud of the drawer) among the brown, black, white, grey ones."""
     reach, parts = None, 0
     low, high = drawer_at(cab, level)[2:]
+    if "det" in cab:  # a cabinet measured from its top face: the depth points in front of its face at drawer height
+        q = face_points(cab)
+        q = q[(np.abs(q[:, 0]) < cab["width"] / 2 - 0.01) & (q[:, 2] > low) & (q[:, 2] < high)]
+        q = q[(q[:, 1] > 0.005) & (q[:, 1] < TRAVEL + HANDLE_OUT + 0.03)]
+        reach, parts = (float(q[:, 1].max()), len(q)) if len(q) else (None, 0)
+        return (None if reach is None else max(0.0, reach - HANDLE_OUT)), parts
     for colour in ("brown", "black", "white", "grey"):
         for d in find(colour + " drawer"):
             p = xy(d["position_m"]) - cab["mid"]

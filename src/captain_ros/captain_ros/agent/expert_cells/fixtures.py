@@ -1,6 +1,7 @@
-"""The helper library's knob part: a stove's knob from depth points over the stove's detection (the burner and the
-knob beside it read as one region), its axis, the top of its ridge and the ridge's direction; the knob model an
-engineer would know (how far it turns on).
+"""The helper library's fixtures part, for LIBERO's kitchen fixtures: a cabinet of three drawers measured from its top
+face and its handle bars (the drawer part uses them for a drawer named top, middle or bottom), and a stove's knob
+from depth points over the stove's detection (the burner and the knob beside it read as one region): its axis, the
+top of its ridge and the ridge's direction; the models an engineer would know (how far the knob turns on).
 
 The scripted expert (agent/expert.py) sends the text below the marker line as it stands, in the first cell that
 needs this part, and the agent's Python session defines it there. Above the line, not sent: what the part takes
@@ -19,6 +20,83 @@ if TYPE_CHECKING:  # the agent's session: the robot client and the core part
 
 
 # ---------------------------------------- sent to the policy from this line on
+if "cab_face" not in dir():
+    cab_face = {}  # a cabinet of three drawers as first measured from its top face (its drawers shut)
+
+
+def top_face(det, g):
+    """A cabinet from the depth points of its top face (within 1.5 cm of the region's top, the largest cluster of
+    them): a region that runs on into a neighbour standing against it (LIBERO's wine rack) has a footprint too long
+    for the cabinet, its top face does not. The front is the long side facing the robot, its centre on the top's
+    edge (the drawer faces lie under it); the height is above the cabinet's bottom ("bottom")."""
+    u0, v0, u1, v1 = det["bbox_px"]
+    grid = [[(u0 + (u1 - u0) * i / 31) / 511, (v0 + (v1 - v0) * k / 31) / 511] for i in range(32) for k in range(32)]
+    r = robot.measure_image_points(observation_handle=det["observation_handle"], camera=det["camera"], points=grid)
+    if not r["success"]:
+        return None
+    pts = np.array(
+        [
+            p["point_m"][:2]
+            for p in r["value"]["points"]
+            if p["point_m"] is not None and abs(p["point_m"][2] - g["top_z_m"]) < 0.015
+        ]
+    ).reshape(-1, 2)
+    pts = pts[np.linalg.norm(pts - np.median(pts, axis=0), axis=1) < 0.17] if len(pts) else pts
+    if len(pts) < 20:
+        return None
+    best = None
+    for deg in range(0, 90, 2):  # the smallest rectangle round the points
+        a = math.radians(deg)
+        t, n = np.array([math.cos(a), math.sin(a)]), np.array([-math.sin(a), math.cos(a)])
+        s, w = pts @ t, pts @ n
+        if best is None or np.ptp(s) * np.ptp(w) < best[0]:
+            best = (np.ptp(s) * np.ptp(w), t, n, s, w)
+    _, t, n, s, w = best
+    if np.ptp(s) < np.ptp(w):
+        t, n, s, w = n, -t, w, -s
+    c = t * (s.max() + s.min()) / 2 + n * (w.max() + w.min()) / 2
+    if n @ -c < 0:
+        n = -n
+    return {
+        "id": det["detection_id"],
+        "det": det,
+        "mid": c + n * float(np.ptp(w)) / 2,
+        "n": n,
+        "t": t,
+        "width": float(np.ptp(s)),
+        "height": float(g["top_z_m"] - g["bottom_z_m"]),
+        "bottom": float(g["bottom_z_m"]),
+    }
+
+
+def face_points(cab, n=48):
+    """Depth points (x, y, z) on an n x n grid over the detection of a cabinet measured from its top face, widened
+    by half (a drawer pulled out may read as a region of its own), as (along the face from its middle, out from the
+    face, z) rows."""
+    det = cab["det"]
+    u0, v0, u1, v1 = det["bbox_px"]
+    w, h = u1 - u0, v1 - v0
+    u0, v0, u1, v1 = max(0, u0 - w / 2), max(0, v0 - h / 4), min(511, u1 + w / 2), min(511, v1 + h / 4)
+    grid = [
+        [(u0 + (u1 - u0) * i / (n - 1)) / 511, (v0 + (v1 - v0) * k / (n - 1)) / 511] for i in range(n) for k in range(n)
+    ]
+    r = robot.measure_image_points(observation_handle=det["observation_handle"], camera=det["camera"], points=grid)
+    pts = [p["point_m"] for p in r["value"]["points"] if p["point_m"] is not None] if r["success"] else []
+    q = np.array(pts, dtype=float).reshape(-1, 3)
+    return np.column_stack([(q[:, :2] - cab["mid"]) @ cab["t"], (q[:, :2] - cab["mid"]) @ cab["n"], q[:, 2]])
+
+
+def handle_height(cab, z):
+    """The height of a drawer's handle bar, expected at z (the cabinet model's): for a cabinet measured from its top
+    face, the top of the depth points 1.5-4.5 cm out from the face near its middle within 2.5 cm of z, less half the
+    bar (a bar gripped 5 mm off its centre jammed the drawer in its runners)."""
+    if "det" not in cab:
+        return z
+    q = face_points(cab)
+    bar = q[(np.abs(q[:, 0]) < 0.05) & (q[:, 1] > 0.015) & (q[:, 1] < 0.045) & (np.abs(q[:, 2] - z) < 0.025)]
+    return float(np.percentile(bar[:, 2], 75)) - 0.008 if len(bar) >= 3 else z  # seen from above: its top, 1.6 cm thick
+
+
 # the jaw's path round the knob's axis: deg from the arm of the ridge it straddles, in the direction that turns the
 # knob on (LIBERO's stove: on past 0.5 rad, 29 deg, and its stop at 120 deg; counter-clockwise seen from above)
 KNOB_SWEEP = (0.0, 15.0, 30.0, 45.0, 60.0, 75.0)
