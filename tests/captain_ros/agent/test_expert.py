@@ -206,6 +206,40 @@ def test_the_destination_s_own_region_is_not_taken_for_the_target(capsys):
         assert scope["cands"] == [same]
 
 
+def test_from_above_the_object_is_the_candidate_nearest_where_the_head_camera_saw_it():
+    """libero_goal/1: from the head camera the bowl's region ran on into the wine bottle (no grasp); from above, the
+    best "bowl" was the wine rack, 40 cm away (a 169 N contact on the way there). The candidates within 6 cm of the
+    head camera's sighting come first; a goal with a relation keeps the relation's order."""
+    import numpy as np
+
+    snippet = expert._fill(expert._SPOTTED, k=1)
+    rack = {"detection_id": "det-17", "position_m": [0.394, -0.190, 0.119]}
+    bowl = {"detection_id": "det-20", "position_m": [0.584, -0.007, 0.012]}
+    scope = {"np": np, "xy": lambda p: np.array(p[:2], dtype=float), "placed_at": {}}
+    exec(snippet, scope | {"cam": "head", "cands": [{"position_m": [0.545, -0.010, 0.062]}]})
+    scope["spotted"] = scope.get("spotted") or {1: np.array([0.545, -0.010])}
+    exec(snippet, scope | {"cam": "wrist", "cands": (cands := [rack, bowl])})
+    assert cands == [bowl, rack]
+    relation = expert._survey_place(parse_instruction("put the bowl next to the plate on the stove")[0], 1, 1, (), 1)
+    assert "spotted" not in relation and "spotted" in expert._survey_place(
+        expert.Goal("place", "bowl", "plate", "on"), 1, 1, (), 1
+    )
+
+
+def test_a_bowl_that_does_not_measure_as_a_vessel_is_looked_at_from_above(capsys):
+    """libero_goal/6: the bowl's region ran on into the wine bottle behind it (a box 18 cm across, 14 cm tall); the
+    cream cheese was put down on its rim and judged in it against that box: a false finish."""
+    snippet = expert._fill(expert._VESSEL, dest_name="bowl")
+    merged = {"kind": "box", "extents_m": [0.182, 0.11, 0.146]}
+    scope = {"d": merged, "D": {"detection_id": "det-5"}}
+    exec(snippet, scope)
+    assert scope["d"] is None and scope["D"] is None and "not a bowl" in capsys.readouterr().out
+    scope = {"d": {"kind": "bowl"}, "D": {"detection_id": "det-6"}}
+    exec(snippet, scope)
+    assert scope["d"] == {"kind": "bowl"}
+    assert "measures as a" not in expert._survey_place(expert.Goal("place", "cube", "plate", "on"), 1, 1, (), 1)
+
+
 # ------------------------------------------------------------------------------------------------ the cells
 
 

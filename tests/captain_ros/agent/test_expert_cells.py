@@ -181,6 +181,13 @@ def test_a_stove_knob_is_the_narrow_end_of_the_stove_s_region_and_its_ridge_the_
     assert np.linalg.norm(knob["center"] - [0.25, 0.21]) < 0.01
     assert abs(knob["ridge_deg"]) < 10 and abs(knob["top"] - 0.05) < 0.005
     assert np.linalg.norm(knob["burner"] - [0.40, 0.21]) < 0.03
+    pedestal = {**det, "detection_id": "det-2", "extents_m": [0.36, 0.22, 0.015]}  # named "stove" by the library
+    stove = {**det, "extents_m": [0.29, 0.19, 0.05]}
+    session["find"] = lambda text, camera="head": {"stove": [pedestal], "grey": [stove]}.get(text, [])
+    on, on_det = session["fixture_top"]("stove", pedestal, region)  # "put the bowl on the stove": on its burner
+    assert np.linalg.norm(np.array(on["center_m"][:2]) - [0.40, 0.21]) < 0.03 and on["extents_m"][:2] == [0.19, 0.19]
+    assert on_det is stove and session["find_stove"]("stove")[0] is stove
+    assert session["fixture_top"]("plate", det, region) == (region, det)
     square = {**region, "center_m": [0.40, 0.21, 0.02], "extents_m": [0.19, 0.19, 0.05]}
     session["geom"] = lambda det, dest=None: square
     assert session["stove_knob"](det) is None  # a square region: a burner without a knob beside it
@@ -233,6 +240,9 @@ def test_a_cabinet_of_three_drawers_is_measured_from_its_top_face_and_its_handle
     cab = session["cabinet"]("middle")
     assert np.linalg.norm(cab["mid"] - [0.68, -0.166]) < 0.015 and cab["n"] @ [0.0, 1.0] > 0.99
     assert abs(cab["width"] - 0.22) < 0.02 and abs(cab["height"] - 0.223) < 0.002
+    top, _ = session["fixture_top"]("cabinet", det, region)  # "put the bowl on top of the cabinet": its top face
+    assert np.linalg.norm(np.array(top["center_m"][:2]) - [0.68, -0.26]) < 0.015
+    assert abs(top["extents_m"][0] - 0.22) < 0.02 and abs(top["extents_m"][1] - 0.18) < 0.02
     for level, bar in (("middle", 0.1034), ("top", 0.177)):
         assert abs(session["handle_height"](cab, session["drawer_at"](cab, level)[0]) - bar) < 0.004, level
     opening, _ = session["drawer_opening"](cab, "middle")

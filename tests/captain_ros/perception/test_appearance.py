@@ -13,6 +13,7 @@ from captain_ros.perception.appearance import (
     HIST_BINS,
     AppearanceLibrary,
     build_library,
+    head_noun,
     histogram,
     renderable,
     words,
@@ -91,6 +92,14 @@ def test_queries_name_models_by_their_words_without_other_colours():
     assert [lib.names[i] for i in lib.models_for("red alphabet soup")] == ["red_alphabet_soup"]
     assert lib.models_for("purple elephant") == [] and lib.models_for("the") == []
     assert words("Cookies, 2 of them!") == {"cookie", "them"}
+    # libero_goal's "the bowl": the bowls, not the bowl drainer (no colour word, so it alone passed the colour rule
+    # and the black bowl was never looked for)
+    names = ("akita_black_bowl", "bowl_drainer", "white_bowl", "wooden_cabinet", "wooden_cabinet_base", "flat_stove")
+    lib = AppearanceLibrary(names, np.full((6, int(np.prod(HIST_BINS))), 1.0 / np.prod(HIST_BINS)), "names only")
+    assert [lib.names[i] for i in lib.models_for("the bowl")] == ["akita_black_bowl", "white_bowl"]
+    assert [lib.names[i] for i in lib.models_for("bowl drainer")] == ["bowl_drainer"]
+    assert [lib.names[i] for i in lib.models_for("the cabinet")] == ["wooden_cabinet"]
+    assert head_noun("the bowls on it") == "bowl" and head_noun("") == ""
 
 
 def test_a_query_picks_the_region_that_looks_like_its_model(library):

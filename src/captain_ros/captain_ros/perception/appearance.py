@@ -57,6 +57,15 @@ def words(text: str) -> set[str]:
     return out
 
 
+def head_noun(text: str) -> str:
+    """The last word that is not a stop word or a number, plural folded ("the bowls on it" -> 'bowl')."""
+    found = [w for w in re.findall(r"[a-z]+", text.lower()) if w not in STOP_WORDS and w not in ("it", "them")]
+    if not found:
+        return ""
+    w = found[-1]
+    return w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") else w
+
+
 def histogram(rgb: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Normalised HSV histogram of the masked pixels of an RGB image, each bin shared with its neighbours
     (SMOOTHING; hue wraps around): a scene lit otherwise than the renders shifts colours by a bin or so."""
@@ -110,8 +119,9 @@ class AppearanceLibrary:
             return cls(tuple(str(n) for n in f["names"]), f["histograms"], str(f["source"]))
 
     def models_for(self, text: str) -> list[int]:
-        """The models a query names: those sharing the most of its words (at least half), without a colour word the
-        query does not say ("black bowl" is not "red_akita_black_bowl", a recoloured variant)."""
+        """The models a query names: those sharing the most of its words (at least half), of them those whose last
+        word is the query's ("bowl" names the bowls, not the bowl drainer), without a colour word the query does not
+        say ("black bowl" is not "red_akita_black_bowl", a recoloured variant)."""
         query = words(text)
         if not query:
             return []
@@ -121,6 +131,8 @@ class AppearanceLibrary:
         if best < 0.5:
             return []
         chosen = [i for i, c in enumerate(cover) if c == best]
+        # named by what it is: "bowl" is a bowl, not the bowl drainer (whose head noun is "drainer")
+        chosen = [i for i in chosen if head_noun(self.names[i].replace("_", " ")) == head_noun(text)] or chosen
         plain = [i for i in chosen if not (model_words[i] & COLOR_WORDS) - query]
         return plain or chosen
 

@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # the agent's session: the robot client and the core part
 
     import numpy as np
 
-    from captain_ros.agent.expert_cells.core import geom
+    from captain_ros.agent.expert_cells.core import distinct, find, geom
     from captain_ros.agent.expert_cells.session import robot
 
 
@@ -60,6 +60,8 @@ def top_face(det, g):
     return {
         "id": det["detection_id"],
         "det": det,
+        "center": c,
+        "depth": float(np.ptp(w)),
         "mid": c + n * float(np.ptp(w)) / 2,
         "n": n,
         "t": t,
@@ -165,3 +167,50 @@ def stove_knob(det):
         "ridge_deg": (direction + 90.0) % 180.0 - 90.0,
         "points": len(knob),
     }
+
+
+def find_stove(text):
+    """A stove's detection and its knob: among the regions its name finds, else the grey and the black ones (a
+    stove's metal reads as either, and a library of renders may name another region for it), the first of a stove's
+    size whose narrow end is a knob (stove_knob)."""
+    for query in (text, "grey", "black"):
+        for det in distinct(find(query))[:3]:
+            long, short, high = det["extents_m"]
+            if 0.2 < long < 0.45 and long > 1.25 * short and 0.03 < high < 0.12:  # a burner and a knob beside it
+                knob = stove_knob(det)
+                if knob is not None:
+                    return det, knob
+    return None, None
+
+
+def fixture_top(text, det, g):
+    """(geometry, detection) of the part of a fixture's region that things are put on: a stove's burner (its region
+    has the knob at one end; find_stove), a cabinet's top face (its region may run on into a neighbour; top_face);
+    (g, det) for anything else, or when that part is not found."""
+    part = None
+    if "stove" in text.split():
+        found, knob = find_stove(text)
+        if knob is not None:
+            det, g = found, geom(found["detection_id"])
+            part = (knob["burner"], g["extents_m"][1], g["extents_m"][1], g["yaw_deg"])
+    elif "cabinet" in text.split() and det is not None:
+        cab = top_face(det, g)
+        if cab is not None:
+            part = (cab["center"], cab["width"], cab["depth"], math.degrees(math.atan2(cab["t"][1], cab["t"][0])))
+    if part is None:
+        return g, det
+    c, long, short, yaw = part
+    a = math.radians(yaw)
+    u, v = np.array([math.cos(a), math.sin(a)]) * long / 2, np.array([-math.sin(a), math.cos(a)]) * short / 2
+    corners = [c + u + v, c - u + v, c - u - v, c + u - v]
+    top = {
+        **g,
+        "center_m": [float(c[0]), float(c[1]), g["center_m"][2]],
+        "extents_m": [long, short, g["extents_m"][2]],
+        "yaw_deg": (yaw + 90.0) % 180.0 - 90.0,
+        "footprint_xy_m": [[float(x), float(y)] for x, y in corners],
+        "fitted_shape": "box",
+        "kind": "box",
+        "open_top": False,
+    }
+    return top, det
