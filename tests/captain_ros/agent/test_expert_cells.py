@@ -227,7 +227,7 @@ def test_a_cabinet_of_three_drawers_is_measured_from_its_top_face_and_its_handle
         "center_m": [0.555, -0.245, 0.11],
         "extents_m": [0.50, 0.22, 0.213],
         "yaw_deg": 0.3,
-        "top_z_m": 0.216,
+        "top_z_m": 0.29,  # the wine rack's top: the region's highest points
         "bottom_z_m": -0.007,
         "footprint_xy_m": [[0.3, -0.36], [0.81, -0.36], [0.81, -0.13], [0.3, -0.13]],
     }

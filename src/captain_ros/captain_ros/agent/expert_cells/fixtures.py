@@ -25,38 +25,58 @@ if "cab_face" not in dir():
 
 
 def top_face(det, g):
-    """A cabinet from the depth points of its top face (within 1.5 cm of the region's top, the largest cluster of
-    them): a region that runs on into a neighbour standing against it (LIBERO's wine rack) has a footprint too long
-    for the cabinet, its top face does not. The front is the long side facing the robot, its centre on the top's
-    edge (the drawer faces lie under it); the height is above the cabinet's bottom ("bottom")."""
+    """A cabinet from the depth points of its top face: the most populated 1 cm band of heights (a flat top is one
+    band; what stands against it, LIBERO's wine rack with its slanted planks, spreads over many, and may be taller),
+    the largest cluster of its points. The region as a whole runs on into that neighbour: its footprint is too long
+    for the cabinet and its top may be the neighbour's. The front is the long side facing the robot, its centre on
+    the top's edge (the drawer faces lie under it); the height is above the cabinet's bottom ("bottom")."""
     u0, v0, u1, v1 = det["bbox_px"]
     grid = [[(u0 + (u1 - u0) * i / 31) / 511, (v0 + (v1 - v0) * k / 31) / 511] for i in range(32) for k in range(32)]
     r = robot.measure_image_points(observation_handle=det["observation_handle"], camera=det["camera"], points=grid)
     if not r["success"]:
         return None
-    pts = np.array(
-        [
-            p["point_m"][:2]
-            for p in r["value"]["points"]
-            if p["point_m"] is not None and abs(p["point_m"][2] - g["top_z_m"]) < 0.015
-        ]
-    ).reshape(-1, 2)
-    pts = pts[np.linalg.norm(pts - np.median(pts, axis=0), axis=1) < 0.17] if len(pts) else pts
+    q = np.array([p["point_m"] for p in r["value"]["points"] if p["point_m"] is not None]).reshape(-1, 3)
+    q = q[q[:, 2] > g["bottom_z_m"] + 0.08]  # a cabinet's top, not the table or what stands on it
+    if len(q) < 20:
+        return None
+    counts, edges = np.histogram(q[:, 2], bins=np.arange(q[:, 2].min(), q[:, 2].max() + 0.02, 0.01))
+    top = float(edges[int(np.argmax(counts))] + 0.005)
+    top = float(np.median(q[np.abs(q[:, 2] - top) < 0.01, 2]))
+    pts = q[np.abs(q[:, 2] - top) < 0.006][:, :2]
+    pts = pts[np.linalg.norm(pts - np.median(pts, axis=0), axis=1) < 0.17]
     if len(pts) < 20:
         return None
+
+    def span(v):  # 3rd to 97th percentile, widened to the whole of a flat top: a few stray points do not count
+        lo, hi = np.percentile(v, [3, 97])
+        return float(lo - (hi - lo) * 0.03), float(hi + (hi - lo) * 0.03)
+
     best = None
     for deg in range(0, 90, 2):  # the smallest rectangle round the points
         a = math.radians(deg)
         t, n = np.array([math.cos(a), math.sin(a)]), np.array([-math.sin(a), math.cos(a)])
-        s, w = pts @ t, pts @ n
-        if best is None or np.ptp(s) * np.ptp(w) < best[0]:
-            best = (np.ptp(s) * np.ptp(w), t, n, s, w)
-    _, t, n, s, w = best
-    if np.ptp(s) < np.ptp(w):
-        t, n, s, w = n, -t, w, -s
-    c = t * (s.max() + s.min()) / 2 + n * (w.max() + w.min()) / 2
+        (s0, s1), (w0, w1) = span(pts @ t), span(pts @ n)
+        if best is None or (s1 - s0) * (w1 - w0) < best[0]:
+            best = ((s1 - s0) * (w1 - w0), t, n, (s0, s1), (w0, w1))
+    _, t, n, (s0, s1), (w0, w1) = best
+    if s1 - s0 < w1 - w0:
+        t, n, (s0, s1), (w0, w1) = n, -t, (w0, w1), (-w1, -w0)
+    c = t * (s0 + s1) / 2 + n * (w0 + w1) / 2
     if n @ -c < 0:
         n = -n
+    # the front edge (facing the robot) is in full view, the far one may be cut by the image's border: the direction
+    # of the front edge's points (the outermost of each stretch along it) is the cabinet's
+    s, w = pts @ t, pts @ n
+    edge = [pts[(s >= a) & (s < a + (s1 - s0) / 8)] for a in np.linspace(s0, s1, 9)[:-1]]
+    edge = np.array([e[int(np.argmax(e @ n))] for e in edge if len(e) >= 2])
+    if len(edge) >= 4:
+        _, vecs = np.linalg.eigh((edge - edge.mean(axis=0)).T @ (edge - edge.mean(axis=0)))
+        t = vecs[:, 1] if vecs[:, 1] @ t > 0 else -vecs[:, 1]
+        n = np.array([-t[1], t[0]]) if np.array([-t[1], t[0]]) @ n > 0 else np.array([t[1], -t[0]])
+        (s0, s1), (w0, w1) = span(pts @ t), span(pts @ n)
+        w1 = float((edge @ n).max())
+        c = t * (s0 + s1) / 2 + n * (w0 + w1) / 2
+    s, w = np.array([s0, s1]), np.array([w0, w1])
     return {
         "id": det["detection_id"],
         "det": det,
@@ -66,8 +86,9 @@ def top_face(det, g):
         "n": n,
         "t": t,
         "width": float(np.ptp(s)),
-        "height": float(g["top_z_m"] - g["bottom_z_m"]),
+        "height": top - float(g["bottom_z_m"]),
         "bottom": float(g["bottom_z_m"]),
+        "top": top,
     }
 
 
