@@ -171,7 +171,13 @@ def test_a_stove_knob_is_the_narrow_end_of_the_stove_s_region_and_its_ridge_the_
     points = [{"point_m": p[:3], "height_above_table_m": p[3]} for p in burner + disc + ridge]
     points += [{"point_m": [0.3, -0.2, 0.0], "height_above_table_m": 0.0}] * 50  # the table round it
     det = {"detection_id": "det-1", "bbox_px": [300, 150, 430, 280], "observation_handle": "obs-1", "camera": "head"}
-    region = {"center_m": [0.35, 0.21, 0.02], "extents_m": [0.29, 0.19, 0.05], "yaw_deg": 0.0}
+    region = {
+        "center_m": [0.35, 0.21, 0.02],
+        "extents_m": [0.29, 0.19, 0.05],
+        "yaw_deg": 0.0,
+        "top_z_m": 0.05,
+        "bottom_z_m": 0.0,
+    }
     session = _session()
     session["geom"] = lambda det, dest=None: region
     session["robot"] = SimpleNamespace(
@@ -240,7 +246,11 @@ def test_a_cabinet_of_three_drawers_is_measured_from_its_top_face_and_its_handle
     cab = session["cabinet"]("middle")
     assert np.linalg.norm(cab["mid"] - [0.68, -0.166]) < 0.015 and cab["n"] @ [0.0, 1.0] > 0.99
     assert abs(cab["width"] - 0.22) < 0.02 and abs(cab["height"] - 0.223) < 0.002
-    top, _ = session["fixture_top"]("cabinet", det, region)  # "put the bowl on top of the cabinet": its top face
+    cheese = {**det, "detection_id": "det-9", "mask_pixels": 900}  # a small box the library called "slide cabinet"
+    session["find"] = lambda text, camera="head": [cheese, det] if text == "cabinet" else []
+    top, top_det = session["fixture_top"]("cabinet", cheese, region)  # "put the bowl on top of the cabinet"
+    assert top_det is det  # the largest region that has a top face: its top face
+    assert abs(top["top_z_m"] - 0.216) < 0.003  # not the region's top, the wine rack's (0.29)
     assert np.linalg.norm(np.array(top["center_m"][:2]) - [0.68, -0.26]) < 0.015
     assert abs(top["extents_m"][0] - 0.22) < 0.02 and abs(top["extents_m"][1] - 0.18) < 0.02
     for level, bar in (("middle", 0.1034), ("top", 0.177)):

@@ -214,20 +214,25 @@ def fixture_top(text, det, g):
         if knob is not None:
             det, g = found, geom(found["detection_id"])
             part = (knob["burner"], g["extents_m"][1], g["extents_m"][1], g["yaw_deg"])
-    elif "cabinet" in text.split() and det is not None:
-        cab = top_face(det, g)
-        if cab is not None:
-            part = (cab["center"], cab["width"], cab["depth"], math.degrees(math.atan2(cab["t"][1], cab["t"][0])))
+    elif "cabinet" in text.split():
+        for found in sorted(find(text), key=lambda d: -d["mask_pixels"])[:2]:  # the largest: a library of renders
+            fg = geom(found["detection_id"])  # named a small box "slide cabinet" (the bottle went onto it)
+            cab = top_face(found, fg) if fg is not None else None
+            if cab is not None:
+                det, g = found, {**fg, "top_z_m": cab["top"]}  # the region's top may be its neighbour's
+                part = (cab["center"], cab["width"], cab["depth"], math.degrees(math.atan2(cab["t"][1], cab["t"][0])))
+                break
     if part is None:
         return g, det
     c, long, short, yaw = part
     a = math.radians(yaw)
     u, v = np.array([math.cos(a), math.sin(a)]) * long / 2, np.array([-math.sin(a), math.cos(a)]) * short / 2
     corners = [c + u + v, c - u + v, c - u - v, c + u - v]
+    height = g["top_z_m"] - g["bottom_z_m"]
     top = {
         **g,
-        "center_m": [float(c[0]), float(c[1]), g["center_m"][2]],
-        "extents_m": [long, short, g["extents_m"][2]],
+        "center_m": [float(c[0]), float(c[1]), g["bottom_z_m"] + height / 2],
+        "extents_m": [long, short, height],
         "yaw_deg": (yaw + 90.0) % 180.0 - 90.0,
         "footprint_xy_m": [[float(x), float(y)] for x, y in corners],
         "fitted_shape": "box",
