@@ -357,7 +357,7 @@ def _lv(goal: Goal) -> str:
 
 def _lvs(goal: Goal) -> dict[str, str]:
     """The drawer arguments of a drawer cell's template: after another (lv) and alone (lvarg)."""
-    hz = f"handle_height(cab, drawer_at(cab, {goal.level!r})[0])" if goal.level else "drawer_at(cab)[0]"
+    hz = f"handle_height(cab, drawer_at(cab, {goal.level!r})[0], opening)" if goal.level else "drawer_at(cab)[0]"
     return {"lv": _lv(goal), "lvarg": repr(goal.level) if goal.level else "", "hz": hz}
 
 

@@ -75,6 +75,8 @@ def top_face(det, g):
         n = np.array([-t[1], t[0]]) if np.array([-t[1], t[0]]) @ n > 0 else np.array([t[1], -t[0]])
         (s0, s1), (w0, w1) = span(pts @ t), span(pts @ n)
         w1 = float((edge @ n).max())
+        front = pts[pts @ n > w1 - 0.02] @ t  # its ends, too: the middle of the face is the drawers' (a pull 6 mm
+        s0, s1 = float(front.min()), float(front.max())  # off it bound a drawer after 8 cm)
         c = t * (s0 + s1) / 2 + n * (w0 + w1) / 2
     s, w = np.array([s0, s1]), np.array([w0, w1])
     return {
@@ -109,14 +111,15 @@ def face_points(cab, n=48):
     return np.column_stack([(q[:, :2] - cab["mid"]) @ cab["t"], (q[:, :2] - cab["mid"]) @ cab["n"], q[:, 2]])
 
 
-def handle_height(cab, z):
-    """The height of a drawer's handle bar, expected at z (the cabinet model's): for a cabinet measured from its top
-    face, the top of the depth points 1.5-4.5 cm out from the face near its middle within 2.5 cm of z, less half the
-    bar (a bar gripped 5 mm off its centre jammed the drawer in its runners)."""
+def handle_height(cab, z, out=0.0):
+    """The height of a drawer's handle bar, expected at z (the cabinet model's), the drawer `out` m out: for a cabinet
+    measured from its top face, the top of the depth points 1.5-4.5 cm out from the drawer's face near its middle
+    within 2.5 cm of z, less half the bar (a bar gripped 5 mm off its centre jammed the drawer in its runners)."""
     if "det" not in cab:
         return z
     q = face_points(cab)
-    bar = q[(np.abs(q[:, 0]) < 0.05) & (q[:, 1] > 0.015) & (q[:, 1] < 0.045) & (np.abs(q[:, 2] - z) < 0.025)]
+    band = (q[:, 1] > out + 0.015) & (q[:, 1] < out + 0.045)  # in front of the drawer's face, `out` m out
+    bar = q[(np.abs(q[:, 0]) < 0.05) & band & (np.abs(q[:, 2] - z) < 0.025)]
     return float(np.percentile(bar[:, 2], 75)) - 0.008 if len(bar) >= 3 else z  # seen from above: its top, 1.6 cm thick
 
 
