@@ -99,6 +99,9 @@ def test_queries_name_models_by_their_words_without_other_colours():
     assert [lib.names[i] for i in lib.models_for("the bowl")] == ["akita_black_bowl", "white_bowl"]
     assert [lib.names[i] for i in lib.models_for("bowl drainer")] == ["bowl_drainer"]
     assert [lib.names[i] for i in lib.models_for("the cabinet")] == ["wooden_cabinet"]
+    names = ("cookies", "white_storage_box", "yellow_cookies")  # libero_spatial's "cookie box" is the cookies
+    lib = AppearanceLibrary(names, np.full((3, int(np.prod(HIST_BINS))), 1.0 / np.prod(HIST_BINS)), "names only")
+    assert [lib.names[i] for i in lib.models_for("the cookie box")] == ["cookies"]
     assert head_noun("the bowls on it") == "bowl" and head_noun("") == ""
 
 

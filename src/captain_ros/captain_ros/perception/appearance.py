@@ -120,7 +120,7 @@ class AppearanceLibrary:
 
     def models_for(self, text: str) -> list[int]:
         """The models a query names: those sharing the most of its words (at least half), of them those whose last
-        word is the query's ("bowl" names the bowls, not the bowl drainer), without a colour word the query does not
+        word the query says ("bowl" names the bowls, not the bowl drainer), without a colour word the query does not
         say ("black bowl" is not "red_akita_black_bowl", a recoloured variant)."""
         query = words(text)
         if not query:
@@ -131,8 +131,8 @@ class AppearanceLibrary:
         if best < 0.5:
             return []
         chosen = [i for i, c in enumerate(cover) if c == best]
-        # named by what it is: "bowl" is a bowl, not the bowl drainer (whose head noun is "drainer")
-        chosen = [i for i in chosen if head_noun(self.names[i].replace("_", " ")) == head_noun(text)] or chosen
+        # named by what it is: "bowl" is a bowl, not the bowl drainer (whose head noun the query does not say)
+        chosen = [i for i in chosen if head_noun(self.names[i].replace("_", " ")) in query] or chosen
         plain = [i for i in chosen if not (model_words[i] & COLOR_WORDS) - query]
         return plain or chosen
 
