@@ -3,6 +3,11 @@ face and its handle bars (the drawer part uses them for a drawer named top, midd
 from depth points over the stove's detection (the burner and the knob beside it read as one region): its axis, the
 top of its ridge and the ridge's direction; the models an engineer would know (how far the knob turns on).
 
+IN-DOMAIN: the model knowledge here is LIBERO's (its asset MJCF files: the wooden cabinet's three even drawers and
+its handle bars, the flat stove's 19 cm burner with the knob beside it, the knob's ridge, its turn-on angle and stop;
+the way the knob turns on and the slow sweep it needs were found by trying it in LIBERO's simulator). No simulator
+state reaches the policy: every position comes from the depth points of the episode's images.
+
 The scripted expert (agent/expert.py) sends the text below the marker line as it stands, in the first cell that
 needs this part, and the agent's Python session defines it there. Above the line, not sent: what the part takes
 from that session (the core part, defined before it), named for the linter and type checkers only.
