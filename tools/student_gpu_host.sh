@@ -2,7 +2,7 @@
 # The student's SFT, its evaluation and its RL rounds on a GPU host without network (docs/student.md, sections 4
 # and 6).
 #
-#   bash tools/student_gpu_host.sh STAGE...      stages: prepare sft bench eval dagger label rl   (from the project's root)
+#   bash tools/student_gpu_host.sh STAGE...      stages: prepare sft bench eval dagger label stop rl   (from the project's root)
 #
 #   prepare  copies the project to $WORK/proj (later calls may replace the working tree), puts the carried student back
 #            together ($CARRY, tools/carry.py), installs its wheels (gguf, and the locked transformers and tokenizers),
@@ -10,9 +10,10 @@
 #            installs the rollout bundle (tools/host_bundle.py: carried into $BUNDLE_CARRY, unpacked into $BUNDLE, its
 #            install.sh run; only the eval stage needs it)
 #   sft      LoRA SFT in the background (setsid: it outlives this call) on the examples built beforehand by
-#            `captain_ros_training.rl sft-data --max-tokens 24576` ($EXAMPLES, carried with the student) or else on the
-#            expert store ($STORE); waits for it up to $WAIT_S seconds; once done, packs the adapter and the run record
-#            into $OUT/adapter (files of at most 15 MiB) to bring back
+#            `captain_ros_training.rl sft-data --max-tokens 24576` ($SFT_EXAMPLES: by default $EXAMPLES, carried with
+#            the student; the label stage's file for a DAgger SFT) or else on the expert store ($STORE); waits for it up
+#            to $WAIT_S seconds; once done, packs the adapter and the run record into $OUT/adapter (files of at most
+#            15 MiB) to bring back
 #   bench    bench/serve.py on the student: the server's tokens/s with 32 queued 4k-token requests, varlen vs sdpa
 #            attention (about a minute); its result file into $OUT/bench
 #   eval     the fine-tuned student's evaluation (captain_ros_training.student_eval, the transformers server on the GPU,
@@ -21,13 +22,15 @@
 #            (copied back into $WORK/sft_eval/ on a fresh host, the evaluation resumes from it). It serves this host's
 #            SFT (its marker rows fitted by captain_ros_training.token_rows on $EXAMPLES unless the SFT trained them),
 #            or else $FINE_TUNED (its adapter/, by default the one kept in models/, and a token_rows.npz if it has one)
-#            merged into the student
+#            merged into the student in $WORK/fine_tuned (never in $WORK/sft, where this host's SFT goes)
 #   dagger   the same served student's own episodes on training starts ($DAGGER_STARTS per task, seed $DAGGER_SEED;
 #            captain_ros_training.student_eval run --split train) in the background, for captain_ros_training.dagger to
 #            label with the expert's next cell; its stores stay in $WORK/dagger (too large to bring back)
 #   label    captain_ros_training.dagger's labels of those stores as they are now, added to $EXAMPLES
 #            (`captain_ros_training.rl sft-data --examples $EXAMPLES --dagger ...`): the next SFT's data file, in
-#            $OUT/dagger_data
+#            $OUT/dagger_data and $WORK/dagger_data (SFT_EXAMPLES=$WORK/dagger_data/sft_data_dagger.pkl.xz trains on it)
+#   stop     ends the background dagger, eval and rl runs (their servers and workers with them) and waits until they
+#            are gone, e.g. `label stop sft eval`: the SFT then has the GPU to itself
 #   rl       RL rounds on the served student (captain_ros_training.rl_host run, in the background): hf_serve
 #            --weight-reload serves it, its rollouts on training starts run on the host's cores, LoRA rounds train
 #            and sync into the running server, a checkpoint after each round in $WORK/rl/checkpoints. It resumes from
@@ -44,6 +47,7 @@
 # graphs), KV_SHARE (0.8: the share of free GPU memory a server's KV cache takes; 0.4 to run eval and dagger
 # together: started at once, each sees the whole GPU free, and together they ran out of memory), DAGGER_STARTS (8),
 # DAGGER_SEED (1), FINE_TUNED (models/qwen2.5-coder-0.5b-captain-sft), EXAMPLES ($WORK/carried/sft_data.pkl.xz),
+# SFT_EXAMPLES ($EXAMPLES),
 # RL_CARRY (/tmp/carry_rl), RL_ROUNDS (0), RL_KV_SHARE (0.5: the trainer shares the GPU with the server), RL_ARGS
 # (more `rl_host run` options, e.g. "--groups-per-round-n 8 --learning-rate 4e-5"; the settings a run resumes with
 # must be the ones it began with).
@@ -67,6 +71,7 @@ FINE_TUNED=${FINE_TUNED:-models/qwen2.5-coder-0.5b-captain-sft}
 DAGGER_STARTS=${DAGGER_STARTS:-8}
 DAGGER_SEED=${DAGGER_SEED:-1}
 EXAMPLES=${EXAMPLES:-$WORK/carried/sft_data.pkl.xz}
+SFT_EXAMPLES=${SFT_EXAMPLES:-$EXAMPLES}
 RL_CARRY=${RL_CARRY:-/tmp/carry_rl}
 RL_ROUNDS=${RL_ROUNDS:-0}
 RL_KV_SHARE=${RL_KV_SHARE:-0.5}
@@ -131,8 +136,8 @@ prepare() {
 
 sft() {
     local data
-    if [ -f "$EXAMPLES" ]; then  # built here beforehand by `captain_ros_training.rl sft-data` (the same options as below)
-        data=(--examples "$EXAMPLES")
+    if [ -f "$SFT_EXAMPLES" ]; then  # built beforehand by `captain_ros_training.rl sft-data` (the same options as below)
+        data=(--examples "$SFT_EXAMPLES")
     else
         [ -f "$STORE" ] && cp -n "$STORE" "$WORK/expert.sqlite"
         data=(--store "$WORK/expert.sqlite")
@@ -153,7 +158,9 @@ sft() {
     fi
 }
 
-# the student that the eval and dagger stages serve, in $WORK/sft/model
+# the student that the eval, dagger and rl stages serve: this host's SFT ($WORK/sft/model) once it is done, else
+# $FINE_TUNED merged into the student ($WORK/fine_tuned/model, apart, so that an SFT after it starts from nothing);
+# its folder in $SERVED
 served_model() {
     [ -f "$WORK/host.env" ] || { say "no rollout bundle installed: carry its parts into $BUNDLE_CARRY, run prepare"; return 1; }
     # the served student: the adapter merged and the untrained marker rows fitted (captain_ros_training.token_rows;
@@ -162,25 +169,40 @@ served_model() {
         ! python3 -c 'import json, sys; sys.exit(not json.load(open(sys.argv[1])).get("trained_rows"))' \
             "$WORK/sft/sft_run.json" 2>/dev/null; then  # the SFT did not train the marker rows itself
         say "this host's SFT: fitting its marker rows (captain_ros_training.token_rows fit)"
-        python3 -m captain_ros_training.token_rows fit --model "$WORK/sft/model" --examples "$EXAMPLES" --out "$WORK/sft/fitted" \
+        python3 -m captain_ros_training.token_rows fit --model "$WORK/sft/model" --examples "$SFT_EXAMPLES" --out "$WORK/sft/fitted" \
             --prefix-tokens 5400 && rm -rf "$WORK/sft/model" && mv "$WORK/sft/fitted" "$WORK/sft/model" || return 1
-    elif [ ! -f "$WORK/sft/model/config.json" ]; then
+    fi
+    SERVED=$WORK/sft/model
+    [ -f "$WORK/sft/sft_run.json" ] && [ -f "$SERVED/config.json" ] && return 0
+    SERVED=$WORK/fine_tuned/model
+    if [ ! -f "$SERVED/config.json" ]; then
         [ -f "$FINE_TUNED/adapter/adapter_config.json" ] || { say "no fine-tuned student: run the sft stage, or set FINE_TUNED to a folder with adapter/"; return 1; }
         say "merging $FINE_TUNED/adapter into the student"
-        python3 -m captain_ros_training.student merge "$FINE_TUNED/adapter" --base "$STUDENT" --out "$WORK/sft/merged" || return 1
+        rm -rf "$WORK/fine_tuned" && mkdir -p "$WORK/fine_tuned"
+        python3 -m captain_ros_training.student merge "$FINE_TUNED/adapter" --base "$STUDENT" --out "$WORK/fine_tuned/merged" || return 1
         if [ -f "$FINE_TUNED/token_rows.npz" ]; then  # rows fitted after an SFT that did not train them
-            python3 -m captain_ros_training.token_rows apply --model "$WORK/sft/merged" --rows "$FINE_TUNED/token_rows.npz" \
-                --out "$WORK/sft/model" && rm -rf "$WORK/sft/merged" || return 1
+            python3 -m captain_ros_training.token_rows apply --model "$WORK/fine_tuned/merged" --rows "$FINE_TUNED/token_rows.npz" \
+                --out "$SERVED" && rm -rf "$WORK/fine_tuned/merged" || return 1
         else
-            mv "$WORK/sft/merged" "$WORK/sft/model"
+            mv "$WORK/fine_tuned/merged" "$SERVED"
         fi
     fi
+}
+
+# end this $WORK's background runs that serve a student (dagger, eval, rl: their servers and workers go with them)
+stop_stage() {
+    local pattern="[c]aptain_ros_training\\..*(student_eval run|rl_host run|hf_serve).*$WORK/" waited=0
+    pgrep -f "$pattern" >/dev/null || { say "nothing to stop"; return 0; }
+    pkill -TERM -f "$pattern"
+    while pgrep -f "$pattern" >/dev/null && [ $waited -lt 60 ]; do sleep 1; waited=$((waited + 1)); done
+    pgrep -f "$pattern" >/dev/null && { pkill -KILL -f "$pattern"; sleep 2; }
+    say "stopped the background runs (${waited} s)"
 }
 
 eval_stage() {
     served_model || return 1
     background "captain_ros_training.student_eval run.*sft_eval" "$WORK/sft_eval/done" "$WORK/eval.log" \
-        bash -c "python3 -m captain_ros_training.student_eval run --model '$WORK/sft/model' --label student-sft \
+        bash -c "python3 -m captain_ros_training.student_eval run --model '$SERVED' --label student-sft \
             --out '$WORK/sft_eval' --server transformers --workers $WORKERS $([ "$GRAPHS" = 1 ] && echo --cuda-graphs) --kv-cache-memory-fraction $KV_SHARE --no-progress && touch '$WORK/sft_eval/done'"
     if wait_for "$WORK/sft_eval/done" "captain_ros_training.student_eval run.*sft_eval"; then
         say "evaluation done"
@@ -199,7 +221,7 @@ eval_stage() {
 dagger_stage() {
     served_model || return 1
     background "captain_ros_training.student_eval run.*dagger" "$WORK/dagger/done" "$WORK/dagger.log" \
-        bash -c "python3 -m captain_ros_training.student_eval run --model '$WORK/sft/model' --label student-sft-train \
+        bash -c "python3 -m captain_ros_training.student_eval run --model '$SERVED' --label student-sft-train \
             --out '$WORK/dagger' --split train --starts-per-task $DAGGER_STARTS --seed $DAGGER_SEED \
             --server transformers --workers $WORKERS $([ "$GRAPHS" = 1 ] && echo --cuda-graphs) --kv-cache-memory-fraction $KV_SHARE --no-progress && \
             touch '$WORK/dagger/done'"
@@ -231,7 +253,8 @@ PY
     local stores=()
     for s in "$copies"/*.sqlite; do stores+=(--dagger "$s"); done
     python3 -m captain_ros_training.rl sft-data --model "$STUDENT" --examples "$EXAMPLES" --max-tokens 24576 \
-        --recovery-per-episode "$RECOVERY" "${stores[@]}" --out "$OUT/dagger_data/sft_data_dagger.pkl.xz" || return 1
+        --recovery-per-episode "$RECOVERY" "${stores[@]}" --out "$WORK/dagger_data/sft_data_dagger.pkl.xz" || return 1
+    cp "$WORK/dagger_data/sft_data_dagger.pkl.xz" "$OUT/dagger_data/"
 }
 
 # RL rounds on the served student (captain_ros_training.rl_host run): resumes from $WORK/rl's own checkpoint or one
@@ -245,7 +268,7 @@ rl_stage() {
     fi
     # shellcheck disable=SC2086  # RL_ARGS: options split as words
     background "captain_ros_training.rl_host run" "$WORK/rl/done" "$WORK/rl.log" \
-        python3 -m captain_ros_training.rl_host run --model "$WORK/sft/model" --out "$WORK/rl" --resume "${resume[@]}" \
+        python3 -m captain_ros_training.rl_host run --model "$SERVED" --out "$WORK/rl" --resume "${resume[@]}" \
         --workers-n "$WORKERS" --rounds-n "$RL_ROUNDS" --kv-cache-memory-fraction "$RL_KV_SHARE" \
         $([ "$GRAPHS" = 1 ] && echo --cuda-graphs) $RL_ARGS
     if wait_for "$WORK/rl/done" "captain_ros_training.rl_host run"; then
@@ -312,8 +335,9 @@ for STAGE in "$@"; do
     eval) eval_stage || exit $? ;;
     dagger) dagger_stage || exit $? ;;
     label) label_stage || exit $? ;;
+    stop) stop_stage || exit $? ;;
     rl) rl_stage || exit $? ;;
-    *) echo "unknown stage $STAGE (prepare, sft, bench, eval, dagger, label, rl)" >&2; exit 2 ;;
+    *) echo "unknown stage $STAGE (prepare, sft, bench, eval, dagger, label, stop, rl)" >&2; exit 2 ;;
     esac
 done
 nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader 2>/dev/null

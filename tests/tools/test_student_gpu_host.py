@@ -20,14 +20,17 @@ def run(tmp_path, *stages):
 
 def test_no_stage_prints_the_usage_and_makes_nothing(tmp_path):
     done = run(tmp_path)
-    assert done.returncode == 2 and "stages: prepare sft bench eval dagger label rl" in done.stdout
+    assert done.returncode == 2 and "stages: prepare sft bench eval dagger label stop rl" in done.stdout
     assert "RL_CARRY" in done.stdout and "$OUT/rl" in done.stdout  # how the rl stage resumes and what comes back
     assert not (tmp_path / "work").exists()
 
 
 def test_an_unknown_stage_is_named(tmp_path):
     done = run(tmp_path, "train")
-    assert done.returncode == 2 and "unknown stage train (prepare, sft, bench, eval, dagger, label, rl)" in done.stderr
+    assert (
+        done.returncode == 2
+        and "unknown stage train (prepare, sft, bench, eval, dagger, label, stop, rl)" in done.stderr
+    )
 
 
 def test_prepare_without_the_rollout_bundle_goes_on_to_the_student_and_says_the_eval_needs_it(tmp_path):
@@ -68,6 +71,7 @@ def test_the_rl_stage_packs_its_latest_checkpoint_and_unpacks_a_carried_one(tmp_
     work = tmp_path / "work"
     (work / "sft" / "model").mkdir(parents=True)
     (work / "sft" / "model" / "config.json").write_text("{}")
+    (work / "sft" / "sft_run.json").write_text('{"trained_rows": [151657, 151658]}')  # this host's SFT, done
     (work / "host.env").write_text("")  # as if the bundle were installed
     (work / "proj").mkdir()
     (work / "proj" / "tools").symlink_to(ROOT / "tools")
@@ -90,3 +94,26 @@ def test_the_rl_stage_packs_its_latest_checkpoint_and_unpacks_a_carried_one(tmp_
     carried = work / "rl_carried" / "round-00002"
     assert (carried / "trainer.pt").read_bytes() == (checkpoint / "trainer.pt").read_bytes()
     assert (carried / "ledger.json").read_text() == (checkpoint / "ledger.json").read_text()
+
+
+def test_stop_ends_this_hosts_runs_that_serve_a_student_and_no_others(tmp_path):
+    """`label stop sft`: the SFT gets the GPU to itself. Only runs of this $WORK are ended (the pattern names it), so
+    another user's server on the machine, here one of another WORK, goes on."""
+    work, other = tmp_path / "work", tmp_path / "other"
+    assert "nothing to stop" in run(tmp_path, "stop").stdout
+
+    def fake(name: str, folder: Path) -> subprocess.Popen:  # a process whose command line reads as the real one's
+        line = f"python3 -m captain_ros_training.{name} --model {folder}/fine_tuned/model"
+        return subprocess.Popen(["bash", "-c", f'exec -a "{line}" sleep 300'])
+
+    ours = [fake("cli.hf_serve", work), fake("student_eval run", work)]
+    theirs = fake("cli.hf_serve", other)
+    try:
+        done = run(tmp_path, "stop")
+        assert done.returncode == 0 and "stopped the background runs" in done.stdout, done.stdout + done.stderr
+        assert [p.wait(timeout=30) for p in ours] == [-15, -15]  # SIGTERM
+        assert theirs.poll() is None
+    finally:
+        for p in (*ours, theirs):
+            p.kill()
+            p.wait()
