@@ -371,7 +371,8 @@ LIBERO = (
         (
             f"`{suite}_strict` / host: the scripted expert, one episode per task of the suite on the official "
             "initial states {states}; its perception the built-in depth regions named by the appearance library "
-            "rendered from LIBERO's asset models (no simulator state; run {variant_dates[appearance]})",
+            "rendered from LIBERO's asset models, and its models of LIBERO's cabinet and stove from their asset files "
+            "(both IN-DOMAIN; no simulator state; run {variant_dates[appearance]})",
             f"{{{suite}_strict:.2f}} / {{{suite}_host:.2f}}",
             "",
         )
