@@ -235,6 +235,50 @@ def test_workers_exit_when_their_manager_is_killed(tmp_path):
         manager.kill()
 
 
+def _descendants(pid: int) -> set[int]:
+    """Every process below `pid`, by the parent ids in /proc (those in sessions of their own included)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # exited while read
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except OSError:
+        return False
+
+
+def test_sigterm_to_a_rollout_stops_its_workers_and_services(tmp_path):
+    """`kill <pid>` of `captain-ros rollout` ends it as Ctrl-C does: its proxy (in a session of its own, so no
+    signal of the terminal's reaches it) and its workers go with it, and it says so. Before, SIGTERM ended the
+    command at once and left the proxy running, holding the store."""
+    store = tmp_path / "runs"
+    argv = [sys.executable, "-m", "captain_ros.cli", "rollout", "--tasks", "put_red_cube_in_bowl", "--split", "train"]
+    argv += ["--starts-per-task", "40", "--group-size", "1", "--workers", "1", "--no-images", "--no-ship"]
+    cli = subprocess.Popen([*argv, "--runs-dir", str(store)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: any(store.glob("*/rollout.sqlite")), "the rollout's store")
+        _wait_for(lambda: len(_descendants(cli.pid)) >= 3, "the proxy and the worker to start")
+        started = _descendants(cli.pid)
+        cli.send_signal(signal.SIGTERM)
+        _, err = cli.communicate(timeout=WAIT_S)
+        assert cli.returncode == 130 and "interrupted; the workers and services it started were stopped" in err, err
+        _wait_for(lambda: not any(_alive(pid) for pid in started), "the rollout's processes to exit")
+    finally:
+        cli.kill()
+        cli.wait()
+
+
 def test_the_episode_budget_runs_on_the_twins_simulated_time():
     """A twin worker's wall-time budget is the twin's time (as the agent node's ROS clock on the twin): waiting for
     a slow model server spends none of it, and a reset (time back to 0) does not give it back or take it away."""

@@ -14,7 +14,9 @@ captain-ros failures        the closed set of failure categories
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 
 
 def _capabilities(_: argparse.Namespace) -> int:
@@ -164,11 +166,27 @@ MODULES = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in DELEGATED:
-        from importlib import import_module
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
 
-        return import_module(MODULES[argv[0]]).main(argv[1:])
-    args = build_parser().parse_args(argv)
-    return args.fn(args)
+
+def main(argv: list[str] | None = None) -> int:
+    """A SIGTERM stops a command as Ctrl-C does: the rollout host stops its workers and services (a proxy, shipper or
+    receiver started in a session of its own would outlive a process SIGTERM ended at once), the main job stops its
+    stack with the arm holding."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    main_thread = threading.current_thread() is threading.main_thread()  # only there may a handler be set
+    previous = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
+    try:
+        if argv and argv[0] in DELEGATED:
+            from importlib import import_module
+
+            return import_module(MODULES[argv[0]]).main(argv[1:])
+        args = build_parser().parse_args(argv)
+        return args.fn(args)
+    except KeyboardInterrupt:
+        print("captain-ros: interrupted; the workers and services it started were stopped", file=sys.stderr)
+        return 130
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
