@@ -238,6 +238,12 @@ class Gripper(ABC):
         """Hold the jaw where it is (`measured_m`, the caller's latest measurement); returns the held opening."""
         return measured_m
 
+    def unmatched(self, timeout_s: float) -> list[str]:
+        """The action servers this gripper's clients are not yet matched with after waiting up to `timeout_s`
+        (none for a topic-driven or absent gripper). Configure waits here, so that a goal's own short wait for its
+        server is not where a busy host's discovery of a fresh client happens."""
+        return []
+
     def failure(self) -> str:
         """Why the last motion failed, once (''): for callers that do not block on `wait`."""
         return ""
@@ -330,6 +336,17 @@ class ActionGripper(Gripper):
         self._client = SpunActionClient(node, self.action_type, self.action_name, callback_group=self._group)
         self._lock = threading.Lock()
         self._goal: _Goal | None = None
+
+    def _clients(self) -> list[tuple[str, SpunActionClient]]:
+        return [(self.action_name, self._client)]
+
+    def unmatched(self, timeout_s: float) -> list[str]:
+        deadline = time.monotonic() + timeout_s
+        return [
+            name
+            for name, client in self._clients()
+            if not client.wait_for_server(timeout_sec=max(deadline - time.monotonic(), 0.0))
+        ]
 
     def _effort(self, max_effort_n: float | None) -> float:
         effort = self.interface.max_effort_n if max_effort_n is None else max_effort_n
@@ -514,6 +531,9 @@ class FrankaGripper(ActionGripper):
             raise BackendError(f"robot profile '{profile.name}': a franka gripper needs gripper.grasp_action")
         self.grasp_name = self._resolve(self.interface.grasp_action)
         self._grasp_client = SpunActionClient(node, Grasp, self.grasp_name, callback_group=self._group)
+
+    def _clients(self) -> list[tuple[str, SpunActionClient]]:
+        return [*super()._clients(), (self.grasp_name, self._grasp_client)]
 
     def move(self, opening_m: float, duration_s: float, max_effort_n: float | None = None) -> float:
         from franka_msgs.msg import GraspEpsilon

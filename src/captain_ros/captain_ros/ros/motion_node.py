@@ -414,6 +414,7 @@ class MotionNode(GuardedNode, LifecycleNode):
             horizon_s=float(param("sweep_horizon_s").value),
         )
         self.backend.wait_for_state(max(deadline - time.monotonic(), 1.0))
+        self.backend.wait_for_servers(max(deadline - time.monotonic(), 1.0))
         if param("use_moveit").value:
             self._connect_moveit(max(deadline - time.monotonic(), 1.0))
         watchdog_s = float(param("watchdog_timeout_s").value) or self.config.safety.watchdog_timeout_s

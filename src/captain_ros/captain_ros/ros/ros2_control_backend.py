@@ -437,6 +437,23 @@ class Ros2ControlBackend(ArmBackend):
         follows = self._lockstep is not None and self._lockstep.enabled
         return self._lockstep_timeout if follows else self._timeout
 
+    def wait_for_servers(self, timeout_s: float) -> None:
+        """Block until this backend's clients are matched with the arm controller's trajectory action, the force
+        reflex's parameter service and the gripper's action servers, at most `timeout_s` in all; BackendError
+        naming those that are not. The graph can list a server well before a client made just now is matched with
+        it (seconds on a busy host): configure waits for that here, under its connect timeout, rather than leaving
+        it to the first goal's short wait, which would fail that motion."""
+        deadline = time.monotonic() + timeout_s
+        left = lambda: max(deadline - time.monotonic(), 0.0)  # noqa: E731
+        missing = [] if self._arm_action.wait_for_server(timeout_sec=left()) else [self._action_name]
+        if self._reflex_client is not None and not self._reflex_client.wait_for_service(timeout_sec=left()):
+            missing.append(self._reflex_client.srv_name)
+        missing += self._gripper.unmatched(left())
+        if missing:
+            raise BackendError(
+                f"no answer from {', '.join(missing)} within {timeout_s:.0f} s (is the controller running?)"
+            )
+
     def wait_for_state(self, timeout_s: float = 10.0, wrench_timeout_s: float | None = None) -> ArmState:
         """Block until the first joint state arrives, then until force sensing is usable (at most
         `wrench_timeout_s`, by default what is left of `timeout_s`); the backend holds wherever the arm is.
