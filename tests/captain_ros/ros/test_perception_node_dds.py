@@ -67,6 +67,30 @@ def _call(client, capability: str, **kwargs) -> CallResultMsg:
     return result_of(client.call_async(request), 60).result
 
 
+def _tracking_report(get, compared: dict, tracked: dict, cube: dict) -> str:
+    """Everything that can tell why a detection tracked into a newer observation of an unchanged scene moved: both
+    detections in full, and of the two observations' head cameras the poses and how much the images differ."""
+    lines = [f"compared: {json.dumps(compared)}", f"tracked: {json.dumps(tracked)}", f"cube: {json.dumps(cube)}"]
+    images = {}
+    for handle in (cube["observation_handle"], tracked["observation_handle"]):
+        obs = result_of(get.call_async(GetObservation.Request(handle=handle, include_depth=True)), 30).observation
+        i = list(obs.cameras).index("head")
+        p, q = obs.camera_poses[i].pose.position, obs.camera_poses[i].pose.orientation
+        lines.append(
+            f"{handle} head pose: ({p.x:.4f}, {p.y:.4f}, {p.z:.4f}) q ({q.w:.4f}, {q.x:.4f}, {q.y:.4f}, {q.z:.4f})"
+        )
+        images[handle] = (
+            np.frombuffer(bytes(obs.color[i].data), np.uint8),
+            np.frombuffer(bytes(obs.depth[i].data), np.float32),
+        )
+    (c0, d0), (c1, d1) = images.values()
+    if c0.shape == c1.shape and d0.shape == d1.shape:
+        lines.append(
+            f"head colour bytes differing: {int((c0 != c1).sum())}; depth max |diff| {np.nanmax(np.abs(d0 - d1)):.4f} m"
+        )
+    return "\n".join(lines)
+
+
 def test_every_perception_call_over_dds(nodes, client_node):
     node = client_node
     call = node.create_client(HarnessCall, "/perception/call")
@@ -130,8 +154,9 @@ def test_every_perception_call_over_dds(nodes, client_node):
     perceive("observe")
     tracked = perceive("track_target", detection=cube["detection_id"])
     compared = perceive("compare_object_observations", before=cube["detection_id"], after=tracked["detection_id"])
-    # CI once saw the cube 3.9 cm from itself here: on failure, show the flow and both detections
-    assert not compared["moved"] and compared["distance_m"] < 0.005, (compared, tracked, cube)
+    # CI saw the cube 3.9 cm from itself here twice (not reproduced here): on failure, say what differed
+    if compared["moved"] or compared["distance_m"] >= 0.005:
+        raise AssertionError(_tracking_report(get, compared, tracked, cube))
     wait_for(lambda: {r.capability for r in receipts} >= {"observe", "segment", "track_target"}, 10, "receipts")
     # rviz shows the detections as labelled boxes
     wait_for(
