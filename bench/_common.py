@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -12,6 +13,19 @@ from pathlib import Path
 import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def run_to_end(command: list[str]) -> int:
+    """Run `command` and return its exit code. On Ctrl-C (or a SIGINT to this process alone) the command is sent
+    SIGINT too and waited for, so that it stops what it started (captain-ros stops its workers and services) before
+    this raises: subprocess.run would SIGKILL it a quarter of a second later, leaving them running."""
+    proc = subprocess.Popen(command)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)  # a second Ctrl-C stops waiting (and leaves it to finish on its own)
+        proc.wait()
+        raise
 
 
 def machine() -> dict[str, object]:

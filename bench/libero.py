@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import print_table, write_results
+from _common import print_table, run_to_end, write_results
 
 from captain_ros.bridge.evaluation import load_rows
 from captain_ros.core.config import load_config
@@ -121,7 +121,7 @@ def episodes(args: argparse.Namespace, states: list[int], runs_dir: Path, varian
         *("--segmentation", VARIANTS[variant], "--workers", str(args.workers), "--no-ship"),
         *("--runs-dir", str(runs_dir), "--starts-per-task", str(len(states))),  # the first N of the states 11-16
     ]
-    if subprocess.run(command, check=False).returncode != 0:
+    if run_to_end(command) != 0:
         raise SystemExit(f"the evaluation failed: {' '.join(command)}")
     stores = sorted(runs_dir.glob("*-eval/rollout.sqlite"))
     return [r for r in load_rows(stores[-1]) if r.valid]
