@@ -73,14 +73,14 @@ BUNDLE_LIMIT_MIB = 56.0  # what one device call carries (64 MiB) less the workin
 # loop, sandbox and its child, proxy, expert server, transport, store) and the trainer-side evaluation and server.
 ROLLOUT_MODULES = (
     "captain_ros.cli",
-    "captain_ros.cli.rollout",
-    "captain_ros.cli.evaluation",
+    "captain_ros.cli.rollout_cli",
+    "captain_ros.cli.evaluation_cli",
     "captain_ros.bridge.host",
     "captain_ros.bridge.rollout",
     "captain_ros.bridge.services",
     "captain_ros.bridge.proxy",
-    "captain_ros.cli.proxy",
-    "captain_ros.cli.transport",
+    "captain_ros.cli.proxy_cli",
+    "captain_ros.cli.transport_cli",
     "captain_ros.bridge.store",
     "captain_ros.bridge.recorder",
     "captain_ros.worlds",
@@ -89,7 +89,7 @@ ROLLOUT_MODULES = (
     "captain_ros.worlds.twin.link",
     "captain_ros.bridge.evaluation",
     "captain_ros.agent.expert_server",
-    "captain_ros.cli.expert_server",
+    "captain_ros.cli.expert_server_cli",
     "captain_ros.agent.episode",
     "captain_ros.agent.policy_client",
     "captain_ros.agent.link",
@@ -103,10 +103,10 @@ ROLLOUT_MODULES = (
     "captain_ros.harness.twin_backend",
     "captain_ros.perception.perception",
     "captain_ros_training.student_eval",
-    "captain_ros_training.cli.student_eval",
+    "captain_ros_training.cli.student_eval_cli",
     "captain_ros_training.serve",
     "captain_ros_training.hf_serve",
-    "captain_ros_training.cli.hf_serve",
+    "captain_ros_training.cli.hf_serve_cli",
 )
 # Modules that may not exist yet (being written elsewhere); their absence is reported, not an error.
 OPTIONAL_MODULES: frozenset[str] = frozenset()
@@ -831,7 +831,7 @@ for name in ("mujoco", "open3d", "zmq", "OpenGL", "cv2", "numpy", "scipy", "http
     mod = importlib.import_module(name)
     where = "bundle" if os.path.realpath(getattr(mod, "__file__", "") or "").startswith(site) else "host"
     print(f"  {name:<8} {getattr(mod, '__version__', '?'):<12} ({where})")
-import captain_ros.bridge.host, captain_ros.cli.transport, captain_ros.perception.perception
+import captain_ros.bridge.host, captain_ros.cli.transport_cli, captain_ros.perception.perception
 import captain_ros_training.student_eval
 print("  rollout modules import")
 """

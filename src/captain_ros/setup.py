@@ -25,7 +25,7 @@ NODES = {
     "perception_node": "captain_ros.ros.perception_node:main",
     "agent_node": "captain_ros.ros.agent_node:main",
     "operator_view": "captain_ros.ros.operator_view:main",
-    "expert_server": "captain_ros.cli.expert_server:main",  # not a ROS node: the scripted expert's HTTP API
+    "expert_server": "captain_ros.cli.expert_server_cli:main",  # not a ROS node: the scripted expert's HTTP API
 }
 
 setup(

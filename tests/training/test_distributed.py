@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from captain_ros_training import distributed, sft
-from captain_ros_training.cli.rl import main as rl_main
+from captain_ros_training.cli.rl_cli import main as rl_main
 from captain_ros_training.metrics_log import read_metrics
 from captain_ros_training.tiny import tiny_model
 from tests.training import fsdp_check

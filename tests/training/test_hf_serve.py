@@ -17,7 +17,7 @@ import pytest
 from captain_ros.agent.policy_client import PolicyClient, PolicyConfig, PolicyError
 from captain_ros.agent.prompt import TOOLS  # the stack's one tool, as every request offers it
 from captain_ros_training import hf_serve
-from captain_ros_training.cli import hf_serve as hf_serve_cli
+from captain_ros_training.cli import hf_serve_cli
 from captain_ros_training.gate import render_prompt_ids
 from captain_ros_training.hf_serve import SamplingParams, parse_hermes, sample_rows, template_ready
 

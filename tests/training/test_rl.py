@@ -29,7 +29,7 @@ import torch
 
 from captain_ros.bridge.store import Episode, RequestData
 from captain_ros_training import serve
-from captain_ros_training.cli.rl import main
+from captain_ros_training.cli.rl_cli import main
 from captain_ros_training.critic import Critic, CriticConfig, states_from_episodes
 from captain_ros_training.metrics_log import read_metrics
 from captain_ros_training.policy_loss import ObjectiveConfig

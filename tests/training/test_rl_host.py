@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from captain_ros_training import rl_host
-from captain_ros_training.cli import rl_host as rl_host_cli
+from captain_ros_training.cli import rl_host_cli
 from captain_ros_training.rl_host import HostRL, HostRLConfig, Ledger, WavePlan, merged_state_dict
 
 ROOT = Path(__file__).resolve().parents[2]

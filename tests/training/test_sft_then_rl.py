@@ -18,7 +18,7 @@ import json
 import pytest
 
 from captain_ros_training import sft_then_rl as tool
-from captain_ros_training.cli import sft_then_rl as tool_cli
+from captain_ros_training.cli import sft_then_rl_cli as tool_cli
 
 
 def test_help_lists_every_setting(capsys):

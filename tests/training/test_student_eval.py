@@ -12,7 +12,7 @@ from captain_ros.bridge.evaluation import EvalRow, summarize
 from captain_ros.bridge.store import Episode, RequestData
 from captain_ros.twin.tasks import default_suite
 from captain_ros_training import student_eval as ev
-from captain_ros_training.cli import student_eval as ev_cli
+from captain_ros_training.cli import student_eval_cli as ev_cli
 
 
 def _call(tool_calls=None, content="", tokens=10):
@@ -215,7 +215,7 @@ def test_sigterm_unwinds_the_run_command_so_its_servers_are_stopped(tmp_path):
         "    finally:\n"
         "        Path(out).mkdir(parents=True, exist_ok=True)\n"
         "        (Path(out) / 'cleaned_up').write_text('yes')\n"
-        "from captain_ros_training.cli import student_eval as ev_cli\n"
+        "from captain_ros_training.cli import student_eval_cli as ev_cli\n"
         "ev.evaluate = stand_in\n"
         "ev_cli.main(sys.argv[1:])\n"
     )

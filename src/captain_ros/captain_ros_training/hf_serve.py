@@ -79,7 +79,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from captain_ros_training.gate import render_prompt_ids
 
-# src/captain_ros: what the server's process (`python -m captain_ros_training.cli.hf_serve`) needs on sys.path
+# src/captain_ros: what the server's process (`python -m captain_ros_training.cli.hf_serve_cli`) needs on sys.path
 SRC = Path(__file__).resolve().parents[1]
 GREEDY_EPS = 1e-5  # temperatures below this are greedy (vLLM's _SAMPLING_EPS)
 NEG_LOGPROB = -9999.0  # what vLLM reports for a -inf logprob (JSON has no infinity)
@@ -896,7 +896,7 @@ def start_hf_server(
     dtype: str = "auto",
     extra_args: tuple[str, ...] = (),
 ) -> Any:
-    """Start the server (`python -m captain_ros_training.cli.hf_serve`) on `model_dir` on a free port, in a process
+    """Start the server (`python -m captain_ros_training.cli.hf_serve_cli`) on `model_dir` on a free port, in a process
     group of its own, output to `log` (not waited for: call `wait_healthy()`). Returns captain_ros_training.serve's
     PolicyServer, the vLLM launcher's handle, so callers treat both servers alike."""
     from captain_ros.bridge.services import free_port
@@ -908,7 +908,7 @@ def start_hf_server(
     cmd = [
         str(python),
         "-m",
-        "captain_ros_training.cli.hf_serve",
+        "captain_ros_training.cli.hf_serve_cli",
         "--model",
         model_argument(model_dir),
         "--host",
@@ -932,8 +932,8 @@ def start_hf_server(
 
 
 # `python -m captain_ros_training.hf_serve --model DIR`, as docs and --help give it: the command line is
-# captain_ros_training.cli.hf_serve
+# captain_ros_training.cli.hf_serve_cli
 if __name__ == "__main__":
-    from captain_ros_training.cli.hf_serve import main
+    from captain_ros_training.cli.hf_serve_cli import main
 
     sys.exit(main())

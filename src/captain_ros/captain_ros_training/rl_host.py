@@ -917,9 +917,9 @@ def export_adapter(checkpoint: Path, model_dir: Path, out: Path) -> Path:
     return Path(out)
 
 
-# `python -m captain_ros_training.rl_host run|export`: the command line is captain_ros_training.cli.rl_host
+# `python -m captain_ros_training.rl_host run|export`: the command line is captain_ros_training.cli.rl_host_cli
 if __name__ == "__main__":
-    from captain_ros_training.cli.rl_host import main
+    from captain_ros_training.cli.rl_host_cli import main
 
     raise SystemExit(main())
 

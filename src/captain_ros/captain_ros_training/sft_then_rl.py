@@ -665,8 +665,8 @@ def plot(results: dict[str, Any], path: Path) -> Path:
     return path
 
 
-# `python -m captain_ros_training.sft_then_rl [--quick]`: the command line is captain_ros_training.cli.sft_then_rl
+# `python -m captain_ros_training.sft_then_rl [--quick]`: the command line is captain_ros_training.cli.sft_then_rl_cli
 if __name__ == "__main__":
-    from captain_ros_training.cli.sft_then_rl import main
+    from captain_ros_training.cli.sft_then_rl_cli import main
 
     raise SystemExit(main())

@@ -463,8 +463,8 @@ def merge_adapter(adapter: Path, out: Path, base: Path | None = None) -> Path:
     return Path(out)
 
 
-# `python -m captain_ros_training.student build|check|merge`: the command line is captain_ros_training.cli.student
+# `python -m captain_ros_training.student build|check|merge`: the command line is captain_ros_training.cli.student_cli
 if __name__ == "__main__":
-    from captain_ros_training.cli.student import main
+    from captain_ros_training.cli.student_cli import main
 
     sys.exit(main())

@@ -418,8 +418,8 @@ def rl_report(sft_rows: Sequence[EvalRow] | None, rl_rows: Sequence[EvalRow] | N
     return out
 
 
-# `python -m captain_ros_training.student_eval run ...`: the command line is captain_ros_training.cli.student_eval
+# `python -m captain_ros_training.student_eval run ...`: the command line is captain_ros_training.cli.student_eval_cli
 if __name__ == "__main__":
-    from captain_ros_training.cli.student_eval import main
+    from captain_ros_training.cli.student_eval_cli import main
 
     raise SystemExit(main())

@@ -246,8 +246,8 @@ def fit_folder(model_dir: Path, examples_file: Path, out: Path, config: FitConfi
     return report
 
 
-# `python -m captain_ros_training.token_rows fit|apply`: the command line is captain_ros_training.cli.token_rows
+# `python -m captain_ros_training.token_rows fit|apply`: the command line is captain_ros_training.cli.token_rows_cli
 if __name__ == "__main__":
-    from captain_ros_training.cli.token_rows import main
+    from captain_ros_training.cli.token_rows_cli import main
 
     raise SystemExit(main())

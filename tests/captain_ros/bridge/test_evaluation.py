@@ -29,7 +29,7 @@ from captain_ros.bridge.evaluation import (
 )
 from captain_ros.bridge.schema import Record
 from captain_ros.bridge.store import EpisodeStore
-from captain_ros.cli.evaluation import main
+from captain_ros.cli.evaluation_cli import main
 
 HOST = {"success": True, "missed_finish": True, "false_finish": False, "budget_exhausted": False, "failure": False}
 
@@ -498,7 +498,7 @@ def test_cli_as_a_module(suite_store: Path, tmp_path: Path):
         [
             sys.executable,
             "-m",
-            "captain_ros.cli.evaluation",
+            "captain_ros.cli.evaluation_cli",
             "report",
             str(suite_store),
             "--out",

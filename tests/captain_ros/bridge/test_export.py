@@ -18,7 +18,7 @@ from PIL import Image
 from captain_ros.bridge import export
 from captain_ros.bridge.schema import Record
 from captain_ros.bridge.store import EpisodeStore
-from captain_ros.cli import export as export_cli
+from captain_ros.cli import export_cli
 from captain_ros.core import robot
 from captain_ros.twin.privileged_state import FEATURE_NAMES
 

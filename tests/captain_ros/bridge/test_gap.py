@@ -7,7 +7,7 @@ import json
 
 from captain_ros.bridge import gap
 from captain_ros.bridge.store import EpisodeStore
-from captain_ros.cli import gap as gap_cli
+from captain_ros.cli import gap_cli
 
 PREDICTED = {"outcome": "contact", "executed_distance_m": 0.05, "peak_force_n": 4.0, "jaw_after_m": 0.08}
 ACTUAL = {"outcome": "target_reached", "executed_distance_m": 0.08, "peak_force_n": 1.0, "jaw_after_m": 0.08}

@@ -20,7 +20,7 @@ from captain_ros.bridge.wire import (
     TransportConfig,
     blob_frames,
 )
-from captain_ros.cli.transport import main
+from captain_ros.cli.transport_cli import main
 from tests.captain_ros.bridge.transport_helpers import (
     Client,
     ReceiverThread,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from captain_ros.cli import rviz_config as rviz_config_cli
+from captain_ros.cli import rviz_config_cli
 from captain_ros.core import robot, rviz_config
 from captain_ros.paths import config_path
 

@@ -13,7 +13,7 @@ import pytest
 
 from captain_ros.agent.link import call_dict
 from captain_ros.agent.transcript import Transcript
-from captain_ros.cli import gap
+from captain_ros.cli import gap_cli
 from captain_ros.core.config import ConfigError, load_config
 from captain_ros.core.contract import CallResult, FailureCategory
 from captain_ros.core.robot import load_profile
@@ -112,7 +112,7 @@ def test_a_safe_motion_runs_with_its_prediction_beside_the_outcome(real, tmp_pat
     transcript = Transcript(tmp_path / "episode")
     for i, (name, result) in enumerate((("move_to", up), ("move_to", closed)), start=1):
         transcript.call(i, name, {}, call_dict(result))
-    assert gap.main([str(tmp_path / "episode"), "--out", str(tmp_path / "gap")]) == 0
+    assert gap_cli.main([str(tmp_path / "episode"), "--out", str(tmp_path / "gap")]) == 0
     report = (tmp_path / "gap" / "gap.md").read_text()
     assert "2 actions checked by the shadow twin, 0 refused, 2 ran" in report and "100%" in report
     assert json.loads((tmp_path / "gap" / "gap.json").read_text())["summary"]["outcome_agreement"] == 1.0

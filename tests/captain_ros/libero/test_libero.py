@@ -15,7 +15,7 @@ import pytest
 
 from captain_ros.bridge.rollout import RolloutConfig, make_link, plan_groups
 from captain_ros.bridge.store import EpisodeReader
-from captain_ros.cli import evaluation
+from captain_ros.cli import evaluation_cli
 from captain_ros.core.config import load_config
 from captain_ros.core.kinematics import Kinematics
 from captain_ros.core.trajectory import JointTrajectory
@@ -348,7 +348,7 @@ def test_captain_ros_eval_runs_libero_episodes_recorded_and_reported(tmp_path, c
         "libero_spatial/0",
     ]
     args = ["--backend", "libero", "--suite", "libero_spatial", "--tasks", "0", "--starts-per-task", "1"]
-    code = evaluation.main([*args, "--workers", "1", "--runs-dir", str(tmp_path / "runs")])
+    code = evaluation_cli.main([*args, "--workers", "1", "--runs-dir", str(tmp_path / "runs")])
     printed = capsys.readouterr().out
     assert code == 0, printed
     assert "1 episodes on LIBERO (appearance segmentation)" in printed

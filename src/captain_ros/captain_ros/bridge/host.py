@@ -63,7 +63,7 @@ class RolloutHost:
         env = {**self.o.env, "PYTHONUNBUFFERED": "1"}
         upstream = self.o.policy_url
         if not upstream:
-            expert = Service("expert", "captain_ros.cli.expert_server", ["--port", "0"], self.logs, env=env)
+            expert = Service("expert", "captain_ros.cli.expert_server_cli", ["--port", "0"], self.logs, env=env)
             upstream = expert.start().removesuffix("/v1") + "/v1"
             self.services["expert"] = expert
         proxy_port = free_port()
@@ -72,7 +72,7 @@ class RolloutHost:
             proxy_args.append("--allow-missing-token-ids")
         proxy = Service(
             "proxy",
-            "captain_ros.cli.proxy",
+            "captain_ros.cli.proxy_cli",
             [*proxy_args, "--policy-version", str(self.o.policy_version)],
             self.logs,
             env=env,
@@ -87,7 +87,7 @@ class RolloutHost:
                 self.endpoint = f"tcp://127.0.0.1:{port}"
                 receiver = Service(
                     "receiver",
-                    "captain_ros.cli.transport",
+                    "captain_ros.cli.transport_cli",
                     ["receive", "--store", str(self.trainer_store), "--bind", self.endpoint],
                     self.logs,
                     ready=False,
@@ -98,7 +98,7 @@ class RolloutHost:
                 self.services["receiver"] = receiver
             shipper = Service(
                 "shipper",
-                "captain_ros.cli.transport",
+                "captain_ros.cli.transport_cli",
                 ["ship", "--store", str(self.store_path), "--connect", self.endpoint],
                 self.logs,
                 ready=False,

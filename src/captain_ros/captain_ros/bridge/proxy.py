@@ -757,8 +757,8 @@ def start_proxy(config: ProxyConfig) -> ProxyHandle:
     return ProxyHandle(proxy, server, thread)
 
 
-# `python -m captain_ros.bridge.proxy`, as docs/bridge.md gives it: the command line is captain_ros.cli.proxy
+# `python -m captain_ros.bridge.proxy`, as docs/bridge.md gives it: the command line is captain_ros.cli.proxy_cli
 if __name__ == "__main__":
-    from captain_ros.cli.proxy import main
+    from captain_ros.cli.proxy_cli import main
 
     sys.exit(main())

@@ -80,7 +80,7 @@ def _approve(args: argparse.Namespace) -> int:
 
 
 def _rollout(args: argparse.Namespace) -> int:
-    from captain_ros.cli.rollout import run_rollout
+    from captain_ros.cli.rollout_cli import run_rollout
 
     return run_rollout(args)
 
@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--no-images", action="store_true", help="do not attach camera images (text-only models)")
     run.set_defaults(fn=_run)
-    from captain_ros.cli.rollout import add_rollout_arguments
+    from captain_ros.cli.rollout_cli import add_rollout_arguments
 
     rollout = sub.add_parser(
         "rollout",
@@ -159,10 +159,10 @@ DELEGATED = {
     "gap": "the sim-to-real gap report of an episode: shadow predictions beside outcomes (gap --help)",
 }
 MODULES = {
-    "eval": "captain_ros.cli.evaluation",
-    "export": "captain_ros.cli.export",
-    "transport": "captain_ros.cli.transport",
-    "gap": "captain_ros.cli.gap",
+    "eval": "captain_ros.cli.evaluation_cli",
+    "export": "captain_ros.cli.export_cli",
+    "transport": "captain_ros.cli.transport_cli",
+    "gap": "captain_ros.cli.gap_cli",
 }
 
 

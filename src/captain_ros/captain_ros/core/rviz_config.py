@@ -162,8 +162,8 @@ def write_all(check: bool = False) -> list[str]:
 
 
 # `python -m captain_ros.core.rviz_config`, as the docs and the generated files' header give it: the command line is
-# captain_ros.cli.rviz_config
+# captain_ros.cli.rviz_config_cli
 if __name__ == "__main__":
-    from captain_ros.cli.rviz_config import main
+    from captain_ros.cli.rviz_config_cli import main
 
     main()

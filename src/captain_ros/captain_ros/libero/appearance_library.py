@@ -62,8 +62,8 @@ def library(path: Path = CACHE, force: bool = False, progress: bool = True) -> A
 
 
 # `python -m captain_ros.libero.appearance_library`, as docs/libero.md and its --help give it: the command line is
-# captain_ros.cli.appearance_library
+# captain_ros.cli.appearance_library_cli
 if __name__ == "__main__":
-    from captain_ros.cli.appearance_library import main
+    from captain_ros.cli.appearance_library_cli import main
 
     main()

@@ -1,4 +1,4 @@
-"""`python -m captain_ros.cli.proxy --upstream URL --store S`: the recording proxy (captain_ros.bridge.proxy) as a
+"""`python -m captain_ros.cli.proxy_cli --upstream URL --store S`: the recording proxy (captain_ros.bridge.proxy) as a
 process; prints "READY <url>" when listening, serves until SIGTERM or Ctrl-C, then closes the store cleanly.
 `python -m captain_ros.bridge.proxy`, the name docs/bridge.md gives, runs this too."""
 

@@ -1,5 +1,5 @@
 """`captain-ros eval`: evaluation over suites x start states x attempts. `run` records episodes through
-`captain-ros rollout`'s machinery (captain_ros.cli.rollout) and writes a report; `report` and `compare` work on
+`captain-ros rollout`'s machinery (captain_ros.cli.rollout_cli) and writes a report; `report` and `compare` work on
 existing stores (the statistics, tables and plots: captain_ros.bridge.evaluation).
 
 captain-ros eval run --starts-per-task 8 --attempts 1 --out eval/expert
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["run", *argv]  # `captain-ros eval --backend libero ...` is `eval run ...`
     if argv and argv[0] in ("report", "compare"):
         return report_main(argv)
-    from captain_ros.cli.rollout import add_rollout_arguments, rollout
+    from captain_ros.cli.rollout_cli import add_rollout_arguments, rollout
 
     parser = argparse.ArgumentParser(
         prog="captain-ros eval",

@@ -1,4 +1,4 @@
-"""`expert_server` (`python -m captain_ros.cli.expert_server`): the scripted expert as an OpenAI-compatible policy
+"""`expert_server` (`python -m captain_ros.cli.expert_server_cli`): the scripted expert as an OpenAI-compatible policy
 server on --host:--port (captain_ros.agent.expert_server); prints "READY <url>" when listening, serves until
 interrupted."""
 

@@ -1,5 +1,5 @@
-"""`python -m captain_ros.cli.rviz_config [--check]`: write (or check) the rviz2 configuration of every shipped robot
-profile, config/rviz/<profile>.rviz (captain_ros.core.rviz_config renders them). `python -m
+"""`python -m captain_ros.cli.rviz_config_cli [--check]`: write (or check) the rviz2 configuration of every shipped
+robot profile, config/rviz/<profile>.rviz (captain_ros.core.rviz_config renders them). `python -m
 captain_ros.core.rviz_config`, the name the docs and the files' header give, runs this too."""
 
 from __future__ import annotations

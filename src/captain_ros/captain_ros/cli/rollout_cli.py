@@ -1,5 +1,5 @@
 """`captain-ros rollout`: episodes in a world (the twin, or LIBERO: `captain_ros.worlds`) recorded through the sim
-bridge (captain_ros.bridge.host), and the options `captain-ros eval run` shares (captain_ros.cli.evaluation).
+bridge (captain_ros.bridge.host), and the options `captain-ros eval run` shares (captain_ros.cli.evaluation_cli).
 
 captain-ros rollout --starts-per-task 2 --group-size 4          # 13 tasks x 2 starts x 4 attempts, train split
 """

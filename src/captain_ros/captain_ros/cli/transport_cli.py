@@ -1,4 +1,4 @@
-"""`captain-ros transport receive|ship` (`python -m captain_ros.cli.transport`): a receiver writing into the
+"""`captain-ros transport receive|ship` (`python -m captain_ros.cli.transport_cli`): a receiver writing into the
 trainer's store (captain_ros.bridge.receiver) or a shipper streaming a rollout host's store to it
 (captain_ros.bridge.shipper), over the ZeroMQ protocol of captain_ros.bridge.wire.
 """
