@@ -7,9 +7,9 @@ Stages, each resumable and skipped when its output is complete (captain_ros_trai
   zero-shot  the student `make setup` built, served by vLLM's CPU build (.venv-vllm), drives the 65 held-out
              episodes of captain_ros_training.student_eval.EvalPlan (13 tasks, 4 families) through the stack's loop,
              sandbox, harness and recorder (runs/student/zero_shot/); about 30 minutes on 2 cores
-  sft        the fine-tuned folder runs/student/sft/model, made on a GPU host by `python -m captain_ros_training.rl sft`
+  sft        the fine-tuned folder runs/student/sft/model, made on a GPU host by `python -m captain_ros_training rl sft`
              (docs/gpu_host_without_network.md) and brought back as a LoRA adapter merged here
-             (`python -m captain_ros_training.student merge`); its run record runs/student/sft/sft_run.json says where
+             (`python -m captain_ros_training student merge`); its run record runs/student/sft/sft_run.json says where
              it ran and at what speed. Not made here: without it the SFT figures are reported missing, with the command.
   sft-eval   the fine-tuned student on the same episodes (runs/student/sft_eval/); about an hour on 2 cores
   rl-eval    the RL student runs/student/rl/model (an rl_host checkpoint exported and merged into the SFT student,
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     if not sft:
         missing = (
             f"no fine-tuned student at {sft_model}: train it on a GPU host (docs/gpu_host_without_network.md), "
-            "bring back the adapter and `python -m captain_ros_training.student merge`, then run this again"
+            "bring back the adapter and `python -m captain_ros_training student merge`, then run this again"
         )
         print(missing, file=sys.stderr)
 

@@ -103,6 +103,7 @@ ROLLOUT_MODULES = (
     "captain_ros.harness.twin_backend",
     "captain_ros.perception.perception",
     "captain_ros_training.student_eval",
+    "captain_ros_training.cli",
     "captain_ros_training.cli.student_eval_cli",
     "captain_ros_training.serve",
     "captain_ros_training.hf_serve",

@@ -362,7 +362,7 @@ SFT_THEN_RL = (
     "{rl_rounds}; server, proxy and receiver never restarted: {services_unchanged}; {wall[rl]:.0f} s |\n"
     "| eval, RL (v{eval_rl_version}) | the same held-out starts | {eval_rl_success} |\n"
     "\nFrom `bench/results/sft_then_rl.json` (and `.png`), written by "
-    "`.venv/bin/python -m captain_ros_training.sft_then_rl` on {machine[cpu_count]} CPU cores ({machine[vllm]}, "
+    "`.venv/bin/python -m captain_ros_training sft-then-rl` on {machine[cpu_count]} CPU cores ({machine[vllm]}, "
     "torch {machine[torch]}) in {wall[total]:.0f} s.\n"
 )
 
@@ -543,7 +543,7 @@ BLOCKS = {
 
 COMMANDS = {
     "stress_dds": "python tools/stress_dds_tests.py",
-    "sft_then_rl": ".venv/bin/python -m captain_ros_training.sft_then_rl",
+    "sft_then_rl": ".venv/bin/python -m captain_ros_training sft-then-rl",
     "libero_quick": "python bench/libero.py --quick",
 }
 

@@ -428,8 +428,8 @@ class Setup:
         self.mark("project", key)
 
     def student(self) -> None:
-        """The student model folder (captain_ros_training.student build: idempotent, a no-op in a second when it is
-        current)."""
+        """The student model folder (`python -m captain_ros_training student build`: idempotent, a no-op in a second
+        when it is current)."""
         key = digest(
             [PACKAGE / "captain_ros_training" / "student.py", PACKAGE / "captain_ros_training" / "chat_template.py"]
         )
@@ -437,7 +437,7 @@ class Setup:
         if self.done("student", key) and any(folder.glob("*/captain_student.json")):
             return
         run(
-            [str(self.py), "-m", "captain_ros_training.student", "build"],
+            [str(self.py), "-m", "captain_ros_training", "student", "build"],
             self.step("student"),
             "read the message above: it names the package or file at fault and what to do. Rerun resumes here.",
             env=self.venv_env(),

@@ -6,11 +6,11 @@
 #
 #   prepare  copies the project to $WORK/proj (later calls may replace the working tree), puts the carried student back
 #            together ($CARRY, tools/carry.py), installs its wheels (gguf, and the locked transformers and tokenizers),
-#            builds the bf16 folder (captain_ros_training.student build), and, where it was carried, puts together and
+#            builds the bf16 folder (captain_ros_training student build), and, where it was carried, puts together and
 #            installs the rollout bundle (tools/host_bundle.py: carried into $BUNDLE_CARRY, unpacked into $BUNDLE, its
 #            install.sh run; only the eval stage needs it)
 #   sft      LoRA SFT in the background (setsid: it outlives this call) on the examples built beforehand by
-#            `captain_ros_training.rl sft-data --max-tokens 24576` ($SFT_EXAMPLES: by default $EXAMPLES, carried with
+#            `captain_ros_training rl sft-data --max-tokens 24576` ($SFT_EXAMPLES: by default $EXAMPLES, carried with
 #            the student; the label stage's file for a DAgger SFT) or else on the expert store ($STORE); waits for it up
 #            to $WAIT_S seconds; once done, packs the adapter and the run record into $OUT/adapter (files of at most
 #            15 MiB) to bring back
@@ -24,14 +24,14 @@
 #            or else $FINE_TUNED (its adapter/, by default the one kept in models/, and a token_rows.npz if it has one)
 #            merged into the student in $WORK/fine_tuned (never in $WORK/sft, where this host's SFT goes)
 #   dagger   the same served student's own episodes on training starts ($DAGGER_STARTS per task, seed $DAGGER_SEED;
-#            captain_ros_training.student_eval run --split train) in the background, for captain_ros_training.dagger to
+#            captain_ros_training student-eval run --split train) in the background, for captain_ros_training.dagger to
 #            label with the expert's next cell; its stores stay in $WORK/dagger (too large to bring back)
 #   label    captain_ros_training.dagger's labels of those stores as they are now, added to $EXAMPLES
-#            (`captain_ros_training.rl sft-data --examples $EXAMPLES --dagger ...`): the next SFT's data file, in
+#            (`captain_ros_training rl sft-data --examples $EXAMPLES --dagger ...`): the next SFT's data file, in
 #            $OUT/dagger_data and $WORK/dagger_data (SFT_EXAMPLES=$WORK/dagger_data/sft_data_dagger.pkl.xz trains on it)
 #   stop     ends the background dagger, eval and rl runs (their servers and workers with them) and waits until they
 #            are gone, e.g. `label stop sft eval`: the SFT then has the GPU to itself
-#   rl       RL rounds on the served student (captain_ros_training.rl_host run, in the background): hf_serve
+#   rl       RL rounds on the served student (captain_ros_training rl-host run, in the background): hf_serve
 #            --weight-reload serves it, its rollouts on training starts run on the host's cores, LoRA rounds train
 #            and sync into the running server, a checkpoint after each round in $WORK/rl/checkpoints. It resumes from
 #            $WORK/rl's own checkpoint, or else from one carried in ($RL_CARRY: the files an earlier call brought
@@ -49,7 +49,7 @@
 # DAGGER_SEED (1), FINE_TUNED (models/qwen2.5-coder-0.5b-captain-sft), EXAMPLES ($WORK/carried/sft_data.pkl.xz),
 # SFT_EXAMPLES ($EXAMPLES),
 # RL_CARRY (/tmp/carry_rl), RL_ROUNDS (0), RL_KV_SHARE (0.5: the trainer shares the GPU with the server), RL_ARGS
-# (more `rl_host run` options, e.g. "--groups-per-round-n 8 --learning-rate 4e-5"; the settings a run resumes with
+# (more `rl-host run` options, e.g. "--groups-per-round-n 8 --learning-rate 4e-5"; the settings a run resumes with
 # must be the ones it began with).
 set -u -o pipefail
 
@@ -128,25 +128,25 @@ prepare() {
         python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$WORK"/carried/wheels/*.whl ||
             return 1
         mkdir -p "$WORK/student" && cp "$WORK/carried/$NAME.gguf" "$WORK/student/"
-        python3 -m captain_ros_training.student build --cache "$WORK/student" || return 1  # checks the chat markers' tokens
+        python3 -m captain_ros_training student build --cache "$WORK/student" || return 1  # checks the chat markers' tokens
     fi
-    python3 -m captain_ros_training.student check "$STUDENT" || return 1
+    python3 -m captain_ros_training student check "$STUDENT" || return 1
     say "student folder: $STUDENT (transformers $(python3 -c 'import transformers; print(transformers.__version__)'))"
 }
 
 sft() {
     local data
-    if [ -f "$SFT_EXAMPLES" ]; then  # built beforehand by `captain_ros_training.rl sft-data` (the same options as below)
+    if [ -f "$SFT_EXAMPLES" ]; then  # built beforehand by `captain_ros_training rl sft-data` (the same options as below)
         data=(--examples "$SFT_EXAMPLES")
     else
         [ -f "$STORE" ] && cp -n "$STORE" "$WORK/expert.sqlite"
         data=(--store "$WORK/expert.sqlite")
     fi
-    background "captain_ros_training.rl sft" "$WORK/sft/sft_run.json" "$WORK/sft.log" \
-        python3 -m captain_ros_training.rl sft --model "$STUDENT" "${data[@]}" --out "$WORK/sft" \
+    background "captain_ros_training rl sft" "$WORK/sft/sft_run.json" "$WORK/sft.log" \
+        python3 -m captain_ros_training rl sft --model "$STUDENT" "${data[@]}" --out "$WORK/sft" \
         --lora-rank "$RANK" --epochs "$EPOCHS" --lr 2e-4 --warmup 5 --lr-schedule cosine --rows 1 --grad-accum 8 \
         --max-tokens 24576 --recovery-per-episode "$RECOVERY" --gradient-checkpointing --no-progress
-    if wait_for "$WORK/sft/sft_run.json" "captain_ros_training.rl sft"; then
+    if wait_for "$WORK/sft/sft_run.json" "captain_ros_training rl sft"; then
         say "SFT done: $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(f\"{r['episodes']} episodes, {r['steps']} steps, {r['tokens_per_s']:.0f} tokens/s, loss {r['final_loss']:.3f}\")" "$WORK/sft/sft_run.json")"
         [ -f "$OUT/adapter/adapter.carry-manifest.json" ] ||
             python3 "$PROJ/tools/carry.py" pack "$WORK/sft/adapter" "$WORK/sft/sft_run.json" "$WORK/sft/sft_metrics.jsonl" \
@@ -168,8 +168,8 @@ served_model() {
     if [ -f "$WORK/sft/sft_run.json" ] && [ -f "$WORK/sft/model/config.json" ] && [ ! -f "$WORK/sft/model/token_rows.npz" ] &&
         ! python3 -c 'import json, sys; sys.exit(not json.load(open(sys.argv[1])).get("trained_rows"))' \
             "$WORK/sft/sft_run.json" 2>/dev/null; then  # the SFT did not train the marker rows itself
-        say "this host's SFT: fitting its marker rows (captain_ros_training.token_rows fit)"
-        python3 -m captain_ros_training.token_rows fit --model "$WORK/sft/model" --examples "$SFT_EXAMPLES" --out "$WORK/sft/fitted" \
+        say "this host's SFT: fitting its marker rows (python -m captain_ros_training token-rows fit)"
+        python3 -m captain_ros_training token-rows fit --model "$WORK/sft/model" --examples "$SFT_EXAMPLES" --out "$WORK/sft/fitted" \
             --prefix-tokens 5400 && rm -rf "$WORK/sft/model" && mv "$WORK/sft/fitted" "$WORK/sft/model" || return 1
     fi
     SERVED=$WORK/sft/model
@@ -179,9 +179,9 @@ served_model() {
         [ -f "$FINE_TUNED/adapter/adapter_config.json" ] || { say "no fine-tuned student: run the sft stage, or set FINE_TUNED to a folder with adapter/"; return 1; }
         say "merging $FINE_TUNED/adapter into the student"
         rm -rf "$WORK/fine_tuned" && mkdir -p "$WORK/fine_tuned"
-        python3 -m captain_ros_training.student merge "$FINE_TUNED/adapter" --base "$STUDENT" --out "$WORK/fine_tuned/merged" || return 1
+        python3 -m captain_ros_training student merge "$FINE_TUNED/adapter" --base "$STUDENT" --out "$WORK/fine_tuned/merged" || return 1
         if [ -f "$FINE_TUNED/token_rows.npz" ]; then  # rows fitted after an SFT that did not train them
-            python3 -m captain_ros_training.token_rows apply --model "$WORK/fine_tuned/merged" --rows "$FINE_TUNED/token_rows.npz" \
+            python3 -m captain_ros_training token-rows apply --model "$WORK/fine_tuned/merged" --rows "$FINE_TUNED/token_rows.npz" \
                 --out "$SERVED" && rm -rf "$WORK/fine_tuned/merged" || return 1
         else
             mv "$WORK/fine_tuned/merged" "$SERVED"
@@ -191,7 +191,7 @@ served_model() {
 
 # end this $WORK's background runs that serve a student (dagger, eval, rl: their servers and workers go with them)
 stop_stage() {
-    local pattern="[c]aptain_ros_training\\..*(student_eval run|rl_host run|hf_serve).*$WORK/" waited=0
+    local pattern="[c]aptain_ros_training (student-eval run|rl-host run|hf-serve) .*$WORK/" waited=0
     pgrep -f "$pattern" >/dev/null || { say "nothing to stop"; return 0; }
     pkill -TERM -f "$pattern"
     while pgrep -f "$pattern" >/dev/null && [ $waited -lt 60 ]; do sleep 1; waited=$((waited + 1)); done
@@ -201,10 +201,10 @@ stop_stage() {
 
 eval_stage() {
     served_model || return 1
-    background "captain_ros_training.student_eval run.*sft_eval" "$WORK/sft_eval/done" "$WORK/eval.log" \
-        bash -c "python3 -m captain_ros_training.student_eval run --model '$SERVED' --label student-sft \
+    background "captain_ros_training student-eval run.*sft_eval" "$WORK/sft_eval/done" "$WORK/eval.log" \
+        bash -c "python3 -m captain_ros_training student-eval run --model '$SERVED' --label student-sft \
             --out '$WORK/sft_eval' --server transformers --workers $WORKERS $([ "$GRAPHS" = 1 ] && echo --cuda-graphs) --kv-cache-memory-fraction $KV_SHARE --no-progress && touch '$WORK/sft_eval/done'"
-    if wait_for "$WORK/sft_eval/done" "captain_ros_training.student_eval run.*sft_eval"; then
+    if wait_for "$WORK/sft_eval/done" "captain_ros_training student-eval run.*sft_eval"; then
         say "evaluation done"
         [ -f "$OUT/eval/eval.carry-manifest.json" ] || pack_stores eval sft_eval
     else
@@ -220,14 +220,14 @@ eval_stage() {
 # captain_ros_training.dagger to label with the expert's next cell; never an evaluation
 dagger_stage() {
     served_model || return 1
-    background "captain_ros_training.student_eval run.*dagger" "$WORK/dagger/done" "$WORK/dagger.log" \
-        bash -c "python3 -m captain_ros_training.student_eval run --model '$SERVED' --label student-sft-train \
+    background "captain_ros_training student-eval run.*dagger" "$WORK/dagger/done" "$WORK/dagger.log" \
+        bash -c "python3 -m captain_ros_training student-eval run --model '$SERVED' --label student-sft-train \
             --out '$WORK/dagger' --split train --starts-per-task $DAGGER_STARTS --seed $DAGGER_SEED \
             --server transformers --workers $WORKERS $([ "$GRAPHS" = 1 ] && echo --cuda-graphs) --kv-cache-memory-fraction $KV_SHARE --no-progress && \
             touch '$WORK/dagger/done'"
     # the stores stay here (104 episodes are about 90 MB, past what a call brings back, and $OUT's files over its
     # limits could keep the others from coming back too): the label stage brings back what training needs
-    if wait_for "$WORK/dagger/done" "captain_ros_training.student_eval run.*dagger"; then
+    if wait_for "$WORK/dagger/done" "captain_ros_training student-eval run.*dagger"; then
         say "training-start rollouts done: label them (the label stage)"
     else
         say "training-start rollouts not done yet (the label stage labels what they recorded so far):"
@@ -252,12 +252,12 @@ PY
     ls "$copies"/*.sqlite >/dev/null 2>&1 || { say "no training-start rollouts to label: run the dagger stage"; return 1; }
     local stores=()
     for s in "$copies"/*.sqlite; do stores+=(--dagger "$s"); done
-    python3 -m captain_ros_training.rl sft-data --model "$STUDENT" --examples "$EXAMPLES" --max-tokens 24576 \
+    python3 -m captain_ros_training rl sft-data --model "$STUDENT" --examples "$EXAMPLES" --max-tokens 24576 \
         --recovery-per-episode "$RECOVERY" "${stores[@]}" --out "$WORK/dagger_data/sft_data_dagger.pkl.xz" || return 1
     cp "$WORK/dagger_data/sft_data_dagger.pkl.xz" "$OUT/dagger_data/"
 }
 
-# RL rounds on the served student (captain_ros_training.rl_host run): resumes from $WORK/rl's own checkpoint or one
+# RL rounds on the served student (captain_ros_training rl-host run): resumes from $WORK/rl's own checkpoint or one
 # carried in ($RL_CARRY), packs the latest checkpoint into $OUT/rl each call (a host's files vanish with it)
 rl_stage() {
     served_model || return 1
@@ -267,11 +267,11 @@ rl_stage() {
         resume=(--resume-from "$WORK/rl_carried")
     fi
     # shellcheck disable=SC2086  # RL_ARGS: options split as words
-    background "captain_ros_training.rl_host run" "$WORK/rl/done" "$WORK/rl.log" \
-        python3 -m captain_ros_training.rl_host run --model "$SERVED" --out "$WORK/rl" --resume "${resume[@]}" \
+    background "captain_ros_training rl-host run" "$WORK/rl/done" "$WORK/rl.log" \
+        python3 -m captain_ros_training rl-host run --model "$SERVED" --out "$WORK/rl" --resume "${resume[@]}" \
         --workers-n "$WORKERS" --rounds-n "$RL_ROUNDS" --kv-cache-memory-fraction "$RL_KV_SHARE" \
         $([ "$GRAPHS" = 1 ] && echo --cuda-graphs) $RL_ARGS
-    if wait_for "$WORK/rl/done" "captain_ros_training.rl_host run"; then
+    if wait_for "$WORK/rl/done" "captain_ros_training rl-host run"; then
         say "RL rounds done: $(cat "$WORK/rl/done")"
     else
         say "RL rounds go on (rerun to keep waiting):"

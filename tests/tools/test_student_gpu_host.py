@@ -103,15 +103,15 @@ def test_stop_ends_this_hosts_runs_that_serve_a_student_and_no_others(tmp_path):
     assert "nothing to stop" in run(tmp_path, "stop").stdout
 
     def fake(name: str, folder: Path) -> subprocess.Popen:  # a process whose command line reads as the real one's
-        line = f"python3 -m captain_ros_training.{name} --model {folder}/fine_tuned/model"
+        line = f"python3 -m captain_ros_training {name} --model {folder}/fine_tuned/model"
         return subprocess.Popen(["bash", "-c", f'exec -a "{line}" sleep 300'])
 
-    ours = [fake("cli.hf_serve", work), fake("student_eval run", work)]
-    theirs = fake("cli.hf_serve", other)
+    ours = [fake("hf-serve", work), fake("student-eval run", work), fake("rl-host run", work)]
+    theirs = fake("hf-serve", other)
     try:
         done = run(tmp_path, "stop")
         assert done.returncode == 0 and "stopped the background runs" in done.stdout, done.stdout + done.stderr
-        assert [p.wait(timeout=30) for p in ours] == [-15, -15]  # SIGTERM
+        assert [p.wait(timeout=30) for p in ours] == [-15, -15, -15]  # SIGTERM
         assert theirs.poll() is None
     finally:
         for p in (*ours, theirs):

@@ -144,8 +144,8 @@ def test_a_store_gives_its_valid_and_cut_short_episodes_not_its_invalid_ones(tmp
 
 
 def test_sft_data_adds_the_labelled_states_and_says_where_they_came_from(tmp_path):
-    """`captain_ros_training.rl sft-data --dagger`: the expert store's examples plus the labels, refused for a held-out
-    store."""
+    """`python -m captain_ros_training rl sft-data --dagger`: the expert store's examples plus the labels, refused for a
+    held-out store."""
     from tests.training.test_data import build_store
 
     build_store(tmp_path / "expert.sqlite")
@@ -154,7 +154,8 @@ def test_sft_data_adds_the_labelled_states_and_says_where_they_came_from(tmp_pat
     base = [
         sys.executable,
         "-m",
-        "captain_ros_training.rl",
+        "captain_ros_training",
+        "rl",
         "sft-data",
         "--tiny",
         "--store",
@@ -181,7 +182,7 @@ def test_sft_data_adds_the_labelled_states_and_says_where_they_came_from(tmp_pat
     assert not (tmp_path / "g.pkl.xz").exists()
     # on a GPU host that holds the data file but not the expert store: the file, then the labels
     more = ["sft-data", "--tiny", "--examples", str(tmp_path / "d.pkl.xz"), "--out", str(tmp_path / "f.pkl.xz")]
-    added = subprocess.run([sys.executable, "-m", "captain_ros_training.rl", *more,
+    added = subprocess.run([sys.executable, "-m", "captain_ros_training", "rl", *more,
                             "--dagger", str(tmp_path / "student.sqlite")],
                            capture_output=True, text=True, check=False)  # fmt: skip
     assert added.returncode == 0, added.stderr

@@ -1,6 +1,6 @@
 """FSDP2 SFT (captain_ros_training.distributed) on 2 CPU ranks over gloo, launched by torchrun: the same step losses and
-weights as single-process train_sft on the same global batches, an exact resume, and `captain_ros_training.rl sft
---fsdp` end to end; the slicing of a step's micro-batches and the refusals without a process group."""
+weights as single-process train_sft on the same global batches, an exact resume, and `python -m captain_ros_training rl
+sft --fsdp` end to end; the slicing of a step's micro-batches and the refusals without a process group."""
 
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def test_cli_sft_with_fsdp_on_two_ranks_equals_the_single_process_cli(tmp_path):
     common = ["--store", str(store), "--tiny", "--device", "cpu", "--no-progress", "--max-tokens", "512"]
     common += ["--steps", "3", "--grad-accum", "3", "--lr", "1e-3"]
     result = torchrun(
-        ["-m", "captain_ros_training.rl", "sft", *common, "--fsdp", "--out", str(tmp_path / "fsdp")], cwd=tmp_path
+        ["-m", "captain_ros_training", "rl", "sft", *common, "--fsdp", "--out", str(tmp_path / "fsdp")], cwd=tmp_path
     )
     assert result.returncode == 0, result.stdout[-4000:]
     assert result.stdout.count("SFT: ") == 1  # rank 0 alone reports

@@ -1,4 +1,4 @@
-"""The trainer's command line (`python -m captain_ros_training.rl`: help, refused options and model folders, `sft-data`,
+"""The trainer's command line (`python -m captain_ros_training rl`: help, refused options and model folders, `sft-data`,
 `sft` and `rl` on the expert's store) and issue 12's full round, which share the twin episodes recorded here.
 
 The full round runs on CPU: twin episodes with the scripted expert through the bridge -> prompt

@@ -190,12 +190,12 @@ def test_the_command_line_explains_and_refuses_an_unknown_task(tmp_path, capsys)
 
 # ------------------------------------------------------------------------------------------------ the driver
 class Driver:
-    """`python -m captain_ros_training.rl_host run ...` in a session of its own, its output lines in a queue."""
+    """`python -m captain_ros_training rl-host run ...` in a session of its own, its output lines in a queue."""
 
     def __init__(self, argv: list[str], log: Path):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH")) if p)}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "captain_ros_training.rl_host", "run", *argv],
+            [sys.executable, "-m", "captain_ros_training", "rl-host", "run", *argv],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
         )  # fmt: skip
         self.lines: queue.Queue[str | None] = queue.Queue()

@@ -17,8 +17,8 @@ what the expert does, the expert's own episodes teach it. At most `per_episode` 
 where it left the path (the slip, then what followed it). Nothing here reads the simulator: the labels come from
 the conversation, as the expert's own cells do.
 
-Only training starts (captain_ros_training.student_eval run --split train) may be labelled: the held-out evaluation's
-starts never enter training; `dagger_examples` refuses an episode of the eval split.
+Only training starts (`python -m captain_ros_training student-eval run --split train`) may be labelled: the held-out
+evaluation's starts never enter training; `dagger_examples` refuses an episode of the eval split.
 """
 
 from __future__ import annotations

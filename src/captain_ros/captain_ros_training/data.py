@@ -932,7 +932,7 @@ def save_sft_data(
     examples: list[Example],
 ) -> Path:
     """Write the examples `sft_examples` built (with the gate's summary and the stats) as one file, lzma-compressed,
-    so a GPU host trains on them without re-rendering the store (`python -m captain_ros_training.rl sft-data`). Written
+    so a GPU host trains on them without re-rendering the store (`python -m captain_ros_training rl sft-data`). Written
     under a temporary name and renamed: an interrupted write leaves no file. Missing folders of `path` are made."""
     path = Path(path)
     record = {

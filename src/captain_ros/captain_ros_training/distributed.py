@@ -1,7 +1,7 @@
 """SFT on several GPUs with FSDP2 (torch.distributed.fsdp.fully_shard) under torchrun (issue 12: "several GPUs
 through an existing engine"): the objective, the data order and the checkpoints of captain_ros_training.sft, sharded.
 
-    torchrun --nproc-per-node 2 -m captain_ros_training.rl sft --fsdp --store S --out O --model M --grad-accum 8
+    torchrun --nproc-per-node 2 -m captain_ros_training rl sft --fsdp --store S --out O --model M --grad-accum 8
 
 Every rank holds a shard of each weight, gradient and AdamW moment: `fully_shard` on each decoder layer, then on
 the root (embedding, final norm, lm_head). One optimizer step takes the same G micro-batches train_sft would (the
@@ -84,7 +84,7 @@ def init_distributed(device: str = "auto", timeout_s: float = 1800.0) -> DistInf
     if missing:
         raise RuntimeError(
             f"FSDP training needs the environment torchrun sets ({', '.join(missing)} missing): launch with "
-            "`torchrun --nproc-per-node N -m captain_ros_training.rl sft --fsdp ...`"
+            "`torchrun --nproc-per-node N -m captain_ros_training rl sft --fsdp ...`"
         )
     rank, world, local = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
     kind = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device.partition(":")[0]

@@ -1,7 +1,7 @@
 """A policy server without vLLM: the stack's subset of the OpenAI chat API over a batching engine.
 
 For a GPU host that has torch and transformers but no vLLM, no fastapi and no network
-(docs/gpu_host_without_network.md): `python -m captain_ros_training.hf_serve --model DIR --port N` serves one local
+(docs/gpu_host_without_network.md): `python -m captain_ros_training hf-serve --model DIR --port N` serves one local
 model folder with the same answers captain_ros.agent.policy_client reads from vLLM (`--enable-auto-tool-choice
 --tool-call-parser hermes --logprobs-mode processed_logprobs`), so episodes run and record unchanged:
 
@@ -79,7 +79,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from captain_ros_training.gate import render_prompt_ids
 
-# src/captain_ros: what the server's process (`python -m captain_ros_training.cli.hf_serve_cli`) needs on sys.path
+# src/captain_ros: what the server's process (`python -m captain_ros_training hf-serve`) needs on sys.path
 SRC = Path(__file__).resolve().parents[1]
 GREEDY_EPS = 1e-5  # temperatures below this are greedy (vLLM's _SAMPLING_EPS)
 NEG_LOGPROB = -9999.0  # what vLLM reports for a -inf logprob (JSON has no infinity)
@@ -896,7 +896,7 @@ def start_hf_server(
     dtype: str = "auto",
     extra_args: tuple[str, ...] = (),
 ) -> Any:
-    """Start the server (`python -m captain_ros_training.cli.hf_serve_cli`) on `model_dir` on a free port, in a process
+    """Start the server (`python -m captain_ros_training hf-serve`) on `model_dir` on a free port, in a process
     group of its own, output to `log` (not waited for: call `wait_healthy()`). Returns captain_ros_training.serve's
     PolicyServer, the vLLM launcher's handle, so callers treat both servers alike."""
     from captain_ros.bridge.services import free_port
@@ -908,7 +908,8 @@ def start_hf_server(
     cmd = [
         str(python),
         "-m",
-        "captain_ros_training.cli.hf_serve_cli",
+        "captain_ros_training",
+        "hf-serve",
         "--model",
         model_argument(model_dir),
         "--host",
@@ -929,11 +930,3 @@ def start_hf_server(
     return PolicyServer(
         proc, f"http://127.0.0.1:{port}", Path(model_dir), log, Path(python), name="the transformers server"
     )
-
-
-# `python -m captain_ros_training.hf_serve --model DIR`, as docs and --help give it: the command line is
-# captain_ros_training.cli.hf_serve_cli
-if __name__ == "__main__":
-    from captain_ros_training.cli.hf_serve_cli import main
-
-    sys.exit(main())

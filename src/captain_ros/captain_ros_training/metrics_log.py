@@ -1,6 +1,6 @@
 """The training runs' metrics log: one JSON object per line, strict JSON (NaN and inf written as null), appended by
-each RL update (captain_ros_training.rl_trainer) and each SFT step of `python -m captain_ros_training.rl sft`
-(captain_ros_training.sft_command), and its plot, one panel per metric (`python -m captain_ros_training.rl plot`)."""
+each RL update (captain_ros_training.rl_trainer) and each SFT step of `python -m captain_ros_training rl sft`
+(captain_ros_training.sft_command), and its plot, one panel per metric (`python -m captain_ros_training rl plot`)."""
 
 from __future__ import annotations
 

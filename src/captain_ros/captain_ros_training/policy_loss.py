@@ -356,9 +356,10 @@ def agenticroborl_policy_loss(
     """AgenticRoboRL L_RL = sum_s (u_s / L_s) sum_j w_sj l_DC(rho_sj, A_i(s)) / sum_s u_s.
 
     rho = pi_theta / q with q the recorded sampling probability (`logp_rollout`); w = sg[min(q / b, 2)] with b the
-    pre-update probability `logp_prox`. captain_ros_training.rl computes b once per update, without gradient, before the
-    update's gradient is applied, and keeps it with the sampled tokens (RLTrainer.set_proximal_logprobs). With None,
-    b = sg(logp_new), which is the pre-update policy only while no optimizer step has been taken on this batch.
+    pre-update probability `logp_prox`. captain_ros_training.rl_trainer computes b once per update, without gradient,
+    before the update's gradient is applied, and keeps it with the sampled tokens (RLTrainer.set_proximal_logprobs).
+    With None, b = sg(logp_new), which is the pre-update policy only while no optimizer step has been taken on this
+    batch.
 
     `token_weight` must hold u_s / L_s = 1 / (K_i L_s) (see `agenticroborl_token_weights`, times a gate weight)
     and `normaliser` 1 / episodes in the step (`accumulation_normaliser`): that is the paper's two-level

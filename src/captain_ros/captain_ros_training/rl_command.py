@@ -1,7 +1,7 @@
-"""The `rl` command of `python -m captain_ros_training.rl` (its options and help: captain_ros_training.rl): RL rounds
-over an episode store with captain_ros_training.rl_trainer, the critic warm-started (CaPtain App. A.2) on episodes that
-no round of the run trains on, the new weights published and synced into a running policy server after each optimizer
-step, a checkpoint after each round (`--resume`), and the metrics log plotted at the end."""
+"""The `rl` command of `python -m captain_ros_training rl` (its options and help: captain_ros_training.cli.rl_cli):
+RL rounds over an episode store with captain_ros_training.rl_trainer, the critic warm-started (CaPtain App. A.2) on
+episodes that no round of the run trains on, the new weights published and synced into a running policy server after
+each optimizer step, a checkpoint after each round (`--resume`), and the metrics log plotted at the end."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """RL rounds on a GPU host without network, in one resumable process tree (issue 26; CaPtain §3.3, App. A.2).
 
-  python -m captain_ros_training.rl_host run --model SFT_FOLDER --out RUN [--resume] [--resume-from CHECKPOINT]
-  python -m captain_ros_training.rl_host export --checkpoint RUN/checkpoints/round-00004 --model SFT_FOLDER --out DIR
+  python -m captain_ros_training rl-host run --model SFT_FOLDER --out RUN [--resume] [--resume-from CHECKPOINT]
+  python -m captain_ros_training rl-host export --checkpoint RUN/checkpoints/round-00004 --model SFT_FOLDER --out DIR
 
 `run` is one process (the driver) that:
 
@@ -50,8 +50,8 @@ trained are rolled out again from their start (their episodes were lost with the
 warm-start and dropped groups never come back; the metrics logs continue from the checkpoint's copies. A driver
 killed on this host leaves its server and proxy running: the next `run` stops them first (`RUN/processes.json`).
 
-`export` writes a checkpoint's adapter as a peft folder (`captain_ros_training.student merge ADAPTER --base SFT_FOLDER`
-merges it into a servable folder, for the evaluation of the RL student).
+`export` writes a checkpoint's adapter as a peft folder (`python -m captain_ros_training student merge ADAPTER --base
+SFT_FOLDER` merges it into a servable folder, for the evaluation of the RL student).
 """
 
 from __future__ import annotations
@@ -896,7 +896,7 @@ def httpx_post(url: str, body: dict) -> Any:
 
 # ---------------------------------------------------------------------------------------------------- export
 def export_adapter(checkpoint: Path, model_dir: Path, out: Path) -> Path:
-    """A checkpoint's LoRA adapter as a peft folder (fp32), for `captain_ros_training.student merge`."""
+    """A checkpoint's LoRA adapter as a peft folder (fp32), for `python -m captain_ros_training student merge`."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -915,13 +915,6 @@ def export_adapter(checkpoint: Path, model_dir: Path, out: Path) -> Path:
             params[name].copy_(tensor)
     model.save_pretrained(out)
     return Path(out)
-
-
-# `python -m captain_ros_training.rl_host run|export`: the command line is captain_ros_training.cli.rl_host_cli
-if __name__ == "__main__":
-    from captain_ros_training.cli.rl_host_cli import main
-
-    raise SystemExit(main())
 
 
 __all__ = [

@@ -1,5 +1,5 @@
 """One RL update from a round (CaPtain §3.3 Eq. 8-10, App. A.2 "RL"; AgenticRoboRL L_RL as the alternative): the
-trainer that `python -m captain_ros_training.rl rl` (captain_ros_training.rl_command) and
+trainer that `python -m captain_ros_training rl rl` (captain_ros_training.rl_command) and
 captain_ros_training.sft_then_rl run round after round.
 
 `RLTrainer.update(round)` does, for the round's kept groups (captain_ros_training.rounds):

@@ -1,7 +1,7 @@
-"""The `sft-data` and `sft` commands of `python -m captain_ros_training.rl` (their options and help:
-captain_ros_training.rl): build a store's SFT examples once into one file, and supervised fine-tuning (CaPtain Eq. 2) on
-a store or on such a file, written as a servable folder (with LoRA, also the adapter alone), a metrics log and a run
-record. `load_policy` and `resolve_device` serve the `rl` command too (captain_ros_training.rl_command)."""
+"""The `sft-data` and `sft` commands of `python -m captain_ros_training rl` (their options and help:
+captain_ros_training.cli.rl_cli): build a store's SFT examples once into one file, and supervised fine-tuning (CaPtain
+Eq. 2) on a store or on such a file, written as a servable folder (with LoRA, also the adapter alone), a metrics log and
+a run record. `load_policy` and `resolve_device` serve the `rl` command too (captain_ros_training.rl_command)."""
 
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def _sft_data(args: argparse.Namespace, tokenizer: Any) -> dict[str, Any]:
             raise SystemExit(f"--examples: {exc}") from None
     if not args.store:
         raise SystemExit(
-            "give --store (an episode store) or --examples (a file of `python -m captain_ros_training.rl sft-data`)"
+            "give --store (an episode store) or --examples (a file of `python -m captain_ros_training rl sft-data`)"
         )
     from captain_ros.bridge.store import EpisodeReader
     from captain_ros_training.gate import gate_episodes
@@ -158,7 +158,7 @@ def _untrained_target_rows(model: Any, tokenizer: Any, examples: Sequence[Exampl
         print(
             f"warning: the output rows of {tokenizer.convert_ids_to_tokens(free)} were never trained and this run "
             "leaves them frozen, so it cannot teach writing them: fit them afterwards "
-            "(python -m captain_ros_training.token_rows fit)",
+            "(python -m captain_ros_training token-rows fit)",
             file=sys.stderr,
         )
     return free if trainable else []

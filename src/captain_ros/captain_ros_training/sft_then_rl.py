@@ -2,8 +2,8 @@
 """A full SFT-then-RL run on twin episodes, end to end, measured (issue 12: "the README documents a full
 SFT-then-RL run"; CaPtain §3.2-3.3, App. A.2).
 
-  .venv/bin/python -m captain_ros_training.sft_then_rl            # the documented run (~15-25 min on 2 CPU cores)
-  .venv/bin/python -m captain_ros_training.sft_then_rl --quick    # the CI run (tests/training/test_sft_then_rl.py)
+  .venv/bin/python -m captain_ros_training sft-then-rl            # the documented run (~15-25 min on 2 CPU cores)
+  .venv/bin/python -m captain_ros_training sft-then-rl --quick    # the CI run (tests/training/test_sft_then_rl.py)
 
 Stages, each announced and timed:
   1. expert    the scripted expert on the twin (train start states, groups of G attempts) through the bridge
@@ -541,7 +541,7 @@ def run(config: RunConfig, run_dir: Path, results: Path, progress: bool = True) 
     finally:
         server.stop()
     out = {
-        "command": "python -m captain_ros_training.sft_then_rl " + " ".join(sys.argv[1:]),
+        "command": "python -m captain_ros_training " + " ".join(sys.argv[1:]),
         "config": asdict(config),
         "run_dir": str(run_dir),
         "machine": machine(),
@@ -663,10 +663,3 @@ def plot(results: dict[str, Any], path: Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
-
-
-# `python -m captain_ros_training.sft_then_rl [--quick]`: the command line is captain_ros_training.cli.sft_then_rl_cli
-if __name__ == "__main__":
-    from captain_ros_training.cli.sft_then_rl_cli import main
-
-    raise SystemExit(main())

@@ -17,9 +17,9 @@ any HF folder or model id serves instead (`--model`), so the same commands take 
 `check_model_folder` refuses a folder whose chat template cannot serve the stack (no template, no `developer` role,
 no generation marks for the trainer), with the reason.
 
-  .venv/bin/python -m captain_ros_training.student build            # what `make setup` runs (idempotent)
-  .venv/bin/python -m captain_ros_training.student check [FOLDER]   # the folder loads and its template serves the stack
-  .venv/bin/python -m captain_ros_training.student merge ADAPTER --out FOLDER   # a LoRA adapter from a GPU host, merged
+  .venv/bin/python -m captain_ros_training student build            # what `make setup` runs (idempotent)
+  .venv/bin/python -m captain_ros_training student check [FOLDER]   # the folder loads and its template serves the stack
+  .venv/bin/python -m captain_ros_training student merge ADAPTER --out FOLDER   # a LoRA adapter from a GPU host, merged
 """
 
 from __future__ import annotations
@@ -461,10 +461,3 @@ def merge_adapter(adapter: Path, out: Path, base: Path | None = None) -> Path:
     partial.replace(out)
     _log(f"{adapter} merged into {base.name}: {out}")
     return Path(out)
-
-
-# `python -m captain_ros_training.student build|check|merge`: the command line is captain_ros_training.cli.student_cli
-if __name__ == "__main__":
-    from captain_ros_training.cli.student_cli import main
-
-    sys.exit(main())

@@ -416,10 +416,3 @@ def rl_report(sft_rows: Sequence[EvalRow] | None, rl_rows: Sequence[EvalRow] | N
         out.update(run)
     out["rl_missing"] = "; ".join(missing) or None
     return out
-
-
-# `python -m captain_ros_training.student_eval run ...`: the command line is captain_ros_training.cli.student_eval_cli
-if __name__ == "__main__":
-    from captain_ros_training.cli.student_eval_cli import main
-
-    raise SystemExit(main())

@@ -21,9 +21,9 @@ row is pushed up where its token is the target and down everywhere else. It is a
 that trained only attention and MLPs; training those rows inside the SFT (peft's `trainable_token_indices`) is the
 one-stage alternative on a GPU host.
 
-    python -m captain_ros_training.token_rows fit --model runs/student/sft/merged --examples .cache/sft_data.pkl.xz \\
+    python -m captain_ros_training token-rows fit --model runs/student/sft/merged --examples .cache/sft_data.pkl.xz \\
         --out runs/student/sft/model     # a copy with the fitted rows, token_rows.json, token_rows.npz
-    python -m captain_ros_training.token_rows apply --model MERGED --rows token_rows.npz --out OUT   # again, no fit
+    python -m captain_ros_training token-rows apply --model MERGED --rows token_rows.npz --out OUT   # again, no fit
 """
 
 from __future__ import annotations
@@ -244,10 +244,3 @@ def fit_folder(model_dir: Path, examples_file: Path, out: Path, config: FitConfi
     shutil.rmtree(out, ignore_errors=True)
     partial.replace(out)
     return report
-
-
-# `python -m captain_ros_training.token_rows fit|apply`: the command line is captain_ros_training.cli.token_rows_cli
-if __name__ == "__main__":
-    from captain_ros_training.cli.token_rows_cli import main
-
-    raise SystemExit(main())

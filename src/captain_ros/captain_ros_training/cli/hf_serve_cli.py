@@ -1,4 +1,4 @@
-"""`python -m captain_ros_training.hf_serve --model DIR [--port N] ...`: serve a local model folder with the chat
+"""`python -m captain_ros_training hf-serve --model DIR [--port N] ...`: serve a local model folder with the chat
 completions subset the stack uses (captain_ros_training.hf_serve), offline."""
 
 from __future__ import annotations
@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 
 from captain_ros_training import hf_serve
 
@@ -14,7 +13,7 @@ from captain_ros_training import hf_serve
 def parse_args(argv: list[str] | None = None) -> hf_serve.ServeConfig:
     d = hf_serve.ServeConfig(model="")
     p = argparse.ArgumentParser(
-        prog="python -m captain_ros_training.hf_serve",
+        prog="python -m captain_ros_training hf-serve",
         description="Serve a local model folder with the OpenAI chat-completions subset the captain_ros stack uses "
         "(prompt/sampled token ids, processed logprobs, hermes tool calls), on transformers' continuous batching: a "
         "stand-in for vLLM where vLLM is not installed. Offline; runs on CUDA or (slowly) CPU.",
@@ -127,7 +126,3 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     hf_serve.serve(parse_args(argv))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

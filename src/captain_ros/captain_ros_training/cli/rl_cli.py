@@ -1,8 +1,8 @@
-"""The trainer's command line, `python -m captain_ros_training.rl {sft-data,sft,rl,plot} --help` (argparse subcommands):
-their options, defaults and help, and the dispatch. The commands' work is in their own modules: `sft-data` and `sft` in
-captain_ros_training.sft_command, `rl` in captain_ros_training.rl_command (over captain_ros_training.rl_trainer, the RL
-update), `plot` in captain_ros_training.metrics_log. tools/student_gpu_host.sh, `torchrun ... -m captain_ros_training.rl
-sft --fsdp` (captain_ros_training.distributed) and the docs run it under that name, whose module runs this one."""
+"""`python -m captain_ros_training rl {sft-data,sft,rl,plot}` (argparse subcommands): their options, defaults and help,
+and the dispatch. The commands' work is in their own modules: `sft-data` and `sft` in captain_ros_training.sft_command,
+`rl` in captain_ros_training.rl_command (over captain_ros_training.rl_trainer, the RL update), `plot` in
+captain_ros_training.metrics_log. Several GPUs: `torchrun ... -m captain_ros_training rl sft --fsdp`
+(captain_ros_training.distributed)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
-        prog="python -m captain_ros_training.rl",
+        prog="python -m captain_ros_training rl",
         description="The captain_ros trainer: SFT on recorded twin episodes, then critic-credited RL rounds whose "
         "new weights reach a running vLLM policy server (CaPtain §3.2-3.3; issue 12).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -79,8 +79,8 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="STORE",
-        help="a store of the student's own episodes on training starts (captain_ros_training.student_eval run "
-        "--split train); each state where it left the expert's path is labelled with the expert's next cell "
+        help="a store of the student's own episodes on training starts (`python -m captain_ros_training student-eval "
+        "run --split train`); each state where it left the expert's path is labelled with the expert's next cell "
         "(captain_ros_training.dagger) and added to the examples; may be given more than once",
     )
     data.add_argument(
@@ -135,7 +135,7 @@ def parser() -> argparse.ArgumentParser:
     sft.add_argument(
         "--fsdp",
         action="store_true",
-        help="FSDP2 across the ranks of `torchrun --nproc-per-node N -m captain_ros_training.rl sft --fsdp` "
+        help="FSDP2 across the ranks of `torchrun --nproc-per-node N -m captain_ros_training rl sft --fsdp` "
         "(captain_ros_training.distributed)",
     )
     sft.set_defaults(func=cmd_sft)
@@ -211,12 +211,6 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "server", None) and not getattr(args, "served_dir", None):
         raise SystemExit("--server needs --served-dir (the folder the server serves)")
     return int(args.func(args))
-
-
-if __name__ == "__main__":
-    from captain_ros_training.distributed import exit_process
-
-    exit_process(main())
 
 
 __all__ = ["main", "parser"]

