@@ -88,7 +88,7 @@ TWIN_PERCEPTION_LIMITS = (("stale_after_s", 30.0), ("pair_wait_s", 10.0), ("tf_w
 
 def start_expert(env: dict[str, str], log: Path) -> tuple[subprocess.Popen, str]:
     """The scripted-expert policy server on a free loopback port; returns the process and its /v1 URL."""
-    argv = [sys.executable, "-m", "captain_ros.cli.expert_server_cli", "--host", "127.0.0.1", "--port", "0"]
+    argv = [sys.executable, "-m", "captain_ros.cli", "expert-server", "--host", "127.0.0.1", "--port", "0"]
     proc, url = start_ready(argv, env, log, "expert server")
     return proc, url.removesuffix("/v1") + "/v1"
 

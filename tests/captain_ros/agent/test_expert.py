@@ -646,7 +646,7 @@ def test_server_answers_unknown_paths_with_404(server_url):
 
 def test_server_process_prints_ready_with_its_url():
     proc = subprocess.Popen(
-        [sys.executable, "-m", "captain_ros.cli.expert_server_cli", "--host", "127.0.0.1", "--port", "0"],
+        [sys.executable, "-m", "captain_ros.cli", "expert-server", "--host", "127.0.0.1", "--port", "0"],
         stdout=subprocess.PIPE,
         text=True,
     )

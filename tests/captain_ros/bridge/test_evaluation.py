@@ -498,7 +498,8 @@ def test_cli_as_a_module(suite_store: Path, tmp_path: Path):
         [
             sys.executable,
             "-m",
-            "captain_ros.cli.evaluation_cli",
+            "captain_ros.cli",
+            "eval",
             "report",
             str(suite_store),
             "--out",

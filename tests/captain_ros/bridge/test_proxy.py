@@ -243,7 +243,7 @@ def test_other_routes_pass_through_unrecorded(http, proxy, reader):
 
 
 def test_the_command_line_prints_ready_and_records(http, fake, store_path, reader):
-    cmd = [sys.executable, "-m", "captain_ros.cli.proxy_cli", "--upstream", fake.base_url, "--store", str(store_path)]
+    cmd = [sys.executable, "-m", "captain_ros.cli", "proxy", "--upstream", fake.base_url, "--store", str(store_path)]
     proc = subprocess.Popen([*cmd, "--port", "0", "--policy-version", "3"], stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline().strip()

@@ -150,7 +150,7 @@ QUOTA_SCRIPT = """
 set -e
 mount -t tmpfs -o size=8m tmpfs "$1"
 head -c 7800000 /dev/zero > "$1/ballast"
-"$2" -m captain_ros.cli.transport_cli receive --store "$1/inbox.sqlite" --bind "$3" \
+"$2" -m captain_ros.cli transport receive --store "$1/inbox.sqlite" --bind "$3" \
     > "$4/receiver.out" 2> "$4/receiver.err" &
 pid=$!
 until [ -e "$4/free" ]; do sleep 0.02; done

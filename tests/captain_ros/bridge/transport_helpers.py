@@ -187,7 +187,7 @@ class Processes:
         return proc
 
     def transport(self, name: str, *args: str) -> subprocess.Popen:
-        return self.start(name, [sys.executable, "-m", "captain_ros.cli.transport_cli", *args])
+        return self.start(name, [sys.executable, "-m", "captain_ros.cli", "transport", *args])
 
     def kill9(self, proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)

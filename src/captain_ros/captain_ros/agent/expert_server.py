@@ -9,8 +9,8 @@ which ends the episode. It is not a language model: `usage`
 counts are approximate (about 4 characters per token) and `prompt_token_ids` / `token_ids` are null. Requests are
 independent (the expert is stateless), so one server serves any number of episodes at once.
 
-  python -m captain_ros.cli.expert_server_cli --host 127.0.0.1 --port 8001   # prints "READY <url>" when listening
-  expert_server --port 8001                                                 # the same, as the package's script
+  captain-ros expert-server --host 127.0.0.1 --port 8001   # prints "READY <url>" when listening
+  expert_server --port 8001                                # the same, as the package's script
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from captain_ros.bridge.rollout import Job, LocalEngine, RayEngine, RolloutConfi
 from captain_ros.bridge.services import Service, free_port
 
 DRAIN_TIMEOUT_S = 600.0  # after the last episode, the shipper has this long to deliver everything
+CLI = "captain_ros.cli"  # the services are captain-ros commands: expert-server, proxy, transport receive|ship
 
 
 @dataclass
@@ -63,7 +64,7 @@ class RolloutHost:
         env = {**self.o.env, "PYTHONUNBUFFERED": "1"}
         upstream = self.o.policy_url
         if not upstream:
-            expert = Service("expert", "captain_ros.cli.expert_server_cli", ["--port", "0"], self.logs, env=env)
+            expert = Service("expert", CLI, ["expert-server", "--port", "0"], self.logs, env=env)
             upstream = expert.start().removesuffix("/v1") + "/v1"
             self.services["expert"] = expert
         proxy_port = free_port()
@@ -72,8 +73,8 @@ class RolloutHost:
             proxy_args.append("--allow-missing-token-ids")
         proxy = Service(
             "proxy",
-            "captain_ros.cli.proxy_cli",
-            [*proxy_args, "--policy-version", str(self.o.policy_version)],
+            CLI,
+            ["proxy", *proxy_args, "--policy-version", str(self.o.policy_version)],
             self.logs,
             env=env,
         )
@@ -87,8 +88,8 @@ class RolloutHost:
                 self.endpoint = f"tcp://127.0.0.1:{port}"
                 receiver = Service(
                     "receiver",
-                    "captain_ros.cli.transport_cli",
-                    ["receive", "--store", str(self.trainer_store), "--bind", self.endpoint],
+                    CLI,
+                    ["transport", "receive", "--store", str(self.trainer_store), "--bind", self.endpoint],
                     self.logs,
                     ready=False,
                     port=port,
@@ -98,8 +99,8 @@ class RolloutHost:
                 self.services["receiver"] = receiver
             shipper = Service(
                 "shipper",
-                "captain_ros.cli.transport_cli",
-                ["ship", "--store", str(self.store_path), "--connect", self.endpoint],
+                CLI,
+                ["transport", "ship", "--store", str(self.store_path), "--connect", self.endpoint],
                 self.logs,
                 ready=False,
                 env=env,

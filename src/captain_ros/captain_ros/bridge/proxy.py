@@ -41,7 +41,7 @@ sampling are those recorded it is answered from the record (header `X-Captain-Re
 again; different content for a recorded (episode, t) is refused with HTTP 409. Concurrent attempts of one
 (episode, t) are serialized, so a retry racing its first attempt gets the first attempt's reply.
 
-  python -m captain_ros.bridge.proxy --upstream http://127.0.0.1:8000/v1 --store episodes.sqlite --port 0
+  captain-ros proxy --upstream http://127.0.0.1:8000/v1 --store episodes.sqlite --port 0
   # prints "READY http://127.0.0.1:<port>/v1", then one log line per request
 """
 
@@ -50,7 +50,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -755,10 +754,3 @@ def start_proxy(config: ProxyConfig) -> ProxyHandle:
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), name="recording-proxy", daemon=True)
     thread.start()
     return ProxyHandle(proxy, server, thread)
-
-
-# `python -m captain_ros.bridge.proxy`, as docs/bridge.md gives it: the command line is captain_ros.cli.proxy_cli
-if __name__ == "__main__":
-    from captain_ros.cli.proxy_cli import main
-
-    sys.exit(main())

@@ -14,7 +14,7 @@ produced it. An episode more than `max_staleness` versions behind the proxy's ve
 counted as stale (the trainer's reader drops it: `EpisodeReader.episode_ids(min_policy_version=...)`).
 
 Local processes by default; `RayEngine` runs the same workers as Ray actors across a cluster (each host
-writes its own store and ships it with `captain_ros.cli.transport_cli`).
+writes its own store and ships it with `captain-ros transport ship`).
 """
 
 from __future__ import annotations

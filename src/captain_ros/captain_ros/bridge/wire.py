@@ -37,7 +37,7 @@ Nack codes: malformed, conflict (both final: the shipper parks the item until it
 store_error, missing_blob, internal (all retried).
 
 The receiver binds loopback unless told otherwise (`allow_remote`); a shipper connects anywhere (TCP across
-hosts). `python -m captain_ros.cli.transport_cli receive|ship ...` (captain-ros transport) runs either side.
+hosts). `captain-ros transport receive|ship ...` runs either side.
 """
 
 from __future__ import annotations

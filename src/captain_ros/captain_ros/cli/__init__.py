@@ -1,14 +1,19 @@
-"""captain-ros: the project's command-line tool.
+"""captain-ros (also `python -m captain_ros.cli`): the project's command-line tool.
 
-captain-ros run             the main job: episodes on the twin over ROS (expert policy by default)
-captain-ros rollout         record episodes for training in a world (--backend twin|libero): workers, store, shipping
-captain-ros eval            run|report|compare: evaluation over suites x start states x attempts
-captain-ros export          mcap|parquet: episodes for ROS tools (rosbag2 MCAP) and tables for analysis
-captain-ros transport       receive|ship: the trainer-side receiver and the rollout host's shipper
-captain-ros approve         answer the motion node's approval requests in this terminal (approval mode)
-captain-ros doctor          check that this machine can run the stack
-captain-ros capabilities    the policy-facing API (22 capabilities plus finish)
-captain-ros failures        the closed set of failure categories
+captain-ros run                  the main job: episodes on the twin over ROS (expert policy by default)
+captain-ros rollout              record episodes for training in a world (--backend twin|libero), shipped
+captain-ros eval                 run|report|compare: evaluation over suites x start states x attempts
+captain-ros export               mcap|parquet: episodes for ROS tools (rosbag2 MCAP) and tables for analysis
+captain-ros transport            receive|ship: the trainer-side receiver and the rollout host's shipper
+captain-ros gap                  the sim-to-real gap report of an episode
+captain-ros proxy                the recording proxy in front of a policy server (rollout starts one)
+captain-ros expert-server        the scripted expert as a policy server (run and rollout start one)
+captain-ros rviz-config          write (or --check) config/rviz/<profile>.rviz of every robot profile
+captain-ros appearance-library   build (or load) LIBERO's appearance library and list its models
+captain-ros approve              answer the motion node's approval requests in this terminal (approval mode)
+captain-ros doctor               check that this machine can run the stack
+captain-ros capabilities         the policy-facing API (22 capabilities plus finish)
+captain-ros failures             the closed set of failure categories
 """
 
 from __future__ import annotations
@@ -134,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_rollout_arguments(rollout)
     rollout.set_defaults(fn=_rollout)
-    for name, text in DELEGATED.items():
+    for name, (_, text) in DELEGATED.items():
         sub.add_parser(name, help=text, add_help=False)
     approve = sub.add_parser(
         "approve",
@@ -151,18 +156,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# commands whose module parses its own arguments: `captain-ros eval --help` shows theirs
+# commands whose module parses its own arguments (`captain-ros eval --help` shows theirs): command -> (its module in
+# this package, <name>_cli.py; its help). The library modules they call import nothing from this package.
 DELEGATED = {
-    "eval": "evaluation: run episodes and report, or report/compare stores (eval --help)",
-    "export": "export episodes to rosbag2 MCAP or Parquet (export --help)",
-    "transport": "the trainer-side receiver and the shipper (transport --help)",
-    "gap": "the sim-to-real gap report of an episode: shadow predictions beside outcomes (gap --help)",
-}
-MODULES = {
-    "eval": "captain_ros.cli.evaluation_cli",
-    "export": "captain_ros.cli.export_cli",
-    "transport": "captain_ros.cli.transport_cli",
-    "gap": "captain_ros.cli.gap_cli",
+    "eval": ("evaluation_cli", "evaluation: run episodes and report, or report/compare stores (eval --help)"),
+    "export": ("export_cli", "export episodes to rosbag2 MCAP or Parquet (export --help)"),
+    "transport": ("transport_cli", "the trainer-side receiver and the shipper (transport --help)"),
+    "gap": ("gap_cli", "the sim-to-real gap report of an episode: shadow predictions beside outcomes (gap --help)"),
+    "proxy": ("proxy_cli", "the recording proxy in front of an OpenAI-compatible policy server (proxy --help)"),
+    "expert-server": ("expert_server_cli", "the scripted expert as an OpenAI-compatible policy server"),
+    "rviz-config": ("rviz_config_cli", "write (or --check) the rviz2 configuration of every robot profile"),
+    "appearance-library": ("appearance_library_cli", "build (or load) LIBERO's appearance library, list its models"),
 }
 
 
@@ -181,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] in DELEGATED:
             from importlib import import_module
 
-            return import_module(MODULES[argv[0]]).main(argv[1:])
+            return import_module(f"{__name__}.{DELEGATED[argv[0]][0]}").main(argv[1:])
         args = build_parser().parse_args(argv)
         return args.fn(args)
     except KeyboardInterrupt:

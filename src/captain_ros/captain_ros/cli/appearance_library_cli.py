@@ -1,5 +1,5 @@
-"""`python -m captain_ros.libero.appearance_library [--force] [--path FILE]`: build (or load) the appearance library
-of LIBERO's objects (captain_ros.libero.appearance_library) and list its models."""
+"""`captain-ros appearance-library [--force] [--path FILE]`: build (or load) the appearance library of LIBERO's objects
+(captain_ros.libero.appearance_library) and list its models."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 from captain_ros.libero import appearance_library
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=appearance_library.__doc__.split("\n\n")[0], prog="python -m captain_ros.libero.appearance_library"
+        prog="captain-ros appearance-library", description=appearance_library.__doc__.split("\n\n")[0]
     )
     parser.add_argument("--force", action="store_true", help="render again even if the cached library exists")
     parser.add_argument(
@@ -24,7 +24,4 @@ def main(argv: list[str] | None = None) -> None:
     lib = appearance_library.library(args.path, force=args.force)
     print(f"{len(lib.names)} models ({lib.source}, {appearance_library.assets_dir()}), kept in {args.path}:")
     print(", ".join(n.replace("_", " ") for n in lib.names))
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -136,7 +136,3 @@ def main(argv: list[str] | None = None) -> int:
     label = args.policy or ("expert" if not args.policy_url else args.policy_url)
     code = report_main(["report", str(host.store_path), "--label", label, "--out", str(out)])
     return code or (0 if report.episodes and not report.errors else 1)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

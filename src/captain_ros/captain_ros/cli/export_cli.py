@@ -52,7 +52,3 @@ def main(argv: list[str] | None = None) -> int:
     except (ExportError, StoreError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

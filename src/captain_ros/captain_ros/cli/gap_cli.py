@@ -46,7 +46,3 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(f"written: {out / 'gap.md'}, {out / 'gap.json'}" + (f", {out / 'gap.png'}" if drawn else ""))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

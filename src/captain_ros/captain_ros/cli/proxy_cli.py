@@ -1,6 +1,5 @@
-"""`python -m captain_ros.cli.proxy_cli --upstream URL --store S`: the recording proxy (captain_ros.bridge.proxy) as a
-process; prints "READY <url>" when listening, serves until SIGTERM or Ctrl-C, then closes the store cleanly.
-`python -m captain_ros.bridge.proxy`, the name docs/bridge.md gives, runs this too."""
+"""`captain-ros proxy --upstream URL --store S`: the recording proxy (captain_ros.bridge.proxy) as a process; prints
+"READY <url>" when listening, serves until SIGTERM or Ctrl-C, then closes the store cleanly."""
 
 from __future__ import annotations
 
@@ -17,7 +16,8 @@ from captain_ros.bridge.store import StoreError
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description="Record every chat completion between the agent and an OpenAI-compatible server."
+        prog="captain-ros proxy",
+        description="Record every chat completion between the agent and an OpenAI-compatible server.",
     )
     defaults = ProxyConfig()
     parser.add_argument("--upstream", required=True, help="the upstream's OpenAI API root, e.g. http://host:8000/v1")
@@ -74,7 +74,3 @@ def main(argv: list[str] | None = None) -> int:
         server.server_close()
         proxy.close()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
-"""`captain-ros transport receive|ship` (`python -m captain_ros.cli.transport_cli`): a receiver writing into the
-trainer's store (captain_ros.bridge.receiver) or a shipper streaming a rollout host's store to it
-(captain_ros.bridge.shipper), over the ZeroMQ protocol of captain_ros.bridge.wire.
+"""`captain-ros transport receive|ship`: a receiver writing into the trainer's store (captain_ros.bridge.receiver) or
+a shipper streaming a rollout host's store to it (captain_ros.bridge.shipper), over the ZeroMQ protocol of
+captain_ros.bridge.wire.
 """
 
 from __future__ import annotations
@@ -94,7 +94,3 @@ def _ship(args: argparse.Namespace, stop: threading.Event) -> int:
         print(f"error: the receiver refused {stats['parked']} item(s) for good; see the log above", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,7 +5,7 @@ recoloured variants LIBERO-PRO adds. Rendered once (about 100 s on 2 cores) and 
 This is what lets the built-in perception name "alphabet soup" or "black bowl" in a LIBERO scene without reading
 the simulator: the library knows what each model looks like, never where it is.
 
-  python -m captain_ros.libero.appearance_library    # build (or rebuild with --force) and list the models
+  captain-ros appearance-library    # build (or rebuild with --force) and list the models
 """
 
 from __future__ import annotations
@@ -59,11 +59,3 @@ def library(path: Path = CACHE, force: bool = False, progress: bool = True) -> A
     built = build_library(object_models(assets), source="LIBERO's asset models", progress=progress)
     built.save(path)
     return built
-
-
-# `python -m captain_ros.libero.appearance_library`, as docs/libero.md and its --help give it: the command line is
-# captain_ros.cli.appearance_library_cli
-if __name__ == "__main__":
-    from captain_ros.cli.appearance_library_cli import main
-
-    main()
