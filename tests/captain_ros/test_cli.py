@@ -4,6 +4,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 from captain_ros.cli import DELEGATED, main
 from captain_ros.core.contract import CAPABILITIES, FailureCategory
 
@@ -143,16 +145,46 @@ def test_no_module_outside_the_cli_packages_imports_them():
     assert not wrong, wrong
 
 
+def _moved_notice(tree) -> str | None:
+    """The command of a module whose `__main__` block only says where its command moved (raise SystemExit("... is
+    now `<command>` ...")), else None."""
+    for node in tree.body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'":
+            body = node.body
+            if len(body) == 1 and isinstance(body[0], ast.Raise) and "SystemExit" in ast.unparse(body[0]):
+                found = re.search(r"is now `([^`]+)`", ast.unparse(body[0]))
+                return found.group(1) if found else None
+    return None
+
+
 def test_only_the_entry_points_have_main_blocks():
     """A command runs through `captain-ros` (`python -m captain_ros.cli`) or `python -m captain_ros_training`, not
-    under a library module's name nor its CLI module's."""
-    with_main = set()
+    under a library module's name nor its CLI module's. A module whose old `python -m` name was documented keeps a
+    block that says where its command went (exit 1), and that command is one the tools have."""
+    from captain_ros_training.cli import COMMANDS
+
+    with_main, moved = set(), {}
     for cli in (True, False):
         for path, tree in _sources(ROOT, cli=cli):
             if _imports(tree)[1]:
-                with_main.add(str(path.relative_to(SRC)))
+                name = str(path.relative_to(SRC))
+                command = _moved_notice(tree)
+                if command is None:
+                    with_main.add(name)
+                else:
+                    moved[name] = command
     assert with_main <= {"captain_ros/cli/__main__.py", *ENTRY_POINTS}, with_main
     assert {"captain_ros/cli/__main__.py", "captain_ros_training/__main__.py"} <= with_main
+    assert "captain_ros_training/rl_host.py" in moved, moved
+    for command in moved.values():
+        words = command.split()
+        if words[:3] == ["python", "-m", "captain_ros_training"]:
+            assert words[3] in COMMANDS, command
+        else:
+            assert words[0] == "captain-ros", command
+            with pytest.raises(SystemExit) as exit_:
+                main([words[1], "--help"])
+            assert exit_.value.code == 0, command
 
 
 def test_no_two_modules_share_a_file_name():

@@ -930,3 +930,7 @@ def start_hf_server(
     return PolicyServer(
         proc, f"http://127.0.0.1:{port}", Path(model_dir), log, Path(python), name="the transformers server"
     )
+
+
+if __name__ == "__main__":  # the command moved: say where rather than exit 0 having done nothing
+    raise SystemExit("this command is now `python -m captain_ros_training hf-serve`")

@@ -928,3 +928,7 @@ __all__ = [
     "folder_fingerprint",
     "merged_state_dict",
 ]
+
+
+if __name__ == "__main__":  # the command moved: say where rather than exit 0 having done nothing
+    raise SystemExit("this command is now `python -m captain_ros_training rl-host`")

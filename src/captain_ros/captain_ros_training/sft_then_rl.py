@@ -663,3 +663,7 @@ def plot(results: dict[str, Any], path: Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+if __name__ == "__main__":  # the command moved: say where rather than exit 0 having done nothing
+    raise SystemExit("this command is now `python -m captain_ros_training sft-then-rl`")

@@ -416,3 +416,7 @@ def rl_report(sft_rows: Sequence[EvalRow] | None, rl_rows: Sequence[EvalRow] | N
         out.update(run)
     out["rl_missing"] = "; ".join(missing) or None
     return out
+
+
+if __name__ == "__main__":  # the command moved: say where rather than exit 0 having done nothing
+    raise SystemExit("this command is now `python -m captain_ros_training student-eval`")

@@ -244,3 +244,7 @@ def fit_folder(model_dir: Path, examples_file: Path, out: Path, config: FitConfi
     shutil.rmtree(out, ignore_errors=True)
     partial.replace(out)
     return report
+
+
+if __name__ == "__main__":  # the command moved: say where rather than exit 0 having done nothing
+    raise SystemExit("this command is now `python -m captain_ros_training token-rows`")

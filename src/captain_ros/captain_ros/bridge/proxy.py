@@ -754,3 +754,7 @@ def start_proxy(config: ProxyConfig) -> ProxyHandle:
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), name="recording-proxy", daemon=True)
     thread.start()
     return ProxyHandle(proxy, server, thread)
+
+
+if __name__ == "__main__":  # the command moved: say where rather than exit 0 having done nothing
+    raise SystemExit("this command is now `captain-ros proxy`")

@@ -159,3 +159,7 @@ def write_all(check: bool = False) -> list[str]:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
     return stale
+
+
+if __name__ == "__main__":  # the command moved: say where rather than exit 0 having done nothing
+    raise SystemExit("this command is now `captain-ros rviz-config`")

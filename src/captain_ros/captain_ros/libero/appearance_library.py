@@ -59,3 +59,7 @@ def library(path: Path = CACHE, force: bool = False, progress: bool = True) -> A
     built = build_library(object_models(assets), source="LIBERO's asset models", progress=progress)
     built.save(path)
     return built
+
+
+if __name__ == "__main__":  # the command moved: say where rather than exit 0 having done nothing
+    raise SystemExit("this command is now `captain-ros appearance-library`")
