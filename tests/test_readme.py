@@ -36,3 +36,23 @@ def test_a_missing_key_names_the_bench_to_rerun(tmp_path, monkeypatch):
         assert "has no key" in str(exc) and "python bench/ros_rtt.py" in str(exc)
     else:
         raise AssertionError("a results file without the keys must be refused")
+
+
+def test_the_libero_protocol_counts_carry_wilson_intervals():
+    # the headline variant's episodes only; intervals by hand: 1/2 -> 0.09-0.91, 2/2 -> 0.34-1.00, 0/1 -> 0.00-0.79
+    def episode(suite: str, outcome: str, host: bool, variant: str = "appearance") -> dict:
+        return {"variant": variant, "suite": suite, "outcome": outcome, "host_success": host}
+
+    values = {
+        "episodes": [
+            episode("libero_goal", "success", True),
+            episode("libero_goal", "missed_finish", True),
+            episode("libero_10", "failure", False),
+            episode("libero_goal", "failure", False, variant="oracle_segmentation"),
+        ]
+    }
+    counts = readme_figures.derived("libero", values)
+    assert counts["libero_goal_counts"] == "1/2 (0.09–0.91) / 2/2 (0.34–1.00)"
+    assert counts["libero_10_counts"] == "0/1 (0.00–0.79) / 0/1 (0.00–0.79)"
+    assert counts["libero_spatial_counts"] == "n/a / n/a" and counts["libero_spatial_episodes"] == 0
+    assert counts["libero_counts"] == "1/3 (0.06–0.79) / 2/3 (0.21–0.94)" and counts["libero_episodes"] == 3

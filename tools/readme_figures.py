@@ -412,6 +412,35 @@ LIBERO = (
     ),
 )
 
+LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10")
+# CaPtain App. K, Table 9: host / strict successes of 60 episodes per suite (240 in all), CaPtain-4B-SFT; CaPtain-4B
+LIBERO_PAPER = {
+    "libero_spatial": ((47, 46), (58, 58)),
+    "libero_object": ((46, 45), (55, 52)),
+    "libero_goal": ((25, 21), (41, 36)),
+    "libero_10": ((15, 13), (23, 16)),
+    "libero": ((133, 125), (177, 162)),
+}
+LIBERO_PROTOCOL = (
+    *(
+        (
+            f"`{suite}_strict` / host: the scripted expert, {{{suite}_episodes}} episodes (IN-DOMAIN perception "
+            "models)",
+            f"{{{suite}_counts}}",
+            "CaPtain-4B-SFT {sft}; CaPtain-4B {rl} (strict / host of 60)".format(
+                sft="{}/{}".format(*LIBERO_PAPER[suite][0][::-1]), rl="{}/{}".format(*LIBERO_PAPER[suite][1][::-1])
+            ),
+        )
+        for suite in LIBERO_SUITES
+    ),
+    (
+        "`libero_strict` / `libero_host`: all {libero_episodes} episodes",
+        "{libero_counts}",
+        "CaPtain-4B-SFT 125/133; CaPtain-4B 162/177 (strict / host of 240)",
+    ),
+    ("`libero_episode_s_p50`: wall time per episode, one worker per core", "{libero_episode_s_p50:.1f} s", ""),
+)
+
 SHADOW = (
     (
         "`shadow_refusal_recall`: unsafe motions (by the real outcome: an arm link hit something, a force over the "
@@ -476,6 +505,13 @@ HEADLINE = (
         "docs/agent.md",
     ),
     (
+        "libero",
+        "scripted expert on LIBERO, CaPtain's held-out protocol ({libero_episodes} of its 240 episodes), strict / "
+        "host; its perception models are built from LIBERO's assets (in-domain)",
+        "{libero_strict:.3f} / {libero_host:.3f}",
+        "docs/libero.md",
+    ),
+    (
         "student",
         "Qwen2.5-Coder-0.5B-Instruct, strict success on {student_episodes} held-out twin episodes, zero-shot -> SFT",
         "{student_zero_shot_strict:.1%} -> {student_sft_strict:.1%}",
@@ -535,6 +571,7 @@ BLOCKS = {
     "train_gpu": Block("train_gpu", rows=TRAIN_GPU),
     "sft_then_rl": Block("sft_then_rl", text=SFT_THEN_RL),
     "libero": Block("libero_quick", rows=LIBERO),
+    "libero_protocol": Block("libero", rows=LIBERO_PROTOCOL),
     "shadow": Block("shadow", rows=SHADOW),
     "ci": Block("ci", text=CI),
     "student": Block("student", rows=STUDENT),
@@ -607,9 +644,31 @@ def derived(name: str, values: dict) -> dict:
             "tasks": ", ".join(f"`{t}`" for t in values["config"]["tasks"]),
             "eval_rl_version": s["eval_rl"]["policy_version"],
         }
-    if name == "twin":
-        return {"contact_pct": 100 * values.get("physics_contact_step_fraction", float("nan"))}
-    return {}
+    others = {
+        "twin": lambda v: {"contact_pct": 100 * v.get("physics_contact_step_fraction", float("nan"))},
+        "libero": _libero_counts,
+    }
+    return others[name](values) if name in others else {}
+
+
+def _libero_counts(values: dict) -> dict:
+    """Per suite and over all: strict and host successes of the headline variant's episodes with Wilson 95%
+    intervals ("k/n (lo–hi) / k/n (lo–hi)"), and the episode counts."""
+    from captain_ros.bridge.evaluation import wilson
+
+    def rate(k: int, n: int) -> str:
+        low, high = wilson(k, n)
+        return f"{k}/{n} ({low:.2f}–{high:.2f})" if n else "n/a"
+
+    out = {}
+    episodes = [e for e in values.get("episodes", []) if e.get("variant", "appearance") == "appearance"]
+    for suite in (*LIBERO_SUITES, "libero"):
+        mine = [e for e in episodes if suite == "libero" or e["suite"] == suite]
+        strict = sum(e["outcome"] == "success" for e in mine)
+        host = sum(bool(e["host_success"]) for e in mine)
+        out[f"{suite}_episodes"] = len(mine)
+        out[f"{suite}_counts"] = f"{rate(strict, len(mine))} / {rate(host, len(mine))}"
+    return out
 
 
 def _fill(template: str, values: dict, name: str) -> str:
