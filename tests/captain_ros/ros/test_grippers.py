@@ -32,7 +32,7 @@ from trajectory_msgs.msg import JointTrajectory  # noqa: E402
 
 from captain_ros.core import robot  # noqa: E402
 from captain_ros.harness.backend import BackendError  # noqa: E402
-from captain_ros.ros.grippers import FingerStates, make_gripper  # noqa: E402
+from captain_ros.ros.grippers import GOAL_TOLERANCE_M, FingerStates, make_gripper  # noqa: E402
 
 from .helpers import spin_in_background, stop_spinning, wait_for  # noqa: E402
 
@@ -512,7 +512,9 @@ def test_shipped_profile_gripper_names_resolve_against_the_vendor_graph(client_n
     gripper.move(0.05, 0.2)  # from 0.04 m: opening, within every profile's range
     wait_for(lambda: fake.goals, DEADLINE_S, f"{name}'s gripper command to reach the vendor graph")
     outcome = gripper.wait(DEADLINE_S)
-    assert outcome.opening_m == pytest.approx(0.05, abs=1e-6)  # measured from the fingers' joint states
+    # measured from the fingers' joint states: done once within the goal tolerance (CI under double load saw the
+    # trajectory gripper's fake report 48 mm on its way to 50, which is done by that rule)
+    assert outcome.opening_m == pytest.approx(0.05, abs=GOAL_TOLERANCE_M)
     assert outcome.command_m == pytest.approx(0.05) and outcome.reached_goal
 
 
