@@ -77,3 +77,27 @@ def test_the_tracker_keeps_the_latest_mode_and_judges_its_age_on_its_clock():
     assert tracker.heard_since(100.5)
     tracker.update(reflex, came_after=100.4)  # taken now, known only to have come after the poll before
     assert tracker.heard_since(100.3) and not tracker.heard_since(100.5)
+
+
+def test_a_state_delivered_late_is_as_old_as_its_stamp():
+    """A loaded host can deliver a state published before a reflex after the motion already failed on the silence:
+    taken just now, it is still judged by its stamp (its clock offset from the smallest delay seen), so motion stays
+    refused; a state stamped now is fresh again."""
+    now = [1000.0]
+    tracker = FrankaModeTracker(TOPIC, on_change=lambda: None, clock=lambda: now[0])
+
+    def state(stamp_s: float) -> FrankaRobotState:
+        msg = mode(FrankaRobotState.ROBOT_MODE_MOVE)
+        msg.header.stamp.sec, msg.header.stamp.nanosec = int(stamp_s), round((stamp_s % 1) * 1e9)
+        return msg
+
+    for i in range(5):  # stamped on another clock (5,000 s ahead), taken 1-3 ms after
+        now[0] = 1000.0 + 0.001 * i
+        tracker.update(state(6000.0 + 0.001 * i - 0.001 - 0.0005 * (i % 3)))
+    assert tracker.refusal(0.5) == ""
+    now[0] = 1001.0  # silent for a second: refused
+    assert "s old (limit 0.5 s)" in tracker.refusal(0.5)
+    tracker.update(state(6000.005))  # published right after the last, delivered a second late
+    assert "s old (limit 0.5 s)" in tracker.refusal(0.5) and "call recover" in tracker.refusal(0.5)
+    tracker.update(state(6001.0 - 0.001))  # published now
+    assert tracker.refusal(0.5) == ""

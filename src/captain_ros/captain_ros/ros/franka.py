@@ -25,6 +25,7 @@ list_controllers confirms each is active.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -121,15 +122,22 @@ class FrankaModeTracker:
         self.errors: tuple[str, ...] = ()
         self._wall = 0.0  # when the latest state was taken (clock)
         self._after = 0.0  # it came after this (clock): when it was taken, or the poll before that one
+        # the latest state's stamp, and the smallest (taken - stamp) seen: a state delivered late (a loaded host
+        # queues it past a reflex) is as old as its stamp says, the smallest delay taking in the clocks' offset
+        self._stamp_s: float | None = None
+        self._min_delay_s = math.inf
 
     def update(self, msg: FrankaRobotState, came_after: float | None = None) -> None:
         """The latest state, taken now; it came after `came_after` (default: now)."""
         mode = msg.robot_mode
         errors = () if mode in MOVING_MODES else _error_names(msg)  # read the errors only when they matter
         now = self._clock()
+        stamp_s = msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9 or None  # 0: unstamped
         with self._lock:
             changed = mode != self.mode or errors != self.errors
-            self.mode, self.errors, self._wall = mode, errors, now
+            self.mode, self.errors, self._wall, self._stamp_s = mode, errors, now, stamp_s
+            if stamp_s is not None:
+                self._min_delay_s = min(self._min_delay_s, now - stamp_s)
             self._after = now if came_after is None else came_after
         if changed:
             self._on_change()
@@ -141,7 +149,11 @@ class FrankaModeTracker:
 
     def refusal(self, limit_s: float) -> str:
         with self._lock:
-            mode, errors, age = self.mode, self.errors, self._clock() - self._wall
+            now = self._clock()
+            age = now - self._wall
+            if self._stamp_s is not None:  # by its stamp: taken just now, it may still be old
+                age = max(age, now - (self._stamp_s + self._min_delay_s))
+            mode, errors = self.mode, self.errors
         return refusal(mode, errors, age, limit_s, self.topic)
 
 
