@@ -43,6 +43,7 @@ from rclpy.serialization import deserialize_message
 
 from captain_ros.core.robot import FrankaSettings, Payload
 from captain_ros.harness.backend import BackendError
+from captain_ros.ros.frames import stamp_ns
 from captain_ros.ros.spin import SideNode, SpunActionClient
 
 SET_LOAD_TYPE = "franka_msgs/srv/SetLoad"
@@ -132,7 +133,7 @@ class FrankaModeTracker:
         mode = msg.robot_mode
         errors = () if mode in MOVING_MODES else _error_names(msg)  # read the errors only when they matter
         now = self._clock()
-        stamp_s = msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9 or None  # 0: unstamped
+        stamp_s = stamp_ns(msg.header.stamp) * 1e-9 or None  # 0: unstamped
         with self._lock:
             changed = mode != self.mode or errors != self.errors
             self.mode, self.errors, self._wall, self._stamp_s = mode, errors, now, stamp_s
