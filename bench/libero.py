@@ -297,6 +297,8 @@ def main() -> int:
             ],
         },
     )
+    for store in sorted(runs_dir.glob("*/*-eval/rollout.sqlite")):
+        print(f"episodes: {store} (a transcript: captain-ros eval transcript {store} --outcome failure --brief)")
     return 0
 
 

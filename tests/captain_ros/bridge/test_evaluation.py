@@ -22,6 +22,7 @@ from captain_ros.bridge.evaluation import (
     load_rows,
     mcnemar_exact,
     pair_rows,
+    stored_transcript,
     summarize,
     task_bootstrap_ci,
     wilson,
@@ -513,3 +514,64 @@ def test_cli_as_a_module(suite_store: Path, tmp_path: Path):
     assert (tmp_path / "m" / "report.md").is_file() and math.isfinite(
         json.loads((tmp_path / "m" / "report.json").read_text())["summaries"]["sft"]["overall"]["mean_requests"]
     )
+
+
+# ------------------------------------------------------------------------------------------ transcripts
+def _call(code: str) -> dict:
+    function = {"name": "python", "arguments": json.dumps({"code": code})}
+    return {"content": "", "tool_calls": [{"type": "function", "function": function}]}
+
+
+def _model_call(messages: list[dict], code: str) -> dict:
+    """A model_call record's payload as the proxy writes it (the fields the schema requires)."""
+    return {
+        "messages": messages,
+        "tools": [],
+        "sampling": {},
+        "prompt_token_ids": None,
+        "token_ids": None,
+        "logprobs": None,
+        "policy_version": 3,
+        "timing": {},
+        "status": "ok",
+        "response": _call(code),
+    }
+
+
+def test_transcript_of_a_stored_episode(suite_store: Path, tmp_path: Path, capsys):
+    """Each request's cell, what came back to it (the next request's new messages; the last one's receipts), the
+    outcome; --brief keeps a cell's comments; the filters pick the episode."""
+    first, second = "# step: survey\n# look first\nx = 1\nprint(x)", "# step: finish\nfinish('done')"
+    messages = [{"role": "developer", "content": "TASK.md"}, {"role": "user", "content": "do t1"}]
+    after_first = [
+        *messages,
+        {"role": "assistant", "content": None, "tool_calls": _call(first)["tool_calls"]},
+        {"role": "tool", "content": "x is 1\n[receipts]\nobserve: obs-1"},
+    ]
+    with EpisodeStore(suite_store) as store:
+        add_episode(store, "tx", "t1", "pick_place", "s9", "missed_finish")
+        store.append(Record("tx", "model_call", 1, _model_call(messages, first)))
+        store.append(Record("tx", "model_call", 2, _model_call(after_first, second)))
+        step = {"snapshot": {}, "calls": [{"receipt": "finish: refused"}], "timing": {}, "costs": {}}
+        store.append(Record("tx", "step", 2, {**step, "solved_before": False}))
+    text = stored_transcript(suite_store, "tx")
+    assert (
+        text.index("# Episode tx: t1 (s9)")
+        < text.index("print(x)")
+        < text.index("x is 1")
+        < text.index("finish('done')")
+        < text.index("finish: refused")
+        < text.index("**missed_finish**")
+    )
+    assert "TASK.md" not in text and "do t1" in text  # the instruction once, as the heading's quote
+    brief = stored_transcript(suite_store, "tx", brief=True)
+    assert "# look first" in brief and "print(x)" not in brief and "# ... 2 lines of code" in brief
+    out = tmp_path / "t.md"
+    assert main(["transcript", str(suite_store), "--outcome", "missed_finish", "--task", "t1", "--out", str(out)]) == 0
+    assert "e001: t1 from s1" in capsys.readouterr().err  # the oldest match: the suite's own missed finish
+    assert main(["transcript", str(suite_store), "--episode", "tx", "--brief"]) == 0
+    assert "# look first" in capsys.readouterr().out
+    assert main(["transcript", str(suite_store), "--task", "nothing"]) == 1
+    assert "no complete episode matches" in capsys.readouterr().err
+    with pytest.raises(EvaluationError, match="no episode 'nope'"):
+        stored_transcript(suite_store, "nope")

@@ -98,8 +98,17 @@ class Transcript:
         (self.folder / "transcript.md").write_text(render_markdown(self._records), encoding="utf-8")
 
 
-def render_markdown(records: list[dict]) -> str:
-    """A transcript a person reads: the task, then each request's reasoning, code and output."""
+def _brief(code: str) -> str:
+    """A cell as its comment lines (the expert narrates its reasoning there) and a count of the rest."""
+    lines = code.rstrip().splitlines()
+    said = [line for line in lines if line.lstrip().startswith("#")]
+    rest = len(lines) - len(said)
+    return "\n".join([*said, *([f"# ... {rest} lines of code"] if rest else [])])
+
+
+def render_markdown(records: list[dict], brief: bool = False) -> str:
+    """A transcript a person reads: the task, then each request's reasoning, code and output (`brief`: each cell as
+    its comment lines)."""
     out: list[str] = []
     for r in records:
         if r["type"] == "start":
@@ -113,7 +122,7 @@ def render_markdown(records: list[dict]) -> str:
                     code = json.loads(raw).get("code", raw)
                 except (json.JSONDecodeError, AttributeError):
                     code = raw
-                out += ["```python", str(code).rstrip(), "```", ""]
+                out += ["```python", _brief(str(code)) if brief else str(code).rstrip(), "```", ""]
             for reply in r["replies"]:
                 content = reply.get("content")
                 if isinstance(content, list):

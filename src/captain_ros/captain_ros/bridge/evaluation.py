@@ -151,6 +151,44 @@ def load_rows(store_path: str | Path, policy: str | None = None) -> list[EvalRow
     return rows
 
 
+def stored_transcript(store_path: str | Path, episode_id: str, brief: bool = False) -> str:
+    """Episode `episode_id` of a store as the agent's transcript.md reads (captain_ros.agent.transcript): each
+    request's reply and cell, then what came back to it (the next request's new messages; for the last request,
+    which no later request shows, its receipts), then the outcome. `brief`: each cell as its comment lines."""
+    from captain_ros.agent.transcript import render_markdown
+
+    with open_store(store_path) as store:
+        records: dict[str, list] = {}
+        for rec in store.records(episode_id):
+            records.setdefault(rec.kind, []).append(rec)
+    if "episode_start" not in records:
+        raise EvaluationError(f"{store_path}: no episode {episode_id!r} (`captain-ros eval report` lists the store)")
+    start = records["episode_start"][0].payload
+    calls = sorted(records.get("model_call", []), key=lambda r: r.index)
+    steps = {r.index: r.payload for r in records.get("step", [])}
+    out = [{"type": "start", "episode_id": episode_id, **start}]
+    for n, call in enumerate(calls):
+        if n + 1 < len(calls):  # what followed this reply: the next request's messages after its last assistant turn
+            messages = calls[n + 1].payload["messages"]
+            last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=len(messages) - 1)
+            replies = messages[last + 1 :]
+        else:
+            receipts = [c.get("receipt", "") for c in (steps.get(call.index) or {}).get("calls", [])]
+            replies = [{"role": "tool", "content": "[receipts of the last cell]\n" + "\n".join(receipts)}]
+        out.append(
+            {
+                "type": "request",
+                "request": call.index,
+                "completion": call.payload.get("response") or {},
+                "replies": replies,
+            }
+        )
+    if "episode_end" in records:
+        end = records["episode_end"][0].payload
+        out.append({"type": "end", **end, "wall_time_s": float(end.get("wall_time_s") or 0.0)})
+    return render_markdown(out, brief=brief)
+
+
 def open_episodes(store_path: str | Path) -> int:
     """How many episodes of a store have not ended (still running, or their worker died unnoticed)."""
     with open_store(store_path) as store:

@@ -6,6 +6,7 @@ captain-ros eval run --starts-per-task 8 --attempts 1 --out eval/expert
 captain-ros eval --backend libero --suite libero_spatial,libero_object,libero_goal   # held-out states 11-16
 captain-ros eval report runs/<run>/rollout.sqlite --out eval/expert
 captain-ros eval compare A.sqlite B.sqlite --labels sft rl --out eval/sft-vs-rl
+captain-ros eval transcript runs/<run>/rollout.sqlite --outcome missed_finish --brief
 """
 
 from __future__ import annotations
@@ -20,14 +21,17 @@ from captain_ros.bridge.evaluation import (
     DEFAULT_RESAMPLES,
     DEFAULT_SEED,
     METRICS,
+    OUTCOMES,
     SUMMARY_COLUMNS,
     EvaluationError,
     compare_columns,
     comparison_rows,
     interpret,
     load_nonempty,
+    load_rows,
     open_episodes,
     pairing_text,
+    stored_transcript,
     summarize,
     summary_rows,
     text_table,
@@ -52,6 +56,17 @@ def report_parser() -> argparse.ArgumentParser:
     c.add_argument("--labels", nargs=2, metavar=("A", "B"), help="names for the two policies")
     c.add_argument("--metric", choices=METRICS, default="strict", help="primary metric (both are reported)")
     c.add_argument("--out", required=True, help="output directory")
+    t = sub.add_parser(
+        "transcript",
+        help="an episode of a store as markdown (each request's reasoning, cell and output, then the outcome); the "
+        "first that matches the filters",
+    )
+    t.add_argument("store", help="episode store (.sqlite) the rollouts wrote")
+    t.add_argument("--episode", help="its episode id")
+    t.add_argument("--task", help="a task (e.g. libero_object/4)")
+    t.add_argument("--outcome", choices=OUTCOMES, help="an outcome class")
+    t.add_argument("--brief", action="store_true", help="each cell as its comment lines (the reasoning), not whole")
+    t.add_argument("--out", help="write the markdown here (default: standard output)")
     for q in (r, c):
         q.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, help="bootstrap resamples")
         q.add_argument("--seed", type=int, default=DEFAULT_SEED, help="bootstrap seed")
@@ -72,10 +87,36 @@ def _print_summary(name: str, summary: dict[str, Any], still_open: int) -> None:
     print(text_table(SUMMARY_COLUMNS, summary_rows(summary)))
 
 
+def _transcript(args: argparse.Namespace) -> int:
+    rows = [
+        r
+        for r in load_rows(args.store)
+        if (args.episode in (None, r.episode_id))
+        and (args.task in (None, r.task))
+        and (args.outcome in (None, r.outcome))
+    ]
+    if not rows:
+        raise EvaluationError(f"{args.store}: no complete episode matches (`captain-ros eval report` lists them)")
+    row = rows[0]
+    print(
+        f"{len(rows)} episode(s) match; {row.episode_id}: {row.task} from {row.start_id}, {row.outcome}",
+        file=sys.stderr,
+    )
+    text = stored_transcript(args.store, row.episode_id, brief=args.brief)
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+        print(f"transcript: {args.out}", file=sys.stderr)
+    else:
+        print(text)
+    return 0
+
+
 def report_main(argv: list[str] | None = None) -> int:
     """`captain-ros eval report|compare`: a report on one store, or a paired comparison of two."""
     args = report_parser().parse_args(argv)
     try:
+        if args.command == "transcript":
+            return _transcript(args)
         if args.command == "report":
             rows = load_nonempty(args.store, args.label)
             path = write_report(args.out, rows, resamples=args.resamples, seed=args.seed, sources=[args.store])
@@ -114,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["run", *argv]  # `captain-ros eval --backend libero ...` is `eval run ...`
-    if argv and argv[0] in ("report", "compare"):
+    if argv and argv[0] in ("report", "compare", "transcript"):
         return report_main(argv)
     from captain_ros.cli.rollout_cli import add_rollout_arguments, rollout
 
@@ -124,12 +165,13 @@ def main(argv: list[str] | None = None) -> int:
         "default) and writes a report; `report STORE --out DIR` and `compare STORE_A STORE_B --out DIR` work on "
         "existing stores (see `captain-ros eval report --help`).",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="run|report|compare")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="run|report|compare|transcript")
     run = sub.add_parser("run", help="run episodes and write a report")
     add_rollout_arguments(run, split="eval", attempts_name="--attempts")
     run.add_argument("--out", default="", help="report folder (default: <run dir>/report)")
     sub.add_parser("report", help="report on one store (report --help)")
     sub.add_parser("compare", help="paired comparison of two stores (compare --help)")
+    sub.add_parser("transcript", help="an episode of a store as markdown (transcript --help)")
     args = parser.parse_args(argv)
     host, report = rollout(args, kind="eval", ship=False)
     out = Path(args.out) if args.out else host.run_dir / "report"
