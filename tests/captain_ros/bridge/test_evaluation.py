@@ -566,6 +566,7 @@ def test_transcript_of_a_stored_episode(suite_store: Path, tmp_path: Path, capsy
     assert "TASK.md" not in text and "do t1" in text  # the instruction once, as the heading's quote
     brief = stored_transcript(suite_store, "tx", brief=True)
     assert "# look first" in brief and "print(x)" not in brief and "# ... 2 lines of code" in brief
+    assert "x is 1" in brief and "observe: obs-1" not in brief  # the output, without its receipts
     out = tmp_path / "t.md"
     assert main(["transcript", str(suite_store), "--outcome", "missed_finish", "--task", "t1", "--out", str(out)]) == 0
     assert "e001: t1 from s1" in capsys.readouterr().err  # the oldest match: the suite's own missed finish

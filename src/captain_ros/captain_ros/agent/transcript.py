@@ -106,9 +106,22 @@ def _brief(code: str) -> str:
     return "\n".join([*said, *([f"# ... {rest} lines of code"] if rest else [])])
 
 
+def _without_receipts(text: str) -> str:
+    """A cell's output without its receipts block (from "[receipts]" up to the "[budget]" line)."""
+    out, skipping = [], False
+    for line in text.splitlines():
+        if line.startswith("[receipts"):
+            skipping = True
+        elif line.startswith("[budget]"):
+            skipping = False
+        if not skipping:
+            out.append(line)
+    return "\n".join(out)
+
+
 def render_markdown(records: list[dict], brief: bool = False) -> str:
     """A transcript a person reads: the task, then each request's reasoning, code and output (`brief`: each cell as
-    its comment lines)."""
+    its comment lines, each output without its receipts)."""
     out: list[str] = []
     for r in records:
         if r["type"] == "start":
@@ -127,7 +140,8 @@ def render_markdown(records: list[dict], brief: bool = False) -> str:
                 content = reply.get("content")
                 if isinstance(content, list):
                     content = " ".join(p.get("text", "[image]") for p in content if isinstance(p, dict))
-                out += ["```text", str(content).rstrip(), "```", ""]
+                text = _without_receipts(str(content)) if brief else str(content)
+                out += ["```text", text.rstrip(), "```", ""]
         elif r["type"] == "end":
             out += [
                 "## Outcome",

@@ -65,7 +65,11 @@ def report_parser() -> argparse.ArgumentParser:
     t.add_argument("--episode", help="its episode id")
     t.add_argument("--task", help="a task (e.g. libero_object/4)")
     t.add_argument("--outcome", choices=OUTCOMES, help="an outcome class")
-    t.add_argument("--brief", action="store_true", help="each cell as its comment lines (the reasoning), not whole")
+    t.add_argument(
+        "--brief",
+        action="store_true",
+        help="each cell as its comment lines (the reasoning), each output without receipts",
+    )
     t.add_argument("--out", help="write the markdown here (default: standard output)")
     for q in (r, c):
         q.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, help="bootstrap resamples")
