@@ -10,7 +10,9 @@ libero_<suite>_strict   strict success (finish() accepted on a scene LIBERO's go
                         expert; host success (`_host`) beside it. The expert acts on perception only: the built-in
                         segmenter's depth regions named by the appearance library rendered from LIBERO's asset
                         models (libero/appearance_library.py); LIBERO's predicate only scores
-libero_strict, _host    over every episode of the run (240 for the protocol)
+libero_strict, _host    over every episode of the four suites (240 for the protocol)
+libero_pro_strict, _host  over every episode of LIBERO-PRO's perturbed suites run (`--suites libero_object_swap,...`;
+                        each has its own libero_<suite>_strict too), never pooled into the protocol's
 libero_episode_s_p50    wall time per episode (each worker on its own core)
 ..._colour_shape        the same episodes with the built-in colour/shape naming alone (no appearance library)
 ..._oracle_segmentation the same episodes with ORACLE segmentation (libero/oracle.py: masks from the simulator's
@@ -27,6 +29,7 @@ control_ms_per_50ms     wall time of the harness's joint control for 50 ms of si
                                                 # writes bench/results/libero_quick.json (never the protocol's file)
   python bench/libero.py --variants oracle_segmentation   # other variants; the others' figures are kept
   python bench/libero.py --suites libero_10 --states 11,12  # a part of the protocol (written beside the rest)
+  python bench/libero.py --suites libero_object_swap,libero_object_lan   # LIBERO-PRO suites, the same way
 """
 
 from __future__ import annotations
@@ -131,6 +134,42 @@ def _suite_order(suite: str) -> tuple[int, str]:
     return (SUITES.index(suite) if suite in SUITES else len(SUITES), suite)
 
 
+def figures(results: list[dict], dates: dict) -> tuple[list, dict]:
+    """The table's rows and the results file's figures: per suite and variant, and pooled (the protocol's four
+    suites; LIBERO-PRO's perturbed suites apart)."""
+    rows: list = []
+    metrics: dict = {}
+    for variant in VARIANTS:
+        if variant not in dates:
+            continue
+        suffix = "" if variant == next(iter(VARIANTS)) else f"_{variant}"
+        for suite in sorted({r["suite"] for r in results if r["variant"] == variant}, key=_suite_order):
+            mine = [r for r in results if r["suite"] == suite and r["variant"] == variant]
+            strict = float(np.mean([r["outcome"] == "success" for r in mine]))
+            host = float(np.mean([bool(r["host_success"]) for r in mine]))
+            metrics[f"{suite}_strict{suffix}"] = strict
+            metrics[f"{suite}_host{suffix}"] = host
+            outcomes: dict[str, int] = {}
+            for r in mine:
+                outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
+            requests = float(np.mean([r["requests"] for r in mine]))
+            counts = ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items()))
+            rows.append([suite, variant, len(mine), host, strict, requests, counts])
+        # the protocol's figures pool its four suites; LIBERO-PRO's perturbed suites (any other) pool apart
+        for pooled, mine in (
+            ("libero", [r for r in results if r["variant"] == variant and r["suite"] in SUITES]),
+            ("libero_pro", [r for r in results if r["variant"] == variant and r["suite"] not in SUITES]),
+        ):
+            if not mine:
+                continue
+            metrics[f"{pooled}_strict{suffix}"] = float(np.mean([r["outcome"] == "success" for r in mine]))
+            metrics[f"{pooled}_host{suffix}"] = float(np.mean([bool(r["host_success"]) for r in mine]))
+            walls = [r["wall_time_s"] for r in mine if r.get("wall_time_s") is not None]
+            if walls and pooled == "libero":
+                metrics[f"libero_episode_s_p50{suffix}"] = float(np.median(walls))
+    return rows, metrics
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -210,29 +249,7 @@ def main() -> int:
         ]
         dates[variant] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
-    rows, metrics = [], {}
-    for variant in VARIANTS:
-        if variant not in dates:
-            continue
-        suffix = "" if variant == next(iter(VARIANTS)) else f"_{variant}"
-        for suite in sorted({r["suite"] for r in results if r["variant"] == variant}, key=_suite_order):
-            mine = [r for r in results if r["suite"] == suite and r["variant"] == variant]
-            strict = float(np.mean([r["outcome"] == "success" for r in mine]))
-            host = float(np.mean([bool(r["host_success"]) for r in mine]))
-            metrics[f"{suite}_strict{suffix}"] = strict
-            metrics[f"{suite}_host{suffix}"] = host
-            outcomes: dict[str, int] = {}
-            for r in mine:
-                outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
-            requests = float(np.mean([r["requests"] for r in mine]))
-            counts = ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items()))
-            rows.append([suite, variant, len(mine), host, strict, requests, counts])
-        mine = [r for r in results if r["variant"] == variant]
-        metrics[f"libero_strict{suffix}"] = float(np.mean([r["outcome"] == "success" for r in mine]))
-        metrics[f"libero_host{suffix}"] = float(np.mean([bool(r["host_success"]) for r in mine]))
-        walls = [r["wall_time_s"] for r in mine if r.get("wall_time_s") is not None]
-        if walls:
-            metrics[f"libero_episode_s_p50{suffix}"] = float(np.median(walls))
+    rows, metrics = figures(results, dates)
     print_table(
         f"Scripted expert on LIBERO ({'the quick sample' if args.quick else 'the held-out protocol'}: "
         f"this run's initial states {args.states}, tasks 0-{args.tasks - 1} of each suite)",
