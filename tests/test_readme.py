@@ -49,6 +49,7 @@ def test_the_libero_protocol_counts_carry_wilson_intervals():
             episode("libero_goal", "missed_finish", True),
             episode("libero_10", "failure", False),
             episode("libero_goal", "failure", False, variant="oracle_segmentation"),
+            episode("libero_object_swap", "success", True),  # LIBERO-PRO: counted apart, never in the protocol's
         ]
     }
     counts = readme_figures.derived("libero", values)
@@ -56,3 +57,5 @@ def test_the_libero_protocol_counts_carry_wilson_intervals():
     assert counts["libero_10_counts"] == "0/1 (0.00–0.79) / 0/1 (0.00–0.79)"
     assert counts["libero_spatial_counts"] == "n/a / n/a" and counts["libero_spatial_episodes"] == 0
     assert counts["libero_counts"] == "1/3 (0.06–0.79) / 2/3 (0.21–0.94)" and counts["libero_episodes"] == 3
+    assert counts["libero_pro_counts"] == "1/1 (0.21–1.00) / 1/1 (0.21–1.00)" and counts["libero_pro_episodes"] == 1
+    assert counts["libero_pro_suites"] == "libero_object_swap 1/1"

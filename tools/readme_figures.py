@@ -439,6 +439,12 @@ LIBERO_PROTOCOL = (
         for suite in LIBERO_SUITES
     ),
     ("`libero_strict` / `libero_host`: all {libero_episodes} episodes", "{libero_counts}", _paper("libero")),
+    (
+        "`libero_pro_strict` / host: LIBERO-PRO's perturbed suites, the same way ({libero_pro_episodes} episodes; "
+        "strict per suite: {libero_pro_suites})",
+        "{libero_pro_counts}",
+        "",
+    ),
     ("`libero_episode_s_p50`: wall time per episode, one worker per core", "{libero_episode_s_p50:.1f} s", ""),
 )
 
@@ -663,12 +669,23 @@ def _libero_counts(values: dict) -> dict:
 
     out = {}
     episodes = [e for e in values.get("episodes", []) if e.get("variant", "appearance") == "appearance"]
-    for suite in (*LIBERO_SUITES, "libero"):
-        mine = [e for e in episodes if suite == "libero" or e["suite"] == suite]
+    groups = {suite: [e for e in episodes if e["suite"] == suite] for suite in LIBERO_SUITES}
+    groups["libero"] = [e for e in episodes if e["suite"] in LIBERO_SUITES]
+    groups["libero_pro"] = [e for e in episodes if e["suite"] not in LIBERO_SUITES]  # LIBERO-PRO's perturbed suites
+    for suite, mine in groups.items():
         strict = sum(e["outcome"] == "success" for e in mine)
         host = sum(bool(e["host_success"]) for e in mine)
         out[f"{suite}_episodes"] = len(mine)
         out[f"{suite}_counts"] = f"{rate(strict, len(mine))} / {rate(host, len(mine))}"
+    pro = sorted({e["suite"] for e in groups["libero_pro"]})
+    out["libero_pro_suites"] = (
+        ", ".join(
+            f"{s} {sum(e['outcome'] == 'success' for e in groups['libero_pro'] if e['suite'] == s)}"
+            f"/{sum(e['suite'] == s for e in groups['libero_pro'])}"
+            for s in pro
+        )
+        or "none run yet"
+    )
     return out
 
 
