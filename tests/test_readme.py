@@ -22,8 +22,10 @@ def test_readme_figures_match_the_results_files():
         assert readme_figures.rebuilt(text) == text, f"{page.name}: run `python tools/readme_figures.py`"
     assert sorted(names) == sorted(readme_figures.BLOCKS), "every defined block is on exactly one page"
     headline = readme_figures.BLOCK.findall(readme_figures.README.read_text())
-    # the headline figures, and the real student's table with its plot by family
-    assert [name for _, name, _, _ in headline] == ["headline", "student"], "the README carries the headline figures"
+    # the headline figures, the real student's table with its plot by family, and LIBERO per suite beside CaPtain's
+    assert [name for _, name, _, _ in headline] == ["headline", "student", "libero_protocol"], (
+        "the README carries the headline figures"
+    )
     assert "](bench/results/student.png)" in readme_figures.README.read_text()
 
 
