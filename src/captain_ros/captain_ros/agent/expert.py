@@ -1162,7 +1162,7 @@ else:
         seen = find_target($target, d["center_m"], camera="wrist")
         print(f"no $target_name at the $dest_name from the head camera; the wrist camera has {len(seen)} candidate(s)")
         ts = seen or ts
-    t = nearest(distinct(ts), d["center_m"])  # one per object, as the survey picks: not a part of the $dest_name
+    t = nearest(ts, d["center_m"])
     g = geom(t["detection_id"]) if t is not None else None
 $later
     if g is not None:
