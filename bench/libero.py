@@ -320,4 +320,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # run_to_end waited for the evaluation to stop what it started
+        print("bench/libero.py: interrupted; no results written", file=sys.stderr)
+        sys.exit(130)
