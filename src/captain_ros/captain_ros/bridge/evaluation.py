@@ -154,7 +154,8 @@ def load_rows(store_path: str | Path, policy: str | None = None) -> list[EvalRow
 def stored_transcript(store_path: str | Path, episode_id: str, brief: bool = False) -> str:
     """Episode `episode_id` of a store as the agent's transcript.md reads (captain_ros.agent.transcript): each
     request's reply and cell, then what came back to it (the next request's new messages; for the last request,
-    which no later request shows, its receipts), then the outcome. `brief`: each cell as its comment lines."""
+    which no later request shows, its receipts), then the outcome. `brief`: each cell as its comment lines, each
+    output without its receipts."""
     from captain_ros.agent.transcript import render_markdown
 
     with open_store(store_path) as store:
