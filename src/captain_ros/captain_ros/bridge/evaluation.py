@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from captain_ros.bridge.store import EpisodeStore, StoreError
+from captain_ros.bridge.store import EpisodeReader, EpisodeStore, StoreError
 
 OUTCOMES = ("success", "missed_finish", "false_finish", "budget_exhausted", "failure", "infrastructure_failure")
 INFRASTRUCTURE = "infrastructure_failure"
@@ -158,35 +158,30 @@ def stored_transcript(store_path: str | Path, episode_id: str, brief: bool = Fal
     output without its receipts."""
     from captain_ros.agent.transcript import render_markdown
 
-    with open_store(store_path) as store:
-        records: dict[str, list] = {}
-        for rec in store.records(episode_id):
-            records.setdefault(rec.kind, []).append(rec)
-    if "episode_start" not in records:
-        raise EvaluationError(f"{store_path}: no episode {episode_id!r} (`captain-ros eval report` lists the store)")
-    start = records["episode_start"][0].payload
-    calls = sorted(records.get("model_call", []), key=lambda r: r.index)
-    steps = {r.index: r.payload for r in records.get("step", [])}
-    out = [{"type": "start", "episode_id": episode_id, **start}]
-    for n, call in enumerate(calls):
+    open_store(store_path).close()  # refuses a missing path (the reader would create one)
+    reader = EpisodeReader(store_path)
+    try:
+        episode = reader.load(episode_id)  # its records, model calls and steps joined by request
+    except StoreError as exc:  # none by that id, or a damaged record
+        raise EvaluationError(
+            f"{store_path}: no episode {episode_id!r} to read ({exc}; `captain-ros eval report` lists the store)"
+        ) from None
+    finally:
+        reader.close()
+    calls = [r for r in episode.requests if r.model_call is not None]
+    out = [{"type": "start", "episode_id": episode_id, **episode.start}]
+    for n, request in enumerate(calls):
         if n + 1 < len(calls):  # what followed this reply: the next request's messages after its last assistant turn
-            messages = calls[n + 1].payload["messages"]
+            messages = calls[n + 1].model_call["messages"]
             last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=len(messages) - 1)
             replies = messages[last + 1 :]
         else:
-            receipts = [c.get("receipt", "") for c in (steps.get(call.index) or {}).get("calls", [])]
+            receipts = [c.get("receipt", "") for c in (request.step or {}).get("calls", [])]
             replies = [{"role": "tool", "content": "[receipts of the last cell]\n" + "\n".join(receipts)}]
-        out.append(
-            {
-                "type": "request",
-                "request": call.index,
-                "completion": call.payload.get("response") or {},
-                "replies": replies,
-            }
-        )
-    if "episode_end" in records:
-        end = records["episode_end"][0].payload
-        out.append({"type": "end", **end, "wall_time_s": float(end.get("wall_time_s") or 0.0)})
+        completion = request.model_call.get("response") or {}
+        out.append({"type": "request", "request": request.index, "completion": completion, "replies": replies})
+    if episode.end is not None:
+        out.append({"type": "end", **episode.end, "wall_time_s": float(episode.end.get("wall_time_s") or 0.0)})
     return render_markdown(out, brief=brief)
 
 
