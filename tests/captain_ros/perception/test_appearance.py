@@ -183,6 +183,45 @@ def test_the_pieces_of_a_print_in_a_container_are_joined_when_no_piece_alone_loo
     assert name == "juice carton" and part[15:45, 25:58].all() and part.sum() == 30 * 33
 
 
+def test_a_bowl_on_a_fixture_as_dark_as_it_is_found_as_the_fixtures_raised_part():
+    """A black bowl on a black stove (LIBERO spatial): one depth region, and by colour the whole looks like the
+    stove. With its cloud, what stands more than RAISED_M above the region's flat top is judged alone: it looks like
+    the bowl and stands in for the region; a query for the stove still gets the whole region, and a region smaller
+    than a fixture is never split."""
+    colours = {"b": (20, 20, 22), "w": (215, 215, 215)}
+
+    def hist(pattern):
+        swatch = np.array([[colours[c] for c in pattern]] * 4, np.uint8)
+        return histogram(swatch, np.ones(swatch.shape[:2], bool))
+
+    lib = AppearanceLibrary(("black_bowl", "flat_stove"), np.array([hist("bbw"), hist("b")]), "swatches")
+    h, w = 50, 60
+    rgb = np.zeros((h, w, 3), np.uint8)
+    rgb[:] = colours["b"]
+    region = np.ones((h, w), bool)
+    rows, cols = np.mgrid[0:h, 0:w]
+    heights = np.where(rows < 30, 0.25, 0.25 * (h - rows) / (h - 30))  # a flat top, then the front face down
+    bowl = (rows >= 5) & (rows < 20) & (cols >= 20) & (cols < 35)
+    heights = np.where(bowl, 0.27 + 0.002 * (rows - 5), heights)
+    rgb[bowl & (cols % 3 == 0)] = colours["w"]  # its print: a third of it white
+    points = np.stack([0.3 + cols * 0.01, -0.2 + rows * 0.005, heights], axis=-1)  # 60 cm wide, 25 cm deep
+
+    class Cloud:  # what raised_parts reads of a CameraCloud
+        pass
+
+    cloud = Cloud()
+    cloud.points, cloud.height_m = points, heights
+    ((_, part, name),) = lib.find(rgb, [region], "black bowl", cloud)
+    assert name == "black bowl" and not (part & ~bowl).any() and part.sum() >= 0.9 * bowl.sum()  # its foot is lost
+    assert all((m & ~bowl).any() or m.sum() < 0.5 * bowl.sum() for _, m, _ in lib.find(rgb, [region], "black bowl"))
+    ((_, whole, name),) = lib.find(rgb, [region], "flat stove", cloud)
+    assert whole is region and name == "flat stove"
+    cloud.points = np.stack([0.3 + cols * 0.002, -0.2 + rows * 0.002, heights], axis=-1)  # 12 cm: no fixture
+    assert all(
+        (m & ~bowl).any() or m.sum() < 0.5 * bowl.sum() for _, m, _ in lib.find(rgb, [region], "black bowl", cloud)
+    )
+
+
 def test_segment_names_twin_objects_by_their_look_and_falls_back_for_other_names(harness, library):
     """On the twin: the red cube looks like the red 'tomato cans' model, so segment('tomato cans') finds it, measured
     from depth like any detection; a name the library does not know goes to the colour/shape segmenter."""

@@ -43,6 +43,8 @@ PART_JOIN_PX = 7  # pieces of a part this close are one part (a container's, whe
 CONTAINED_MAX_MARGIN = 0.10  # a part of a container is seen from one side (a bottle's cap from above): judged less
 # strictly than a whole region (0.05: a looser margin for parts of any region takes slivers of look-alikes)
 CONTAINER_WORDS = {"basket", "bowl", "plate", "tray", "caddy", "drainer", "box"}  # models things are put in or on
+FIXTURE_SPAN_M = 0.2  # a region this long across stands for a fixture (or things merged with one): its raised parts
+RAISED_M = 0.015  # are what stands this far above its top surface, each shorter than FIXTURE_SPAN_M across
 STOP_WORDS = {"the", "a", "an", "of", "on", "in", "to", "and", "at", "from", "with"}
 COLOR_WORDS = set(COLOR_NAMES) | {"gray"}
 
@@ -136,14 +138,21 @@ class AppearanceLibrary:
         plain = [i for i in chosen if not (model_words[i] & COLOR_WORDS) - query]
         return plain or chosen
 
-    def find(self, rgb: np.ndarray, regions: Iterable[np.ndarray], text: str) -> list[tuple[float, np.ndarray, str]]:
+    def find(
+        self, rgb: np.ndarray, regions: Iterable[np.ndarray], text: str, cloud: CameraCloud | None = None
+    ) -> list[tuple[float, np.ndarray, str]]:
         """(score, mask, model name) of the regions that look like what `text` names, best first: ranked by how
         much more they look like another model than like the named ones (0 when a named model is the closest),
-        then by distance. Empty when no region is close enough; raises KeyError when no model is named."""
+        then by distance. Empty when no region is close enough; raises KeyError when no model is named.
+        With the cloud, a fixture-sized region's raised parts (raised_parts: a bowl on a cabinet or a stove, one
+        region with it in depth and as dark) that look like the named model stand in for the region when they
+        look more like it than the whole region does."""
         named = self.models_for(text)
         if not named:
             raise KeyError(text)
         regions = list(regions)
+        if cloud is not None:
+            regions = [part for mask in regions for part in self._raised_instead(rgb, cloud, mask, named)]
         found = [f for f in (self._judge(rgb, mask, named) for mask in regions) if f is not None]
         found.sort(key=lambda f: (f[0], f[1]))
         in_parts = []
@@ -157,6 +166,15 @@ class AppearanceLibrary:
         return [
             (1.0 / (1.0 + margin + dist), mask, name.replace("_", " ")) for margin, dist, mask, name in found + in_parts
         ]
+
+    def _raised_instead(self, rgb: np.ndarray, cloud: CameraCloud, mask: np.ndarray, named: list[int]):
+        """[mask], or the region's raised parts that look like a named model better than the whole region does."""
+        parts = [(self._judge(rgb, part, named), part) for part in raised_parts(cloud, mask)]
+        parts = [(j, part) for j, part in parts if j is not None]
+        whole = self._judge(rgb, mask, named)
+        if parts and (whole is None or min(j[:2] for j, _ in parts) < whole[:2]):
+            return [part for _, part in parts]
+        return [mask]
 
     def _judged_parts(self, rgb: np.ndarray, mask: np.ndarray, named: list[int], max_margin: float, join: bool):
         judged = (self._judge(rgb, part, named, max_margin) for part in self._parts(rgb, mask, named, join))
@@ -205,6 +223,26 @@ def regions(cloud: CameraCloud, min_pixels: int = MIN_REGION_PX) -> list[np.ndar
     mask = cv2.morphologyEx(object_pixels(cloud).astype(np.uint8), cv2.MORPH_OPEN, np.ones((3, 3), np.uint8))
     n, labels, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
     return [labels == i for i in range(1, n) if stats[i, cv2.CC_STAT_AREA] >= min_pixels]
+
+
+def raised_parts(cloud: CameraCloud, mask: np.ndarray) -> list[np.ndarray]:
+    """What stands on a fixture-sized region's top (FIXTURE_SPAN_M or more across): its pixels more than RAISED_M
+    above the top surface, in connected parts of MIN_REGION_PX or more, each less than FIXTURE_SPAN_M across. The
+    top surface is the highest height (in 5 mm bins) that holds a tenth of the region's pixels: a flat top seen
+    from above gathers many pixels at one height, a side face spreads them over all of its heights."""
+    points = cloud.points[mask]
+    if len(points) < 2 * MIN_REGION_PX or np.ptp(points[:, :2], axis=0).max() < FIXTURE_SPAN_M:
+        return []
+    heights = cloud.height_m[mask]
+    counts, edges = np.histogram(heights, bins=np.arange(0.0, float(np.nanmax(heights)) + 0.01, 0.005))
+    tops = np.flatnonzero(counts >= 0.1 * len(heights))
+    if not len(tops):
+        return []
+    raised = mask & (cloud.height_m > edges[tops[-1] + 1] + RAISED_M)
+    raised = cv2.morphologyEx(raised.astype(np.uint8), cv2.MORPH_OPEN, np.ones((3, 3), np.uint8))
+    n, labels, stats, _ = cv2.connectedComponentsWithStats(raised, connectivity=8)
+    parts = [labels == i for i in range(1, n) if stats[i, cv2.CC_STAT_AREA] >= MIN_REGION_PX]
+    return [part for part in parts if np.ptp(cloud.points[part][:, :2], axis=0).max() < FIXTURE_SPAN_M]
 
 
 def renderable(xml: Path) -> str:

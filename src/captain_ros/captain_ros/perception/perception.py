@@ -255,7 +255,7 @@ class Perception:
         named = self.appearance is not None and self.remote_segmenter is None and self.appearance.models_for(text)
         if named:
             areas = self._regions(obs, camera)
-            found = self.appearance.find(obs.images[camera].rgb, areas, text)
+            found = self.appearance.find(obs.images[camera].rgb, areas, text, self._cloud(obs, camera))
             seen = f"{len(areas)} region(s), none that looks like a {text!r} in the library of {self.appearance.source}"
         elif self.remote_segmenter is None:
             found = [(score, seg.mask, seg.label) for score, seg in match(self._segments(obs, camera), text)]
