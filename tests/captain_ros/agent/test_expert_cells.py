@@ -121,6 +121,38 @@ def test_a_grasp_is_judged_clear_of_neighbours_that_reach_up_to_its_pads_only():
     on_table = {**bowl, "center_m": [0.5, 0.2, 0.025], "top_z_m": 0.05, "bottom_z_m": 0.0}
     low = session["grasp_options"](on_table)[0]
     assert session["clear_of"](low, [box]) < 0  # a box as tall as the bowl beside it: in the pads' way
+    # a bowl on a wooden cabinet: the cabinet's region takes in the bowl and reaches as high, but it stands under it
+    cabinet = {"position_m": [0.45, 0.25, 0.06], "extents_m": [0.4, 0.3, 0.12]}
+    assert session["clear_of"](rim, [cabinet]) == 1.0
+    assert session["clear_of"](rim, [{**cabinet, "position_m": [0.45, 0.36, 0.06]}]) < 0  # beside it: in the way
+    assert session["clear_of"](low, [cabinet]) < 0  # a tray round a bowl on the table: its walls are in the way
+
+
+def test_a_closed_can_gets_grasps_across_its_body():
+    """LIBERO's alphabet soup (7.1 cm across, 8 cm tall, its lid closed) reads as a 'cup': its rim grasps stop on
+    the lid. Grasps across its body come after them, or first when the wrist camera saw the closed top from above;
+    an open vessel gets none, nor a can too wide for the jaw's play."""
+    session = _session()
+    can = {
+        "center_m": [0.48, -0.24, 0.04],
+        "extents_m": [0.071, 0.071, 0.08],
+        "top_z_m": 0.08,
+        "bottom_z_m": 0.0,
+        "fitted_shape": "cylinder",
+        "open_top": False,
+        "kind": "cup",
+        "yaw_deg": 0.0,
+    }
+    kinds = [o["kind"] for o in session["grasp_options"](can)]
+    assert kinds == ["rim"] * 12 + ["faces"] * 2
+    above = session["grasp_options"](can, from_above=True)
+    assert [o["kind"] for o in above] == ["faces"] * 2 + ["rim"] * 12
+    assert above[0]["open"] == session["JAW_MAX"] and above[0]["width"] == 0.071
+    assert math.isclose(above[0]["z"], 0.058)  # 2.2 cm below the lid
+    cup = {**can, "open_top": True}
+    assert {o["kind"] for o in session["grasp_options"](cup, from_above=True)} == {"rim"}
+    wide = {**can, "extents_m": [0.076, 0.076, 0.08]}
+    assert {o["kind"] for o in session["grasp_options"](wide, from_above=True)} == {"rim"}
 
 
 def _session() -> dict:

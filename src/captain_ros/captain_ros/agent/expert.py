@@ -427,6 +427,9 @@ if ra and rb and len(cands) > 1:
         print(f"  {c['detection_id']} at {fmt(c['position_m'])}: {off_line(c) * 100:.1f} cm off the line "
               "from the $a_name to the $b_name")
     cands.sort(key=off_line)
+elif cands and not (ra and rb) and cam == "head":  # nothing to check the relation by, even with one candidate
+    print("  the references are not both in view: looking from above before choosing")
+    cands = []
 elif len(cands) > 1:
     print("  the references are not both in view: keeping the best-scored candidate")
 """
@@ -443,6 +446,9 @@ if rr and len(cands) > 1:
     for c in cands:
         print(f"  {c['detection_id']} at {fmt(c['position_m'])}: {score(c) * 100:+.1f} cm $words the $ref_name")
     cands.sort(key=score, reverse=$best_high)
+elif cands and not rr and cam == "head":  # one candidate or more, and nothing to check the relation by: from above
+    print("  the $ref_name is not in view: looking from above before choosing")
+    cands = []
 elif len(cands) > 1:
     print("  the $ref_name is not in view: keeping the best-scored candidate")
 """
@@ -524,20 +530,39 @@ $judge
             print("status: done")
         else:
             # a grasp that stopped on its way down last time is tried last
-            stopped = plan.get("stopped_yaw") if "plan" in dir() and plan and plan.get("goal") == $k else None
-            options = sorted(grasp_options(g), key=lambda o: stopped is not None and abs(o["yaw"] - stopped) < 20)
+            # (a rim grasp that stopped: every rim grasp, when there are grasps across the body to try instead)
+            stopped = plan if "plan" in dir() and plan and plan.get("goal") == $k and "stopped_yaw" in plan else None
+            options = sorted(
+                grasp_options(g, from_above=cam == "wrist"),
+                key=lambda o: (
+                    stopped is not None and o["kind"] == stopped["kind"] == "rim",
+                    stopped is not None and abs(o["yaw"] - stopped["stopped_yaw"]) < 20,
+                ),
+            )
             plan = None
             for o in options:  # the first clear, reachable grasp whose release pose is reachable too
                 grip = pose([*o["xy"], o["z"]], o["yaw"])
                 drop = pose([*(xy(d["center_m"]) - o["to_center"]), rest + 0.012 + o["z"] - g["bottom_z_m"]], o["yaw"])
                 reach = all(robot.check_motion(pose=q)["value"]["feasible"] for q in (grip, drop))
-                ok = reach and clear_of(o, others) > 0
+                clear = reach and clear_of(o, others) > 0
+                ok = clear
                 if ok and o["kind"] == "faces":
                     ic = robot.inspect_contact_geometry(object=T["detection_id"], pose=grip, jaw_opening_m=o["open"])
                     ok = ic["success"] and ic["value"]["graspable"]
                 if ok:
                     plan = o
                     break
+                if o["kind"] == "faces":  # a grasp across two faces passed over: why
+                    why = "out of reach" if not reach else "a neighbour in the pads' way"
+                    if clear and ic["success"]:
+                        v = ic["value"]
+                        why = (f"not graspable: {v['points_between_pads']} points between the pads, "
+                               f"{v['width_along_jaw_m'] * 100:.1f} cm wide of {v['jaw_opening_m'] * 100:.1f}, "
+                               f"{v['obstacle_points_in_pad_paths']} in the pads' paths, "
+                               f"tips {v['fingertip_height_above_table_m'] * 100:.1f} cm above the table")
+                    elif clear:
+                        why = f"not inspected: {ic['message']}"
+                    print(f"  across the faces at yaw {o['yaw']:.0f} deg: {why}")
             if plan is None:
                 print("result: no clear, reachable grasp of the $target_name from this view")
                 print("status: no_grasp")
@@ -1160,6 +1185,9 @@ else:
         go([*xy(d["center_m"]), 0.40], 0.0, mode="manipulation", force=25.0)  # look straight down with the wrist
         robot.observe(cameras=["wrist"])
         seen = find_target($target, d["center_m"], camera="wrist")
+        if not seen:  # close above a container its walls fill the view: from higher up, as the survey looks
+            look_from_above()
+            seen = find_target($target, d["center_m"], camera="wrist")
         print(f"no $target_name at the $dest_name from the head camera; the wrist camera has {len(seen)} candidate(s)")
         ts = seen or ts
     t = nearest(ts, d["center_m"])

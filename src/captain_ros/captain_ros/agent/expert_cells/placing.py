@@ -57,13 +57,17 @@ def find_target(text, near=None, within=0.12, camera="head"):
     return named
 
 
-def grasp_options(g):
+def grasp_options(g, from_above=False):
     """Top-down grasps of a measured object, best first: across two faces of a box-like object that fits the jaw
-    (JAW_MAX), or on the rim of an open round vessel (one pad inside, one outside its wall, the jaw half open)."""
+    (JAW_MAX), or on the rim of an open round vessel (one pad inside, one outside its wall, the jaw half open).
+    A round object whose top did not read as open (a can, a bottle, or a cup seen from the side) gets the rim grasps
+    and grasps across its body where it fits the jaw (a rim grasp's descent stops on a closed lid): after the rim
+    grasps, or before them when the top was seen from above (from_above: the wrist camera), where an open top shows."""
     c, (long, short) = np.array(g["center_m"]), g["extents_m"][:2]
     opts = []
     round_ = g["fitted_shape"] == "cylinder" or long - short < 0.1 * long
-    if round_ and (g["open_top"] or g["kind"] in ("cup", "bowl") or short > 0.07):
+    rim = round_ and (g["open_top"] or g["kind"] in ("cup", "bowl") or short > 0.07)
+    if rim:
         r = long / 2 - WALL / 2
         for k in range(12):
             a = math.atan2(-c[1], -c[0]) + math.radians(30 * k)  # from the side facing the robot round
@@ -83,13 +87,15 @@ def grasp_options(g):
                     "to_center": -r * radial,
                     "radial": radial,
                     "center": c[:2],
+                    "bottom": g["bottom_z_m"],
                     "across": False,
                 }
             )
         opts.sort(key=lambda o: float(np.linalg.norm(o["xy"])))
-    else:
+    if not rim or (not g["open_top"] and g["kind"] != "bowl"):
+        faces = []
         for extra in (0.0, 90.0):
-            opts.append(
+            faces.append(
                 {
                     "kind": "faces",
                     "xy": c[:2],
@@ -101,20 +107,33 @@ def grasp_options(g):
                     "to_center": np.zeros(2),
                     "radial": None,
                     "center": c[:2],
+                    "bottom": g["bottom_z_m"],
                     "across": extra != 0,
                 }
             )
-        opts = [o for o in opts if o["width"] <= JAW_MAX - 0.01]  # 5 mm of play, at least, on each side of the jaw
-        opts.sort(key=lambda o: abs(o["yaw"]))
+        # 5 mm of play, at least, on each side of the jaw; 3 mm across a round body, whose enclosing circle is
+        # already a little wider than it (inspect_contact_geometry then checks the pads' contact)
+        play = 0.006 if rim else 0.01
+        faces = [o for o in faces if o["width"] <= JAW_MAX - play]
+        faces.sort(key=lambda o: abs(o["yaw"]))
+        opts = faces + opts if from_above else opts + faces
     return opts
 
 
 def clear_of(o, others):
     """Smallest gap (m) between the pads of grasp o and the footprints of other detections that reach up to the
     pads (a centimetre below the fingertips at the grasp height): what the object stands on lies below the fingers
-    all the way down, as a cookie box under a bowl does."""
+    all the way down, as a cookie box under a bowl does. A fixture it stands on (20 cm across or more, the object
+    5 cm or more inside its footprint and its bottom 5 cm or more above the fixture's) is no obstacle either: its
+    region often takes in what stands on it, and reaches up as high."""
     tips = o["z"] - TIPS - 0.01
-    others = [d for d in others if d["position_m"][2] + d["extents_m"][2] / 2 > tips]
+
+    def under(d):
+        span, low = max(d["extents_m"][:2]), d["position_m"][2] - d["extents_m"][2] / 2
+        inside = float(np.linalg.norm(xy(d["position_m"]) - o["center"])) < span / 2 - 0.05
+        return span >= 0.2 and inside and o["bottom"] > low + 0.05
+
+    others = [d for d in others if d["position_m"][2] + d["extents_m"][2] / 2 > tips and not under(d)]
     if o["radial"] is None:
         a = math.radians(o["yaw"])
         jaw = np.array([math.sin(a), -math.cos(a)])
