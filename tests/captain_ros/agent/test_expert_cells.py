@@ -147,7 +147,7 @@ def test_a_closed_can_gets_grasps_across_its_body():
     assert kinds == ["rim"] * 12 + ["faces"] * 2
     above = session["grasp_options"](can, from_above=True)
     assert [o["kind"] for o in above] == ["faces"] * 2 + ["rim"] * 12
-    assert above[0]["open"] == session["JAW_MAX"] and above[0]["width"] == 0.071
+    assert above[0]["open"] == session["JAW_MAX"] and above[0]["width"] == 0.071 and above[0]["round"]
     assert math.isclose(above[0]["z"], 0.058)  # 2.2 cm below the lid
     cup = {**can, "open_top": True}
     assert {o["kind"] for o in session["grasp_options"](cup, from_above=True)} == {"rim"}

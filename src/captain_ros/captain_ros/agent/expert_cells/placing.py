@@ -98,6 +98,7 @@ def grasp_options(g, from_above=False):
             faces.append(
                 {
                     "kind": "faces",
+                    "round": rim,  # across a round body (whose sides a view from above does not show)
                     "xy": c[:2],
                     "z": max(g["top_z_m"] - 0.022, g["bottom_z_m"] + 0.018),
                     "deep_enough_z": max(g["top_z_m"] - 0.022, g["bottom_z_m"] + 0.018) + 0.006,
