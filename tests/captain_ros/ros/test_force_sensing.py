@@ -96,6 +96,7 @@ class Reflex:
     def __init__(self, node):
         self.latest: dict[str, str] = {}
         self.level = b"\x00"
+        self.peaks: dict[float, float] = {}  # the highest peak force each threshold reported
         self.cond = threading.Condition()
         node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diagnostics, 10)
         self.set_client = node.create_client(SetParameters, "/twin/set_parameters")
@@ -106,6 +107,8 @@ class Reflex:
                 with self.cond:
                     self.latest = {kv.key: kv.value for kv in status.values}
                     self.level = status.level
+                    threshold, peak = float(self.latest["threshold_n"]), float(self.latest["peak_force_n"])
+                    self.peaks[threshold] = max(peak, self.peaks.get(threshold, 0.0))
                     self.cond.notify_all()
 
     def value(self, key: str) -> float:
@@ -366,10 +369,12 @@ def test_a_stalled_client_cannot_press_the_arm_into_the_table(rig):
 
     # the same stall in a new episode, with the reflex set to the motion's limit by the harness
     guarded = make(wrench_topic="/wrist_ft_sensor/wrench", horizon_s=0.0)
+    reflex.peaks.clear()
     result = descend(guarded, lambda: reflex.level == b"\x01")  # WARN: tripped
     # the arm stopped itself (the stall ended only once the twin reported the trip); whether this client then
     # reads the abort or the force first, the outcome is the force limit
     assert result.failure_category is FailureCategory.FORCE_LIMIT and result.executed
-    reflex.wait(lambda: reflex.value("threshold_n") == limit, "the reflex status")
-    assert reflex.value("peak_force_n") < limit + 45.0  # the table's impact spike, never hundreds of newtons
+    # the peak while the reflex was at the motion's limit (the harness sets the standing reflex again when the
+    # motion ends, so the latest status may already show that one)
+    assert limit in reflex.peaks and reflex.peaks[limit] < limit + 45.0  # the impact spike, never hundreds of N
     np.testing.assert_allclose(guarded.backend.commanded()[1], 0.0, atol=1e-12)  # held

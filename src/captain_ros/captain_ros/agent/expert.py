@@ -419,7 +419,7 @@ others += ra[:1] + rb[:1]
 if ra and rb and len(cands) > 1:
     pa, pb = xy(ra[0]["position_m"]), xy(rb[0]["position_m"])
 
-    def off_line(c):  # distance from the segment joining the two references
+    def off_line(c):  # off the references' segment
         s = float(np.clip((xy(c["position_m"]) - pa) @ (pb - pa) / ((pb - pa) @ (pb - pa)), 0.0, 1.0))
         return float(np.linalg.norm(xy(c["position_m"]) - (pa + s * (pb - pa))))
 
@@ -427,7 +427,7 @@ if ra and rb and len(cands) > 1:
         print(f"  {c['detection_id']} at {fmt(c['position_m'])}: {off_line(c) * 100:.1f} cm off the line "
               "from the $a_name to the $b_name")
     cands.sort(key=off_line)
-elif cands and not (ra and rb) and cam == "head":  # nothing to check the relation by, even with one candidate
+elif cands and not (ra and rb) and cam == "head":
     print("  the references are not both in view: looking from above before choosing")
     cands = []
 elif len(cands) > 1:
@@ -446,7 +446,7 @@ if rr and len(cands) > 1:
     for c in cands:
         print(f"  {c['detection_id']} at {fmt(c['position_m'])}: {score(c) * 100:+.1f} cm $words the $ref_name")
     cands.sort(key=score, reverse=$best_high)
-elif cands and not rr and cam == "head":  # one candidate or more, and nothing to check the relation by: from above
+elif cands and not rr and cam == "head":
     print("  the $ref_name is not in view: looking from above before choosing")
     cands = []
 elif len(cands) > 1:
@@ -510,7 +510,7 @@ $dest_in_view
 $not_dest
         print(f"$target_name: {len(cands)} candidate(s) in the {cam} camera")
         if $k in placed_at and d is not None and len(cands) > 1:
-            # moved in an earlier attempt, so the relation no longer tells: it is the one nearest the $dest_name
+            # moved earlier, so the relation no longer tells: the one nearest the $dest_name
             cands.sort(key=lambda c: float(np.linalg.norm(xy(c["position_m"]) - xy(d["center_m"]))))
             print(f"  moved in an earlier attempt: {cands[0]['detection_id']} is the one nearest the $dest_name")
         else:
@@ -529,49 +529,27 @@ $judge
             print("result: the $target_name already satisfies the goal")
             print("status: done")
         else:
-            # a grasp that stopped on its way down last time is tried last
-            # (a rim grasp that stopped: every rim grasp, when there are grasps across the body to try instead)
-            stopped = plan if "plan" in dir() and plan and plan.get("goal") == $k and "stopped_yaw" in plan else None
-            options = sorted(
-                grasp_options(g, from_above=cam == "wrist"),
-                key=lambda o: (
-                    stopped is not None and o["kind"] == stopped["kind"] == "rim",
-                    stopped is not None and abs(o["yaw"] - stopped["stopped_yaw"]) < 20,
-                ),
-            )
+            # grasps that stopped on the way down go last
+            s = plan if "plan" in dir() and plan and plan.get("goal") == $k and "stopped_yaw" in plan else {}
+            options = sorted(grasp_options(g, from_above=cam == "wrist"), key=lambda o: (
+                o["kind"] == s.get("kind") == "rim", abs(o["yaw"] - s.get("stopped_yaw", 999)) < 20))
             plan = None
-            for o in options:  # the first clear, reachable grasp whose release pose is reachable too
+            for o in options:  # the first clear, reachable one (its release too)
                 grip = pose([*o["xy"], o["z"]], o["yaw"])
                 drop = pose([*(xy(d["center_m"]) - o["to_center"]), rest + 0.012 + o["z"] - g["bottom_z_m"]], o["yaw"])
                 reach = all(robot.check_motion(pose=q)["value"]["feasible"] for q in (grip, drop))
-                clear = reach and clear_of(o, others) > 0
-                ok = clear
+                ok = reach and clear_of(o, others) > 0
                 if ok and o["kind"] == "faces":
                     ic = robot.inspect_contact_geometry(object=T["detection_id"], pose=grip, jaw_opening_m=o["open"])
-                    v = ic["value"] if ic["success"] else {}
-                    # from above, a can's sides do not show between the pads: its measured width fits, the pads'
-                    # paths and the fingertips' height are what the inspection can tell
-                    blind = o["round"] and cam == "wrist" and v.get("obstacle_points_in_pad_paths", 1) == 0
-                    ok = bool(v.get("graspable")) or (blind and v["fingertip_height_above_table_m"] >= 0.0)
+                    ok = ic["success"] and (ic["value"]["graspable"] or faces_blind(o, ic["value"], cam))
                 if ok:
                     plan = o
                     break
-                if o["kind"] == "faces":  # a grasp across two faces passed over: why
-                    why = "out of reach" if not reach else "a neighbour in the pads' way"
-                    if clear and ic["success"]:
-                        v = ic["value"]
-                        why = (f"not graspable: {v['points_between_pads']} points between the pads, "
-                               f"{v['width_along_jaw_m'] * 100:.1f} cm wide of {v['jaw_opening_m'] * 100:.1f}, "
-                               f"{v['obstacle_points_in_pad_paths']} in the pads' paths, "
-                               f"tips {v['fingertip_height_above_table_m'] * 100:.1f} cm above the table")
-                    elif clear:
-                        why = f"not inspected: {ic['message']}"
-                    print(f"  across the faces at yaw {o['yaw']:.0f} deg: {why}")
             if plan is None:
                 print("result: no clear, reachable grasp of the $target_name from this view")
                 print("status: no_grasp")
             else:
-                hang = plan["z"] - g["bottom_z_m"]  # the TCP's height above the object's bottom once it is held
+                hang = plan["z"] - g["bottom_z_m"]  # TCP above the object's bottom, once held
                 plan.update(
                     goal=$k, size=sizes.setdefault($k, g["extents_m"]), dest=dest_geom, rest=rest,
                     dest_xy=xy(d["center_m"]),

@@ -18,12 +18,10 @@ if TYPE_CHECKING:  # the agent's session: the core part
 
 # ---------------------------------------- sent to the policy from this line on
 def destination(text, ref=None, camera="head"):
-    """(geometry, detection) of a destination. With `ref` (its geometry from before an object was put on or in
-    it) that geometry is kept unless an object of its size is seen a little way off (it was bumped): what stands
-    on it hides part of it and shades it, and the arm may hide it."""
+    """(geometry, detection) of a destination; `ref`, its earlier geometry, is kept unless it was bumped."""
     dets = find(text, camera)
     if not dets and text.split()[0] in ("black", "grey", "white"):
-        dets = find(text.split()[-1], camera)  # the colour name of black, grey and white objects varies with light
+        dets = find(text.split()[-1], camera)  # their colour names vary with light
     if ref is None:
         return (geom(dets[0]["detection_id"]), dets[0]) if dets else (None, None)
     near = nearest(dets, ref["center_m"])
@@ -38,9 +36,7 @@ def destination(text, ref=None, camera="head"):
 
 
 def find_target(text, near=None, within=0.12, camera="head"):
-    """Detections of `text`; with `near`, those within `within` of it, or else other regions there that may be it:
-    the same kind of object (a colour reads differently in a container's shadow) or, for a black, grey or white
-    object, any region of those colours (they merge with black, grey and white neighbours)."""
+    """Detections of `text`; with `near`, those within `within` of it, else look-alike regions there."""
     named = find(text, camera)
     if near is None:
         return named
@@ -58,11 +54,8 @@ def find_target(text, near=None, within=0.12, camera="head"):
 
 
 def grasp_options(g, from_above=False):
-    """Top-down grasps of a measured object, best first: across two faces of a box-like object that fits the jaw
-    (JAW_MAX), or on the rim of an open round vessel (one pad inside, one outside its wall, the jaw half open).
-    A round object whose top did not read as open (a can, a bottle, or a cup seen from the side) gets the rim grasps
-    and grasps across its body where it fits the jaw (a rim grasp's descent stops on a closed lid): after the rim
-    grasps, or before them when the top was seen from above (from_above: the wrist camera), where an open top shows."""
+    """Top-down grasps, best first: across two faces where it fits the jaw, or on an open round vessel's rim (jaw
+    half open); a round one not seen open (a can) gets both, across it first when seen from above."""
     c, (long, short) = np.array(g["center_m"]), g["extents_m"][:2]
     opts = []
     round_ = g["fitted_shape"] == "cylinder" or long - short < 0.1 * long
@@ -76,9 +69,7 @@ def grasp_options(g, from_above=False):
                 {
                     "kind": "rim",
                     "xy": c[:2] + r * radial,
-                    # deep on the wall (3 cm, at most 60% of the vessel's height): a grip 1.4 cm down held LIBERO's
-                    # bowls on the thin rim alone, and they slipped out on the way up; where the wall curves in
-                    # under the inner pad first, the descent may stop on it as deep as 1.4 cm
+                    # 3 cm down the wall: 1.4 cm let LIBERO's bowls slip
                     "z": g["top_z_m"] - min(0.03, 0.6 * g["extents_m"][2]),
                     "deep_enough_z": g["top_z_m"] - 0.014,
                     "open": 0.04,
@@ -98,7 +89,7 @@ def grasp_options(g, from_above=False):
             faces.append(
                 {
                     "kind": "faces",
-                    "round": rim,  # across a round body (whose sides a view from above does not show)
+                    "round": rim,
                     "xy": c[:2],
                     "z": max(g["top_z_m"] - 0.022, g["bottom_z_m"] + 0.018),
                     "deep_enough_z": max(g["top_z_m"] - 0.022, g["bottom_z_m"] + 0.018) + 0.006,
@@ -112,27 +103,30 @@ def grasp_options(g, from_above=False):
                     "across": extra != 0,
                 }
             )
-        # 5 mm of play, at least, on each side of the jaw; 3 mm across a round body, whose enclosing circle is
-        # already a little wider than it (inspect_contact_geometry then checks the pads' contact)
-        play = 0.006 if rim else 0.01
-        faces = [o for o in faces if o["width"] <= JAW_MAX - play]
+        # play: 5 mm a side, 3 mm round a body (its enclosing circle)
+        faces = [o for o in faces if o["width"] <= JAW_MAX - (0.006 if rim else 0.01)]
         faces.sort(key=lambda o: abs(o["yaw"]))
         opts = faces + opts if from_above else opts + faces
     return opts
 
 
+def faces_blind(o, v, cam):
+    """From above a can's sides do not show between the pads: clear pad paths and tips above the table do."""
+    return (
+        o["round"]
+        and cam == "wrist"
+        and not v["obstacle_points_in_pad_paths"]
+        and v["fingertip_height_above_table_m"] >= 0
+    )
+
+
 def clear_of(o, others):
-    """Smallest gap (m) between the pads of grasp o and the footprints of other detections that reach up to the
-    pads (a centimetre below the fingertips at the grasp height): what the object stands on lies below the fingers
-    all the way down, as a cookie box under a bowl does. A fixture it stands on (20 cm across or more, the object
-    5 cm or more inside its footprint and its bottom 5 cm or more above the fixture's) is no obstacle either: its
-    region often takes in what stands on it, and reaches up as high."""
+    """Smallest gap (m) between grasp o's pads and detections reaching up to them (not what it stands on)."""
     tips = o["z"] - TIPS - 0.01
 
     def under(d):
-        span, low = max(d["extents_m"][:2]), d["position_m"][2] - d["extents_m"][2] / 2
-        inside = float(np.linalg.norm(xy(d["position_m"]) - o["center"])) < span / 2 - 0.05
-        return span >= 0.2 and inside and o["bottom"] > low + 0.05
+        w, p, e = max(d["extents_m"][:2]), d["position_m"], d["extents_m"]
+        return w >= 0.2 and np.linalg.norm(xy(p) - o["center"]) < w / 2 - 0.05 and o["bottom"] > p[2] - e[2] / 2 + 0.05
 
     others = [d for d in others if d["position_m"][2] + d["extents_m"][2] / 2 > tips and not under(d)]
     if o["radial"] is None:
