@@ -171,6 +171,8 @@ class AppearanceLibrary:
         """[mask], or the region's raised parts that look like a named model better than the whole region does."""
         parts = [(self._judge(rgb, part, named), part) for part in raised_parts(cloud, mask)]
         parts = [(j, part) for j, part in parts if j is not None]
+        if not parts:  # most regions: nothing raised looks like it, and the whole is judged once, in find()
+            return [mask]
         whole = self._judge(rgb, mask, named)
         if parts and (whole is None or min(j[:2] for j, _ in parts) < whole[:2]):
             return [part for _, part in parts]
