@@ -238,6 +238,26 @@ def test_the_student_renders_a_stack_request_identically_for_the_trainer_and_the
     assert tokenizer.decode(marked).endswith("</tool_call><|im_end|>")
 
 
+def test_every_expert_cell_fits_one_completion_of_the_student_as_the_call_it_writes(folder):
+    """The student writes each expert cell as one tool call in one completion of at most `max_new_tokens`: the code
+    JSON-escaped inside `<tool_call>` (every newline and quote one more character). Counted with the student's own
+    tokenizer; the character bound in test_expert is the proxy for the code alone. The largest, a relation task's
+    first survey, was 3,960 of the 4,096 tokens when this test was written."""
+    from captain_ros.twin.tasks import default_suite
+    from captain_ros_training.student_eval import EvalPlan
+    from tests.captain_ros.agent.test_expert import happy_path
+
+    tokenizer = student.check_model_folder(folder)
+    limit = EvalPlan().max_new_tokens - 16  # room for the end-of-turn token and a newline or two
+    sizes = {}
+    for task in default_suite().values():
+        for cell in happy_path(task.instruction):
+            call = "<tool_call>\n" + json.dumps({"name": "python", "arguments": {"code": cell}}) + "\n</tool_call>"
+            sizes[(task.name, cell.splitlines()[0])] = len(tokenizer(call)["input_ids"])
+    worst = max(sizes, key=sizes.get)
+    assert sizes[worst] <= limit, (worst, sizes[worst], limit)
+
+
 def test_the_student_loads_and_answers_a_robot_prompt_with_a_robot_call(folder):
     import torch
     from transformers import AutoModelForCausalLM
