@@ -14,6 +14,8 @@ libero_strict, _host    over every episode of the four suites (240 for the proto
 libero_pro_strict, _host  over every episode of LIBERO-PRO's perturbed suites run (`--suites libero_object_swap,...`;
                         each has its own libero_<suite>_strict too), never pooled into the protocol's
 libero_episode_s_p50    wall time per episode (each worker on its own core)
+episodes[].commit       the commit each episode ran at (`git describe --dirty`): the file keeps the suites other
+                        runs wrote, so one file can hold more than one expert
 ..._colour_shape        the same episodes with the built-in colour/shape naming alone (no appearance library)
 ..._oracle_segmentation the same episodes with ORACLE segmentation (libero/oracle.py: masks from the simulator's
                         object ids in place of a segmentation model; depth, geometry, planning and motion unchanged):
@@ -130,6 +132,19 @@ def episodes(args: argparse.Namespace, states: list[int], runs_dir: Path, varian
     return [r for r in load_rows(stores[-1]) if r.valid]
 
 
+def code_version() -> str:
+    """The commit the episodes ran at (`git describe --always --dirty`): a results file keeps the suites of earlier
+    runs, so each episode says which expert it measured."""
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        ["git", "-C", str(root), "describe", "--always", "--dirty", "--abbrev=7"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else "unknown"
+
+
 def _suite_order(suite: str) -> tuple[int, str]:
     return (SUITES.index(suite) if suite in SUITES else len(SUITES), suite)
 
@@ -231,6 +246,7 @@ def main() -> int:
         finally:
             link.close()
         theirs = native(args.samples)
+    commit = code_version()
     for variant in chosen:
         rows = episodes(args, states, runs_dir / variant, variant)
         results += [
@@ -244,6 +260,7 @@ def main() -> int:
                 "requests": r.requests,
                 "actions": r.actions,
                 "wall_time_s": r.wall_time_s,
+                "commit": commit,
             }
             for r in rows
         ]
@@ -307,6 +324,7 @@ def main() -> int:
                         "requests",
                         "actions",
                         "wall_time_s",
+                        "commit",
                     )
                     if k in r
                 }

@@ -42,13 +42,13 @@ def test_a_missing_key_names_the_bench_to_rerun(tmp_path, monkeypatch):
 
 def test_the_libero_protocol_counts_carry_wilson_intervals():
     # the headline variant's episodes only; intervals by hand: 1/2 -> 0.09-0.91, 2/2 -> 0.34-1.00, 0/1 -> 0.00-0.79
-    def episode(suite: str, outcome: str, host: bool, variant: str = "appearance") -> dict:
-        return {"variant": variant, "suite": suite, "outcome": outcome, "host_success": host}
+    def episode(suite: str, outcome: str, host: bool, variant: str = "appearance", **more) -> dict:
+        return {"variant": variant, "suite": suite, "outcome": outcome, "host_success": host, **more}
 
     values = {
         "episodes": [
-            episode("libero_goal", "success", True),
-            episode("libero_goal", "missed_finish", True),
+            episode("libero_goal", "success", True, commit="abc1234"),
+            episode("libero_goal", "missed_finish", True, commit="def5678"),
             episode("libero_10", "failure", False),
             episode("libero_goal", "failure", False, variant="oracle_segmentation"),
             episode("libero_object_swap", "success", True),  # LIBERO-PRO: counted apart, never in the protocol's
@@ -61,3 +61,6 @@ def test_the_libero_protocol_counts_carry_wilson_intervals():
     assert counts["libero_counts"] == "1/3 (0.06–0.79) / 2/3 (0.21–0.94)" and counts["libero_episodes"] == 3
     assert counts["libero_pro_counts"] == "1/1 (0.21–1.00) / 1/1 (0.21–1.00)" and counts["libero_pro_episodes"] == 1
     assert counts["libero_pro_suites"] == "libero_object_swap 1/1"
+    # each suite's row says which expert ran it; a file from before commits were recorded says so
+    assert counts["libero_goal_commits"] == "abc1234 and def5678"
+    assert counts["libero_10_commits"] == "an unrecorded commit" and counts["libero_spatial_commits"] == "no commit"

@@ -431,8 +431,8 @@ def _paper(suite: str) -> str:
 LIBERO_PROTOCOL = (
     *(
         (
-            f"`{suite}_strict` / host: the scripted expert, {{{suite}_episodes}} episodes (IN-DOMAIN perception "
-            "models)",
+            f"`{suite}_strict` / host: the scripted expert at {{{suite}_commits}}, {{{suite}_episodes}} episodes "
+            "(IN-DOMAIN perception models)",
             f"{{{suite}_counts}}",
             _paper(suite),
         )
@@ -677,6 +677,8 @@ def _libero_counts(values: dict) -> dict:
         host = sum(bool(e["host_success"]) for e in mine)
         out[f"{suite}_episodes"] = len(mine)
         out[f"{suite}_counts"] = f"{rate(strict, len(mine))} / {rate(host, len(mine))}"
+        commits = sorted({e.get("commit", "an unrecorded commit") for e in mine})
+        out[f"{suite}_commits"] = " and ".join(commits) or "no commit"
     pro = sorted({e["suite"] for e in groups["libero_pro"]})
     out["libero_pro_suites"] = (
         ", ".join(

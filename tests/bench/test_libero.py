@@ -54,3 +54,13 @@ def test_protocol_and_pro_suites_pool_apart(libero_bench):
         metrics["libero_strict_oracle_segmentation"] == 0.0 and "libero_pro_strict_oracle_segmentation" not in metrics
     )
     assert [r[0] for r in rows] == ["libero_goal", "libero_10", "libero_object_swap", "libero_goal"]
+
+
+def test_each_episode_records_the_commit_it_ran_at(libero_bench):
+    """A results file keeps the suites earlier runs wrote, so each episode carries the commit of its run."""
+    import subprocess
+
+    head = subprocess.run(
+        ["git", "-C", str(BENCH), "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert libero_bench.code_version().startswith(head)
