@@ -14,8 +14,8 @@ libero_strict, _host    over every episode of the four suites (240 for the proto
 libero_pro_strict, _host  over every episode of LIBERO-PRO's perturbed suites run (`--suites libero_object_swap,...`;
                         each has its own libero_<suite>_strict too), never pooled into the protocol's
 libero_episode_s_p50    wall time per episode (each worker on its own core)
-episodes[].commit       the commit each episode ran at (`git describe --dirty`): the file keeps the suites other
-                        runs wrote, so one file can hold more than one expert
+episodes[].commit       the commit each episode ran at ("-dirty": its code differed): the file keeps the suites
+                        other runs wrote, so one file can hold more than one expert
 ..._colour_shape        the same episodes with the built-in colour/shape naming alone (no appearance library)
 ..._oracle_segmentation the same episodes with ORACLE segmentation (libero/oracle.py: masks from the simulator's
                         object ids in place of a segmentation model; depth, geometry, planning and motion unchanged):
@@ -133,16 +133,18 @@ def episodes(args: argparse.Namespace, states: list[int], runs_dir: Path, varian
 
 
 def code_version() -> str:
-    """The commit the episodes ran at (`git describe --always --dirty`): a results file keeps the suites of earlier
-    runs, so each episode says which expert it measured."""
+    """The commit the episodes ran at, with "-dirty" when the code (src/, config/, urdf/) differs from it: a results
+    file keeps the suites of earlier runs, so each episode says which expert it measured."""
     root = Path(__file__).resolve().parent.parent
-    proc = subprocess.run(
-        ["git", "-C", str(root), "describe", "--always", "--dirty", "--abbrev=7"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else "unknown"
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=False)
+
+    head = git("rev-parse", "--short=7", "HEAD")
+    if head.returncode != 0:
+        return "unknown"
+    dirty = git("diff", "--quiet", "HEAD", "--", "src", "config", "urdf").returncode != 0
+    return head.stdout.strip() + ("-dirty" if dirty else "")
 
 
 def _suite_order(suite: str) -> tuple[int, str]:
