@@ -513,8 +513,8 @@ HEADLINE = (
     ),
     (
         "libero",
-        "scripted expert on LIBERO, CaPtain's held-out protocol ({libero_episodes} of its 240 episodes), strict / "
-        "host; its perception models are built from LIBERO's assets (in-domain)",
+        "scripted expert on LIBERO, CaPtain's held-out protocol ({libero_episodes} of its 240 episodes; the expert "
+        "at {libero_commits}), strict / host; its perception models are built from LIBERO's assets (in-domain)",
         "{libero_strict:.3f} / {libero_host:.3f}",
         "docs/libero.md",
     ),
