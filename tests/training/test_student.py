@@ -242,7 +242,7 @@ def test_every_expert_cell_fits_one_completion_of_the_student_as_the_call_it_wri
     """The student writes each expert cell as one tool call in one completion of at most `max_new_tokens`: the code
     JSON-escaped inside `<tool_call>` (every newline and quote one more character). Counted with the student's own
     tokenizer; the character bound in test_expert is the proxy for the code alone. The largest, a relation task's
-    first survey, was 3,960 of the 4,096 tokens when this test was written."""
+    first survey, was 3,963 of the 4,096 tokens when this test was written."""
     from captain_ros.twin.tasks import default_suite
     from captain_ros_training.student_eval import EvalPlan
     from tests.captain_ros.agent.test_expert import happy_path

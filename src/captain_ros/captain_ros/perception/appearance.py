@@ -174,7 +174,7 @@ class AppearanceLibrary:
         if not parts:  # most regions: nothing raised looks like it, and the whole is judged once, in find()
             return [mask]
         whole = self._judge(rgb, mask, named)
-        if parts and (whole is None or min(j[:2] for j, _ in parts) < whole[:2]):
+        if whole is None or min(j[:2] for j, _ in parts) < whole[:2]:
             return [part for _, part in parts]
         return [mask]
 
