@@ -32,7 +32,13 @@ from trajectory_msgs.msg import JointTrajectory  # noqa: E402
 
 from captain_ros.core import robot  # noqa: E402
 from captain_ros.harness.backend import BackendError  # noqa: E402
-from captain_ros.ros.grippers import GOAL_TOLERANCE_M, FingerStates, make_gripper  # noqa: E402
+from captain_ros.ros.grippers import (  # noqa: E402
+    GOAL_TOLERANCE_M,
+    SETTLE_STILL_M,
+    SETTLE_STILL_S,
+    FingerStates,
+    make_gripper,
+)
 
 from .helpers import spin_in_background, stop_spinning, wait_for  # noqa: E402
 
@@ -512,8 +518,9 @@ def test_shipped_profile_gripper_names_resolve_against_the_vendor_graph(client_n
     gripper.move(0.05, 0.2)  # from 0.04 m: opening, within every profile's range
     wait_for(lambda: fake.goals, DEADLINE_S, f"{name}'s gripper command to reach the vendor graph")
     outcome = gripper.wait(DEADLINE_S)
-    # measured from the fingers' joint states: done once within the goal tolerance (CI under double load saw the
-    # trajectory gripper's fake report 48 mm on its way to 50, which is done by that rule)
+    # measured from the fingers' joint states: done once within the goal tolerance (CI under double load once saw
+    # 48 mm on the way to 50 reported as done: a 0.3 s gap in the fake's messages was taken for a stopped jaw; see
+    # test_a_gap_between_finger_messages_is_not_a_stopped_jaw)
     assert outcome.opening_m == pytest.approx(0.05, abs=GOAL_TOLERANCE_M)
     assert outcome.command_m == pytest.approx(0.05) and outcome.reached_goal
 
@@ -569,6 +576,24 @@ def test_the_opening_after_a_result_comes_from_a_message_published_after_it(offs
     unclocked.update(finger_message(0.20, 0.068))
     assert unclocked.now_s() is None
     assert unclocked.measured_after(None, 0, timeout_s=0.0) == pytest.approx(0.068)
+
+
+def test_a_gap_between_finger_messages_is_not_a_stopped_jaw():
+    """The trajectory gripper (no result) is done when the jaw stopped for SETTLE_STILL_S of message stamps. A
+    busy publisher that skips that long between two openings has not shown a stopped jaw, and stillness from
+    before the command says nothing of the motion it started."""
+    fingers = FingerStates(PANDA)
+    for i in range(30):  # still at 40 mm for 0.58 s, then the command
+        fingers.update(finger_message(i * 0.02, 0.040))
+    command_s = fingers.latest_stamp_s()
+    assert fingers.still_for(SETTLE_STILL_S, SETTLE_STILL_M)  # it was still before the command
+    assert not fingers.still_for(SETTLE_STILL_S, SETTLE_STILL_M, after_s=command_s)  # not yet known since
+    fingers.update(finger_message(command_s + 0.02, 0.044))
+    fingers.update(finger_message(command_s + 0.40, 0.048))  # 0.38 s later: still moving, on its way to 50 mm
+    assert not fingers.still_for(SETTLE_STILL_S, SETTLE_STILL_M, after_s=command_s)
+    for i in range(1, 17):  # now it stands at 48 mm (on an object) for 0.32 s of stamps
+        fingers.update(finger_message(command_s + 0.40 + i * 0.02, 0.048))
+    assert fingers.still_for(SETTLE_STILL_S, SETTLE_STILL_M, after_s=command_s)
 
 
 def test_motion_node_checks_each_gripper_against_the_action_type_its_client_sends():

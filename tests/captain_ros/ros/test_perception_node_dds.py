@@ -244,6 +244,7 @@ def test_a_hand_eye_calibration_on_tf_static_places_the_wrist_camera(nodes, clie
     call = node.create_client(HarnessCall, "/perception/call")
     get = node.create_client(GetObservation, "/perception/get_observation")
     assert call.wait_for_service(timeout_sec=60) and get.wait_for_service(timeout_sec=20)
+    wait_for(lambda: _call(call, "observe").success, 60, "a first observation")  # the arm's joints have arrived
 
     def shifted_by_the_calibration() -> bool:
         """The wrist camera of a new observation sits `shift` (hand frame) off the URDF's mount at its joints."""

@@ -76,7 +76,7 @@ class RosLink(HarnessLink):
     def _call(self, client, request, what: str, timeout_s: float | None = None):
         limit = self.call_timeout_s if timeout_s is None else timeout_s
         if not client.wait_for_service(timeout_sec=limit):
-            raise LinkError(f"{client.srv_name} is not available ({what})")
+            raise LinkError(f"{client.srv_name} is not available ({what}): its node is down or not started yet")
         done = threading.Event()
         future = client.call_async(request)
         future.add_done_callback(lambda _f: done.set())

@@ -173,13 +173,27 @@ class FingerStates:
                 raise BackendError(f"the gripper's opening cannot be measured: {why} within {timeout_s:.0f} s")
             return self._history[-1][1]
 
-    def still_for(self, span_s: float, tolerance_m: float) -> bool:
-        """Whether the opening moved less than `tolerance_m` over the last `span_s` of message stamps."""
+    def latest_stamp_s(self) -> float | None:
+        """The stamp of the newest message with the fingers (None before one)."""
         with self._cond:
-            if not self._history or self._history[0][0] > self._history[-1][0] - span_s:
+            return self._history[-1][0] if self._history else None
+
+    def still_for(self, span_s: float, tolerance_m: float, after_s: float | None = None) -> bool:
+        """Whether the opening moved less than `tolerance_m` over the last `span_s` of message stamps, a span that
+        begins no earlier than `after_s` (a command's time: stillness before it says nothing of the motion). The
+        span reaches back to the message at or before its start: a gap between messages (a busy publisher) is not
+        stillness."""
+        with self._cond:
+            if not self._history:
+                return False
+            start = self._history[-1][0] - span_s
+            if self._history[0][0] > start or (after_s is not None and start < after_s):
                 return False  # not that much history yet
-            since = self._history[-1][0] - span_s
-            window = [opening for stamp, opening in self._history if stamp >= since]
+            window = []
+            for stamp, opening in reversed(self._history):
+                window.append(opening)
+                if stamp <= start:
+                    break
             return max(window) - min(window) < tolerance_m
 
     def wait(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
@@ -271,6 +285,7 @@ class JointTrajectoryGripper(Gripper):
         self._finger_range = (limits.lower, limits.upper)
         self._publisher = node.create_publisher(JointTrajectoryMsg, self.topic, 10)
         self._sent: int | None = None  # finger messages seen when the last command went out
+        self._sent_stamp_s: float | None = None  # the newest finger message's stamp then
         self._closing = False
 
     def move(self, opening_m: float, duration_s: float, max_effort_n: float | None = None) -> float:
@@ -281,7 +296,7 @@ class JointTrajectoryGripper(Gripper):
         self._publisher.publish(JointTrajectoryMsg(joint_names=names, points=[point]))
         self._command_m = self.profile.jaw_opening_at(finger)
         self._closing = start is not None and self._command_m < start - GOAL_TOLERANCE_M
-        self._sent = self.fingers.count()
+        self._sent, self._sent_stamp_s = self.fingers.count(), self.fingers.latest_stamp_s()
         return self._command_m
 
     def stop(self, measured_m: float) -> float:
@@ -289,7 +304,7 @@ class JointTrajectoryGripper(Gripper):
 
     def wait(self, timeout_s: float = 10.0) -> GripperOutcome:
         """Done when the jaw is at the command, or has stopped moving (on an object) for SETTLE_STILL_S of
-        joint-state time after starting: this controller gives no result."""
+        joint-state time since the command: this controller gives no result."""
         sent = self._sent
         if sent is None:
             raise BackendError("the gripper was not commanded yet")
@@ -298,7 +313,7 @@ class JointTrajectoryGripper(Gripper):
         def settled() -> bool:  # called under the finger states' (re-entrant) lock
             opening = self.fingers.latest()
             at_goal = opening is not None and abs(opening - self._command_m) <= GOAL_TOLERANCE_M
-            return at_goal or self.fingers.still_for(SETTLE_STILL_S, SETTLE_STILL_M)
+            return at_goal or self.fingers.still_for(SETTLE_STILL_S, SETTLE_STILL_M, self._sent_stamp_s)
 
         if not self.fingers.wait(settled, timeout_s):
             raise BackendError(f"the gripper on {self.topic} kept moving for {timeout_s:.0f} s")
