@@ -296,3 +296,52 @@ def test_a_cabinet_of_three_drawers_is_measured_from_its_top_face_and_its_handle
     opening, _ = session["drawer_opening"](session["cabinet"]("middle"), "middle")
     assert abs(opening - 0.15) < 0.01  # pulled out 15 cm; the cabinet kept as first measured
     assert session["cabinet"]() is not None and "det" not in session["cabinet"]()  # one drawer: the twin's way
+
+
+def test_a_body_of_the_object_s_size_on_an_open_box_s_floor_is_seen_from_depth():
+    """libero_object: an upright ketchup let go in the basket shows only its cap straight down, and no view names
+    it. The depth inside the walls tells: points standing as high as the object on the floor; an empty basket, its
+    walls, or the object beside the basket, do not count."""
+    import numpy as np
+
+    basket = {
+        "center_m": [0.6, 0.26, 0.07],
+        "extents_m": [0.17, 0.13, 0.14],
+        "bottom_z_m": 0.0,
+        "top_z_m": 0.14,
+        "fitted_shape": "box",
+        "yaw_deg": 0.0,
+        "open_top": True,
+        "kind": "box",
+    }
+    ketchup = (0.063, 0.033, 0.146)
+
+    def scene(*bodies):
+        """The wrist camera's 40 x 40 grid straight down: the basket's floor (0.8 cm up) and walls, the table, and
+        boxes given as (x0, x1, y0, y1, top)."""
+        points = []
+        for x in np.linspace(0.45, 0.75, 40):
+            for y in np.linspace(0.11, 0.41, 40):
+                in_basket = abs(x - 0.6) <= 0.085 and abs(y - 0.26) <= 0.065
+                wall = in_basket and (abs(x - 0.6) > 0.077 or abs(y - 0.26) > 0.057)
+                z = 0.14 if wall else (0.008 if in_basket else 0.0)
+                for x0, x1, y0, y1, top in bodies:
+                    if x0 <= x <= x1 and y0 <= y <= y1:
+                        z = top
+                points.append({"point_m": [float(x), float(y), z]})
+        return {"success": True, "value": {"points": points}}
+
+    for bodies, expected in [
+        ([(0.57, 0.63, 0.245, 0.275, 0.008 + 0.146)], True),  # upright in it
+        ([(0.57, 0.633, 0.24, 0.273, 0.008 + 0.033)], True),  # lying in it
+        ([], False),  # empty
+        ([(0.45, 0.51, 0.12, 0.15, 0.146)], False),  # standing beside it
+        ([(0.58, 0.60, 0.25, 0.26, 0.008 + 0.146)], False),  # a corner of something: too few points
+    ]:
+        session: dict = {"robot": fake_robot()}
+        for part in expert.HELPER_ORDER:
+            exec(compile(expert.HELPERS[part], f"<{part}>", "exec"), session)
+        session["robot"].measure_image_points = lambda observation_handle, camera, points, b=bodies: scene(*b)
+        ok, why = session["body_inside"]("obs-9", basket, ketchup)
+        assert ok is expected, (bodies, why)
+        assert "points inside its walls stand 2.0-16.6 cm above its floor" in why

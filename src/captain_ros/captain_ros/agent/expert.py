@@ -1165,7 +1165,7 @@ else:
     looked = not any(np.linalg.norm(xy(t["position_m"]) - xy(d["center_m"])) < 0.12 for t in ts)
     if looked:  # none there from the head camera (a container's walls hide it, or it merges with it in depth)
         go([*xy(d["center_m"]), 0.40], 0.0, mode="manipulation", force=25.0)  # look straight down with the wrist
-        robot.observe(cameras=["wrist"])
+        close = robot.observe(cameras=["wrist"])["value"]["observation_handle"]
         seen = find_target($target, d["center_m"], camera="wrist")
         if not seen:  # close above a container its walls fill the view: from higher up, as the survey looks
             look_from_above()
@@ -1175,7 +1175,11 @@ else:
     t = nearest(ts, d["center_m"])
     g = geom(t["detection_id"]) if t is not None else None
 $later
-    if g is not None:
+    far = t is None or np.linalg.norm(xy(t["position_m"]) - xy(d["center_m"])) > 0.12
+    if looked and far and $mode == "in" and d["open_top"] and d["kind"] == "box" and $j in sizes:  # let go in it
+        ok, why = body_inside(close, d, sizes[$j])
+        print(f"no $target_name named at the $dest_name; {why}")
+    elif g is not None:
         ok, why = verdict(g, d, $mode, sizes.get($j), t)
         print(f"$target_name {t['detection_id']} at {fmt(g['center_m'])}, $dest_name at {fmt(d['center_m'])}: {why}")
     else:

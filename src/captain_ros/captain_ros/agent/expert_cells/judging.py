@@ -97,3 +97,20 @@ def verdict(g, d, mode, size=None, det=None):
         f"top {top:.3f} m) puts its base at {fmt(base)}, {abs(clear) * 100:.1f} cm "
         f"{'inside' if clear >= 0 else 'OUTSIDE'} the allowed area, {dz * 100:+.1f} cm from resting height"
     )
+
+
+def body_inside(handle, d, size):
+    """(whether, words) depth straight down into an open box (the wrist camera's observation `handle`, from above
+    it) shows a body of an object's `size` on its floor inside its walls: where no view names the object (from
+    above, an upright bottle shows only its cap)."""
+    grid = [[i / 39, k / 39] for i in range(40) for k in range(40)]
+    r = robot.measure_image_points(observation_handle=handle, camera="wrist", points=grid)
+    floor, margin = support_of(d, "in")
+    pts = [p["point_m"] for p in (r["value"]["points"] if r["success"] else []) if p["point_m"]]
+    up = [p[2] - floor for p in pts if inside(p, d, margin + 0.01) > 0]
+    low, high = max(0.02, min(size) - 0.015), max(size) + 0.02
+    body = [e for e in up if low <= e <= high]
+    return len(body) >= 15, (
+        f"from straight above, {len(body)} of the {len(up)} points inside its walls stand {low * 100:.1f}-"
+        f"{high * 100:.1f} cm above its floor, as the object would"
+    )
