@@ -145,6 +145,15 @@ def test_libero_goal_names_one_drawer_of_three_and_puts_the_bowl_inside_the_one_
     for instruction in ("open the middle drawer of the cabinet", "open the top drawer and put the bowl inside"):
         for cell in every_cell(instruction):
             compile(cell, "<cell>", "exec")
+    # libero_10/3: the bottom drawer stands open; "close it" is the drawer the object went into
+    assert parse_instruction("put the black bowl in the bottom drawer of the cabinet and close it") == [
+        expert.Goal("place", "black bowl", "drawer", "in", level="bottom"),
+        expert.Goal("close", dest="drawer", level="bottom"),
+    ]
+    for unscripted in ("put the yellow and white mug in the microwave and close it", "close it"):
+        assert parse_instruction(unscripted) == [], unscripted  # a microwave's door, or closing nothing named
+    for cell in every_cell("put the black bowl in the bottom drawer of the cabinet and close it"):
+        compile(cell, "<cell>", "exec")
 
 
 def test_turn_on_the_stove_turns_its_knob_and_verifies_the_ridge_turned():

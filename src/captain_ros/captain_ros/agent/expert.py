@@ -144,6 +144,9 @@ def parse_instruction(text: str) -> list[Goal]:
             # "the top drawer", "the middle drawer of the cabinet": one of a cabinet of three (LIBERO's)
             verb = "open" if m.group("verb") == "open" else "close"
             goals.append(Goal(verb, dest="drawer", level=m.group("level") or ""))
+        elif re.match(r"^(?:close|shut) it$", clause) and goals and goals[-1].dest == "drawer":
+            # "put the bowl in the bottom drawer of the cabinet and close it": the drawer it went into
+            goals.append(Goal("close", dest="drawer", level=goals[-1].level))
         elif m := re.match(rf"^(?:pick up|pick|grab|take|lift) {_ARTICLE}(?P<obj>.+)$", clause):
             picked = m.group("obj")
         elif picked is not None and (m := re.match(rf"^(?:place|put|set|drop) (?:it|them) {_PREP} (?P<d>.+)$", clause)):
@@ -1176,7 +1179,7 @@ else:
     g = geom(t["detection_id"]) if t is not None else None
 $later
     far = t is None or np.linalg.norm(xy(t["position_m"]) - xy(d["center_m"])) > 0.12
-    if looked and far and $mode == "in" and d["open_top"] and d["kind"] == "box" and $j in sizes:  # let go in it
+    if looked and far and $mode == "in" and d["kind"] == "box" and $j in sizes:  # let go in it (woven: not open_top)
         ok, why = body_inside(close, d, sizes[$j])
         print(f"no $target_name named at the $dest_name; {why}")
     elif g is not None:
