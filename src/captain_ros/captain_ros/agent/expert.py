@@ -1166,9 +1166,12 @@ if d is None:
 else:
     ts = find_target($target, d["center_m"])
     looked = not any(np.linalg.norm(xy(t["position_m"]) - xy(d["center_m"])) < 0.12 for t in ts)
+    body = None
     if looked:  # none there from the head camera (a container's walls hide it, or it merges with it in depth)
         go([*xy(d["center_m"]), 0.40], 0.0, mode="manipulation", force=25.0)  # look straight down with the wrist
         close = robot.observe(cameras=["wrist"])["value"]["observation_handle"]
+        if $mode == "in" and d["kind"] == "box" and $j in sizes:  # let go in it (woven: not open_top)
+            body = body_inside(close, d, sizes[$j])  # the depth inside its walls, while this view is fresh
         seen = find_target($target, d["center_m"], camera="wrist")
         if not seen:  # close above a container its walls fill the view: from higher up, as the survey looks
             look_from_above()
@@ -1178,9 +1181,8 @@ else:
     t = nearest(ts, d["center_m"])
     g = geom(t["detection_id"]) if t is not None else None
 $later
-    far = t is None or np.linalg.norm(xy(t["position_m"]) - xy(d["center_m"])) > 0.12
-    if looked and far and $mode == "in" and d["kind"] == "box" and $j in sizes:  # let go in it (woven: not open_top)
-        ok, why = body_inside(close, d, sizes[$j])
+    if body and (t is None or np.linalg.norm(xy(t["position_m"]) - xy(d["center_m"])) > 0.12):
+        ok, why = body
         print(f"no $target_name named at the $dest_name; {why}")
     elif g is not None:
         ok, why = verdict(g, d, $mode, sizes.get($j), t)
