@@ -334,6 +334,7 @@ def test_a_body_of_the_object_s_size_on_an_open_box_s_floor_is_seen_from_depth()
     for bodies, expected in [
         ([(0.57, 0.63, 0.245, 0.275, 0.008 + 0.146)], True),  # upright in it
         ([(0.57, 0.633, 0.24, 0.273, 0.008 + 0.033)], True),  # lying in it
+        ([(0.57, 0.633, 0.24, 0.273, 0.008 + 0.012)], False),  # something flatter than it
         ([], False),  # empty
         ([(0.45, 0.51, 0.12, 0.15, 0.146)], False),  # standing beside it
         ([(0.58, 0.60, 0.25, 0.26, 0.008 + 0.146)], False),  # a corner of something: too few points
@@ -344,4 +345,9 @@ def test_a_body_of_the_object_s_size_on_an_open_box_s_floor_is_seen_from_depth()
         session["robot"].measure_image_points = lambda observation_handle, camera, points, b=bodies: scene(*b)
         ok, why = session["body_inside"]("obs-9", basket, ketchup)
         assert ok is expected, (bodies, why)
-        assert "points inside its walls stand 2.0-16.6 cm above its floor" in why
+        assert "points inside its walls stand 2.3-16.6 cm above its floor (z 0.008 m)" in why
+    session["robot"].measure_image_points = lambda **_: {"success": False, "value": None}  # no depth: not seen
+    assert session["body_inside"]("obs-9", basket, ketchup) == (
+        False,
+        "from straight above, 0 points inside its walls: too few to tell",
+    )

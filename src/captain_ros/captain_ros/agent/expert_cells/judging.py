@@ -102,15 +102,18 @@ def verdict(g, d, mode, size=None, det=None):
 def body_inside(handle, d, size):
     """(whether, words) depth straight down into an open box (the wrist camera's observation `handle`, from above
     it) shows a body of an object's `size` on its floor inside its walls: where no view names the object (from
-    above, an upright bottle shows only its cap)."""
+    above, an upright bottle shows only its cap). The floor is where most points inside the walls lie."""
     grid = [[i / 39, k / 39] for i in range(40) for k in range(40)]
     r = robot.measure_image_points(observation_handle=handle, camera="wrist", points=grid)
-    floor, margin = support_of(d, "in")
+    margin = support_of(d, "in")[1] + 0.01
     pts = [p["point_m"] for p in (r["value"]["points"] if r["success"] else []) if p["point_m"]]
-    up = [p[2] - floor for p in pts if inside(p, d, margin + 0.01) > 0]
-    low, high = max(0.02, min(size) - 0.015), max(size) + 0.02
-    body = [e for e in up if low <= e <= high]
+    up = sorted(p[2] for p in pts if inside(p, d, margin) > 0)
+    if len(up) < 30:
+        return False, f"from straight above, {len(up)} points inside its walls: too few to tell"
+    floor = up[len(up) // 5]
+    low, high = max(0.01, min(size) - 0.01), max(size) + 0.02
+    body = [z for z in up if low <= z - floor <= high]
     return len(body) >= 15, (
         f"from straight above, {len(body)} of the {len(up)} points inside its walls stand {low * 100:.1f}-"
-        f"{high * 100:.1f} cm above its floor, as the object would"
+        f"{high * 100:.1f} cm above its floor (z {floor:.3f} m), as the object would"
     )
