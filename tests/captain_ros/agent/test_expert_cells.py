@@ -331,6 +331,9 @@ def test_a_body_of_the_object_s_size_on_an_open_box_s_floor_is_seen_from_depth()
                 points.append({"point_m": [float(x), float(y), z]})
         return {"success": True, "value": {"points": points}}
 
+    session: dict = {"robot": fake_robot()}
+    for part in expert.HELPER_ORDER:
+        exec(compile(expert.HELPERS[part], f"<{part}>", "exec"), session)
     for bodies, expected in [
         ([(0.57, 0.63, 0.245, 0.275, 0.008 + 0.146)], True),  # upright in it
         ([(0.57, 0.633, 0.24, 0.273, 0.008 + 0.033)], True),  # lying in it
@@ -339,9 +342,6 @@ def test_a_body_of_the_object_s_size_on_an_open_box_s_floor_is_seen_from_depth()
         ([(0.45, 0.51, 0.12, 0.15, 0.146)], False),  # standing beside it
         ([(0.58, 0.60, 0.25, 0.26, 0.008 + 0.146)], False),  # a corner of something: too few points
     ]:
-        session: dict = {"robot": fake_robot()}
-        for part in expert.HELPER_ORDER:
-            exec(compile(expert.HELPERS[part], f"<{part}>", "exec"), session)
         session["robot"].measure_image_points = lambda observation_handle, camera, points, b=bodies: scene(*b)
         ok, why = session["body_inside"]("obs-9", basket, ketchup)
         assert ok is expected, (bodies, why)
