@@ -582,7 +582,7 @@ class HostRL:
         path.unlink()
 
     def record_processes(self, procs: dict[str, Any]) -> None:
-        entries = {name: {"pid": proc.pid, "cmdline": _cmdline(proc.pid)} for name, proc in procs.items()}
+        entries = {name: {"pid": proc.pid, "cmdline": _started_cmdline(proc.pid)} for name, proc in procs.items()}
         data = {"driver": {"pid": os.getpid(), "cmdline": _cmdline(os.getpid())}, "processes": entries}
         (self.out / PROCESSES_FILE).write_text(json.dumps(data, indent=1) + "\n")
 
@@ -867,6 +867,15 @@ def _cmdline(pid: int) -> list[str] | None:
         return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]]
     except OSError:
         return None
+
+
+def _started_cmdline(pid: int, timeout_s: float = 10.0) -> list[str] | None:
+    """The command line of a process just started. Popen returns once exec has begun, and the kernel sets up the new
+    program's arguments a moment later: until then /proc reads an empty one, so wait for it (bounded)."""
+    deadline = time.monotonic() + timeout_s
+    while (argv := _cmdline(pid)) == [] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return argv
 
 
 def _running(pid: int) -> bool:
