@@ -10,10 +10,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class ScriptedPolicy:
     """Answers chat completions with the cells of `script(request_number)` (1-based over the server's
-    lifetime) as `python` tool calls; `asked[n]` is set when request n arrives."""
+    lifetime) as `python` tool calls; `asked[n]` is set when request n arrives. With `per_episode`, the cells of
+    `script(episode, request)`, both 1-based, the request counted in the conversation it continues (its assistant
+    turns): what an episode is sent does not depend on how many requests an earlier one used."""
 
-    def __init__(self, script):
+    def __init__(self, script, per_episode: bool = False):
         self.script, self.count, self.lock = script, 0, threading.Lock()
+        self.per_episode, self.episodes = per_episode, 0
         self.asked = [threading.Event() for _ in range(64)]
         owner = self
 
@@ -33,11 +36,13 @@ class ScriptedPolicy:
                 self._json({"object": "list", "data": [{"id": "scripted", "object": "model"}]})
 
             def do_POST(self):
-                json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                k = 1 + sum(m.get("role") == "assistant" for m in body.get("messages", []))
                 with owner.lock:
                     owner.count += 1
-                    n = owner.count
-                code = owner.script(n)
+                    owner.episodes += k == 1
+                    n, episode = owner.count, owner.episodes
+                code = owner.script(episode, k) if owner.per_episode else owner.script(n)
                 owner.asked[min(n, 63)].set()
                 call = {
                     "id": f"call-{n}",

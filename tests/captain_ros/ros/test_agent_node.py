@@ -99,8 +99,17 @@ def test_the_agent_node_runs_an_episode_through_the_harness_nodes(stack, client_
 
 def test_a_motion_node_restarting_mid_episode_is_an_infrastructure_failure(stack, client_node, tmp_path):
     """Request 1 holds the arm for 20 s; the motion node is stopped meanwhile and started again. The episode
-    ends as an infrastructure failure (not a task outcome), and the next episode runs on the new node."""
-    policy = ScriptedPolicy(lambda n: ["print(robot.hold(duration_s=20.0))", MOVE, CHECK_AND_FINISH][min(n, 3) - 1])
+    ends as an infrastructure failure (not a task outcome), and the next episode runs on the new node. Each
+    episode's cells count from its own first request: however many the first one used before its link was lost
+    (the stopping node may answer the hold, canceled), the second moves, then checks and finishes."""
+
+    def script(episode: int, k: int) -> str:
+        cells = (
+            [MOVE, CHECK_AND_FINISH] if episode > 1 else ["print(robot.hold(duration_s=20.0))", MOVE, CHECK_AND_FINISH]
+        )
+        return cells[min(k, len(cells)) - 1]
+
+    policy = ScriptedPolicy(script, per_episode=True)
     statuses, _ = watch(client_node)
     agent, lines = start_agent(policy, tmp_path, episodes=2)
     try:
