@@ -1169,9 +1169,9 @@ else:
     body = None
     if looked:  # none there from the head camera (a container's walls hide it, or it merges with it in depth)
         go([*xy(d["center_m"]), 0.40], 0.0, mode="manipulation", force=25.0)  # look straight down with the wrist
-        close = robot.observe(cameras=["wrist"])["value"]["observation_handle"]
-        if $mode == "in" and d["kind"] == "box" and $j in sizes:  # let go in it (woven: not open_top)
-            body = body_inside(close, d, sizes[$j])  # the depth inside its walls, while this view is fresh
+        close = robot.observe(cameras=["wrist"])
+        if close["success"] and $mode == "in" and d["kind"] == "box" and $j in sizes:  # let go in it (any box)
+            body = body_inside(close["value"]["observation_handle"], d, sizes[$j])  # while this view is fresh
         seen = find_target($target, d["center_m"], camera="wrist")
         if not seen:  # close above a container its walls fill the view: from higher up, as the survey looks
             look_from_above()
