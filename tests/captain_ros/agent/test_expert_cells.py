@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
+import numpy as np
 import pytest
 
 from captain_ros.agent import expert
@@ -144,15 +145,47 @@ def test_a_closed_can_gets_grasps_across_its_body():
         "yaw_deg": 0.0,
     }
     kinds = [o["kind"] for o in session["grasp_options"](can)]
-    assert kinds == ["rim"] * 12 + ["faces"] * 2
+    assert kinds == ["rim"] * 12 + ["faces"] * 6  # two across it, then each turned 15 degrees either way
     above = session["grasp_options"](can, from_above=True)
-    assert [o["kind"] for o in above] == ["faces"] * 2 + ["rim"] * 12
+    assert [o["kind"] for o in above] == ["faces"] * 6 + ["rim"] * 12
+    assert {o["width"] for o in above if o["kind"] == "faces"} == {0.071}  # round: as wide whichever way
     assert above[0]["open"] == session["JAW_MAX"] and above[0]["width"] == 0.071 and above[0]["round"]
     assert math.isclose(above[0]["z"], 0.058)  # 2.2 cm below the lid
     cup = {**can, "open_top": True}
     assert {o["kind"] for o in session["grasp_options"](cup, from_above=True)} == {"rim"}
     wide = {**can, "extents_m": [0.076, 0.076, 0.08]}
     assert {o["kind"] for o in session["grasp_options"](wide, from_above=True)} == {"rim"}
+
+
+def test_a_box_whose_hand_meets_a_neighbour_gets_grasps_slid_along_it_and_turned():
+    """libero_object/1: the palm, 10.4 cm out along the jaw, came down on a can beside the cream cheese (8.0 x 4.2
+    cm). After the grasps across its faces come the same grasp slid 2 cm along the box either way, then turned 15
+    degrees either way (what the jaw must then span grows with the turn; too wide for it: left out)."""
+    session = _session()
+    box = {
+        "center_m": [0.655, -0.097, 0.009],
+        "extents_m": [0.080, 0.042, 0.018],
+        "top_z_m": 0.018,
+        "bottom_z_m": 0.0,
+        "fitted_shape": "box",
+        "open_top": False,
+        "kind": "box",
+        "yaw_deg": 0.0,
+    }
+    opts = session["grasp_options"](box)
+    assert [(round(o["yaw"]), round(o["width"], 3)) for o in opts] == [
+        (0, 0.042),
+        (0, 0.042),
+        (0, 0.042),
+        (15, 0.062),  # 4.2 cm x cos 15 + 8 cm x sin 15
+        (-15, 0.062),
+    ]  # the 90-degree grasp (8 cm) does not fit the jaw with its play
+    slid = [o["xy"] - np.array(box["center_m"][:2]) for o in opts[1:3]]
+    np.testing.assert_allclose(np.abs([d[0] for d in slid]), [0.02, 0.02], atol=1e-9)  # along the box's length
+    np.testing.assert_allclose([d[1] for d in slid], [0, 0], atol=1e-9)
+    for o, d in zip(opts[1:3], slid, strict=True):
+        np.testing.assert_allclose(o["to_center"], -d)  # released where the box's centre lands on the destination
+    assert all(o["z"] == opts[0]["z"] and not o["across"] for o in opts)
 
 
 def _session() -> dict:

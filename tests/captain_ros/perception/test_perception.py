@@ -237,8 +237,15 @@ def test_point_contact_release_track_and_compare(harness, twin):
     grasp = harness.call("inspect_contact_geometry", object=cube, pose=above, jaw_opening_m=0.08)
     assert grasp.success and grasp.value["graspable"] and grasp.value["fits_between_pads"]
     assert 0.044 < grasp.value["width_along_jaw_m"] < 0.065  # a 4.5 cm cube, turned a little
+    assert grasp.value["obstacle_points_under_palm"] == 0
     narrow = harness.call("inspect_contact_geometry", object=cube, pose=above, jaw_opening_m=0.03)
     assert not narrow.value["graspable"] and not narrow.value["fits_between_pads"]
+    # the hand's body low over the bowl: its rim stands under the palm (the URDF's hand box)
+    b = harness.call("measure_object_geometry", object=bowl).value
+    over = {"position": [*b["center_m"][:2], b["top_z_m"] - 0.06], "yaw_deg": 0}
+    blocked = harness.call("inspect_contact_geometry", object=cube, pose=over, jaw_opening_m=0.08)
+    assert blocked.value["obstacle_points_under_palm"] >= 3 and not blocked.value["graspable"]
+    assert "under the palm" in blocked.receipt
     centred = harness.call("inspect_release_geometry", object=cube, destination=bowl)
     assert centred.value["footprint_inside"] and centred.value["signed_clearance_m"] > 0.02
     bowl_xy = harness.call("measure_object_geometry", object=bowl).value["center_m"][:2]

@@ -59,6 +59,10 @@ class GripperGeometry:
     tcp_from_flange_m: float
     fingertips_below_tcp_m: float
     finger_pad_size_m: tuple[float, float, float]
+    # the hand body's collision box (across the jaw, along the jaw) and how far its underside sits above the TCP;
+    # None where the hand frame's link has no <collision><box> (or the TCP does not hang from the hand frame)
+    palm_size_m: tuple[float, float] | None = None
+    palm_above_tcp_m: float | None = None
 
 
 @dataclass(frozen=True)
@@ -339,7 +343,22 @@ class RobotProfile:
             raise ProfileError(f"{self.source}: pad link {self.pad_links[0]} needs a <collision><box> in the URDF")
         size = [float(v) for v in box.get("size").split()]
         tip_z = finger_z + float(_origin_xyz(collision)[2]) + size[2] / 2
-        return GripperGeometry(tcp_z, tip_z - tcp_z, (size[0], size[1], size[2]))
+        palm_size, palm_above = None, None
+        hand = links.get(self.hand_frame)
+        boxes = [
+            c
+            for c in ([] if hand is None else hand.iter("collision"))
+            if c.find("geometry/box") is not None and not any(_origin_rpy(c))
+        ]
+        if boxes and joints[self.tcp_frame].find("parent").get("link") == self.hand_frame:
+            # the box whose underside comes nearest the fingers is what a descent brings down onto its neighbours
+            def underside(c: ET.Element) -> float:
+                return float(_origin_xyz(c)[2]) + float(c.find("geometry/box").get("size").split()[2]) / 2
+
+            palm = max(boxes, key=underside)
+            px, py, _ = (float(v) for v in palm.find("geometry/box").get("size").split())
+            palm_size, palm_above = (px, py), tcp_z - underside(palm)
+        return GripperGeometry(tcp_z, tip_z - tcp_z, (size[0], size[1], size[2]), palm_size, palm_above)
 
     def links(self) -> list[str]:
         return [link.get("name") for link in self._urdf.iter("link")]
@@ -444,6 +463,11 @@ class RobotProfile:
                 f"{where}: opening_per_joint must be a finite, non-zero number (the opening must follow the joints), "
                 f"got {g.opening_per_joint}"
             )
+
+
+def _origin_rpy(element: ET.Element) -> list[float]:
+    origin = element.find("origin")
+    return [] if origin is None else [float(v) for v in origin.get("rpy", "0 0 0").split()]
 
 
 def _origin_xyz(element: ET.Element | None) -> np.ndarray:

@@ -33,6 +33,8 @@ from captain_ros.perception.segmenter import Segment, match, object_pixels, segm
 CAMERAS = ("head", "wrist")
 CONTAINER_WALL_M = 0.008  # wall thickness assumed for open containers (inner floor = footprint less this)
 POINT_RADIUS_M = 0.01  # mark_point granularity "point": object pixels within this distance of the point
+PALM_PLAY_M = 0.005  # inspect_contact_geometry: margin round the hand's collision box
+PALM_MIN_POINTS = 3  # ... and the obstacle points under it that block a grasp (fewer: depth noise)
 GRANULARITIES = ("object", "point")
 
 
@@ -543,11 +545,22 @@ class Perception:
             & (np.abs(others[:, 1]) > opening / 2)
             & (np.abs(others[:, 1]) <= opening / 2 + pad_y)
         )
+        # the hand itself comes down too: what stands under its underside (5 mm of play round it) meets the palm
+        # before the pads reach the grasp (libero_object/1: the palm on a can 11 cm from the cream cheese)
+        under_palm = np.zeros(len(others), dtype=bool)
+        if g.palm_size_m is not None and g.palm_above_tcp_m is not None:
+            under_palm = (
+                (np.abs(others[:, 0]) <= g.palm_size_m[0] / 2 + PALM_PLAY_M)
+                & (np.abs(others[:, 1]) <= g.palm_size_m[1] / 2 + PALM_PLAY_M)
+                & (others[:, 2] <= -g.palm_above_tcp_m + PALM_PLAY_M)
+            )
+        palm_blocked = int(under_palm.sum()) >= PALM_MIN_POINTS
         corners = np.array([[sx * pad_x / 2, sy * (opening / 2 + pad_y / 2), z_hi] for sx in (-1, 1) for sy in (-1, 1)])
         tips = corners @ rotation.T + position
         fingertip_height = float((tips @ cloud.table_normal + cloud.table_d).min())
         fits = bool(band.sum() >= 3 and width < opening)
-        ok = bool(between.sum() >= 10 and fits and not in_pads.any() and fingertip_height >= -0.002)
+        clear = not in_pads.any() and not palm_blocked
+        ok = bool(between.sum() >= 10 and fits and clear and fingertip_height >= -0.002)
         value = {
             "object": det.id,
             "points_between_pads": int(between.sum()),
@@ -556,12 +569,14 @@ class Perception:
             "fits_between_pads": fits,
             "center_offset_along_jaw_m": None if math.isnan(centre_offset) else round(centre_offset, 4),
             "obstacle_points_in_pad_paths": int(in_pads.sum()),
+            "obstacle_points_under_palm": int(under_palm.sum()),
             "fingertip_height_above_table_m": round(fingertip_height, 4),
             "graspable": ok,
         }
         receipt = (
             f"inspect_contact_geometry: {det.id} {'GRASPABLE' if ok else 'not graspable'}: {int(between.sum())} pts "
             f"between pads, width {width * 100:.1f} cm of {opening * 100:.1f}, {int(in_pads.sum())} obstacle pts, "
+            f"{int(under_palm.sum())} under the palm, "
             f"tips {fingertip_height * 100:.1f} cm above table"
         )
         return CallResult.ok("inspect_contact_geometry", value=value, receipt=receipt)

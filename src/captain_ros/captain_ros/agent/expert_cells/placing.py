@@ -57,55 +57,38 @@ def grasp_options(g, from_above=False):
     """Top-down grasps, best first: across two faces where it fits the jaw, or on an open round vessel's rim (jaw
     half open); a round one not seen open (a can) gets both, across it first when seen from above."""
     c, (long, short) = np.array(g["center_m"]), g["extents_m"][:2]
-    opts = []
+    opts, base = [], dict(center=c[:2], bottom=g["bottom_z_m"], across=False)
     round_ = g["fitted_shape"] == "cylinder" or long - short < 0.1 * long
     rim = round_ and (g["open_top"] or g["kind"] in ("cup", "bowl") or short > 0.07)
     if rim:
-        r = long / 2 - WALL / 2
+        r, z = long / 2 - WALL / 2, g["top_z_m"] - min(0.03, 0.6 * g["extents_m"][2])  # 1.4 cm let LIBERO's bowls slip
         for k in range(12):
             a = math.atan2(-c[1], -c[0]) + math.radians(30 * k)  # from the side facing the robot round
-            radial = np.array([math.cos(a), math.sin(a)])
-            opts.append(
-                {
-                    "kind": "rim",
-                    "xy": c[:2] + r * radial,
-                    # 3 cm down the wall: 1.4 cm let LIBERO's bowls slip
-                    "z": g["top_z_m"] - min(0.03, 0.6 * g["extents_m"][2]),
-                    "deep_enough_z": g["top_z_m"] - 0.014,
-                    "open": 0.04,
-                    "yaw": (math.degrees(a) + 180) % 180 - 90,
-                    "width": WALL,
-                    "to_center": -r * radial,
-                    "radial": radial,
-                    "center": c[:2],
-                    "bottom": g["bottom_z_m"],
-                    "across": False,
-                }
-            )
+            u, yaw = np.array([math.cos(a), math.sin(a)]), (math.degrees(a) + 180) % 180 - 90
+            opts.append(dict(base, kind="rim", xy=c[:2] + r * u, z=z, deep_enough_z=g["top_z_m"] - 0.014, open=0.04))
+            opts[-1].update(yaw=yaw, width=WALL, to_center=-r * u, radial=u)
         opts.sort(key=lambda o: float(np.linalg.norm(o["xy"])))
     if not rim or (not g["open_top"] and g["kind"] != "bowl"):
-        faces = []
-        for extra in (0.0, 90.0):
-            faces.append(
-                {
-                    "kind": "faces",
-                    "round": rim,
-                    "xy": c[:2],
-                    "z": max(g["top_z_m"] - 0.022, g["bottom_z_m"] + 0.018),
-                    "deep_enough_z": max(g["top_z_m"] - 0.022, g["bottom_z_m"] + 0.018) + 0.006,
-                    "yaw": (g["yaw_deg"] + extra + 90) % 180 - 90,
-                    "open": JAW_MAX,
-                    "width": short if extra == 0 else long,
-                    "to_center": np.zeros(2),
-                    "radial": None,
-                    "center": c[:2],
-                    "bottom": g["bottom_z_m"],
-                    "across": extra != 0,
-                }
+        z = max(g["top_z_m"] - 0.022, g["bottom_z_m"] + 0.018)
+        faces = [
+            dict(base, kind="faces", round=rim, xy=c[:2], z=z, deep_enough_z=z + 0.006, open=JAW_MAX, radial=None)
+            | dict(
+                yaw=(g["yaw_deg"] + e + 90) % 180 - 90, width=long if e else short, to_center=0 * c[:2], across=e > 0
             )
+            for e in (0, 90)
+        ]
+        # the hand may meet a neighbour: then slid 2 cm along the object, or turned 15 degrees
+        for o in list(faces):
+            a, w, h = math.radians(o["yaw"]), *((long, short) if o["across"] else (short, long))
+            u = np.array([math.cos(a), math.sin(a)]) * (0 if rim or h < 0.06 else 0.02)
+            faces += [dict(o, xy=c[:2] + k * u, to_center=-k * u, n=1) for k in (1, -1) if u.any()]
+            faces += [
+                dict(o, yaw=(o["yaw"] + t + 90) % 180 - 90, width=w if rim else w * 0.97 + h * 0.26, n=1)
+                for t in (15, -15)
+            ]
         # play: 5 mm a side, 3 mm round a body (its enclosing circle)
         faces = [o for o in faces if o["width"] <= JAW_MAX - (0.006 if rim else 0.01)]
-        faces.sort(key=lambda o: abs(o["yaw"]))
+        faces.sort(key=lambda o: (o.get("n", 0), abs(o["yaw"])))
         opts = faces + opts if from_above else opts + faces
     return opts
 
