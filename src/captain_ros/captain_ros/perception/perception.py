@@ -33,8 +33,7 @@ from captain_ros.perception.segmenter import Segment, match, object_pixels, segm
 CAMERAS = ("head", "wrist")
 CONTAINER_WALL_M = 0.008  # wall thickness assumed for open containers (inner floor = footprint less this)
 POINT_RADIUS_M = 0.01  # mark_point granularity "point": object pixels within this distance of the point
-PALM_PLAY_M = 0.005  # inspect_contact_geometry: margin round the hand's collision box
-PALM_MIN_POINTS = 3  # ... and the obstacle points under it that block a grasp (fewer: depth noise)
+PALM_MIN_POINTS = 3  # inspect_contact_geometry: obstacle points under the hand that block a grasp (fewer: noise)
 GRANULARITIES = ("object", "point")
 
 
@@ -545,15 +544,15 @@ class Perception:
             & (np.abs(others[:, 1]) > opening / 2)
             & (np.abs(others[:, 1]) <= opening / 2 + pad_y)
         )
-        # the hand itself comes down too: what stands under its underside (5 mm of play round it) meets the palm
-        # before the pads reach the grasp (libero_object/1: the palm on a can 11 cm from the cream cheese)
+        # the hand itself comes down too: what stands under its underside meets the palm before the pads reach the
+        # grasp (libero_object/1: the palm on a can 11 cm from the cream cheese). Its outline from above is taken
+        # as the URDF box with round ends (a hand's are; the box's corners would refuse grasps whose palm passes a
+        # neighbour's corner by a few millimetres, as libero_10/1's past the milk carton)
         under_palm = np.zeros(len(others), dtype=bool)
         if g.palm_size_m is not None and g.palm_above_tcp_m is not None:
-            under_palm = (
-                (np.abs(others[:, 0]) <= g.palm_size_m[0] / 2 + PALM_PLAY_M)
-                & (np.abs(others[:, 1]) <= g.palm_size_m[1] / 2 + PALM_PLAY_M)
-                & (others[:, 2] <= -g.palm_above_tcp_m + PALM_PLAY_M)
-            )
+            half_across, half_along = g.palm_size_m[0] / 2, g.palm_size_m[1] / 2
+            beyond = np.maximum(np.abs(others[:, 1]) - (half_along - half_across), 0.0)  # past the straight sides
+            under_palm = (np.hypot(others[:, 0], beyond) <= half_across) & (others[:, 2] <= -g.palm_above_tcp_m)
         palm_blocked = int(under_palm.sum()) >= PALM_MIN_POINTS
         corners = np.array([[sx * pad_x / 2, sy * (opening / 2 + pad_y / 2), z_hi] for sx in (-1, 1) for sy in (-1, 1)])
         tips = corners @ rotation.T + position
