@@ -68,6 +68,10 @@ def test_the_panda_twin_reads_its_numbers_from_the_urdf():
     assert panda.jaw_opening_m({}) is None
     g = panda.gripper_geometry
     assert g.tcp_from_flange_m == pytest.approx(0.1034) and g.finger_pad_size_m == (0.02, 0.018, 0.053)
+    # the hand's body: its collision box (0.05 across the jaw, 0.2 along it), its underside 0.06 below the hand frame
+    assert g.palm_size_m == (0.05, 0.2) and g.palm_above_tcp_m == pytest.approx(0.1034 - 0.06)
+    libero = robot.load_profile("libero_panda").gripper_geometry  # robosuite's hand mesh's bounds, in its URDF
+    assert libero.palm_size_m == (0.063, 0.208) and libero.palm_above_tcp_m == pytest.approx(0.031)
     assert {"panda_link7", "panda_hand", "panda_tcp", "wrist_camera_optical_frame"} <= set(panda.arm_links())
     lower, upper = panda.arm_limits_rad()
     assert lower[3] == pytest.approx(-3.0718) and upper[3] == pytest.approx(-0.0698)
